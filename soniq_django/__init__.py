@@ -1,0 +1,27 @@
+"""soniq_django: background jobs in your Django database, Soniq format 1.
+
+The public names are imported lazily so that listing ``soniq_django`` in
+``INSTALLED_APPS`` does not import models before the app registry is ready.
+"""
+
+from importlib import import_module
+
+__all__ = ["args_hash", "bulk_enqueue", "enqueue", "get_job", "job"]
+
+_HOMES = {
+    "args_hash": "soniq_django.encoding",
+    "bulk_enqueue": "soniq_django.producer",
+    "enqueue": "soniq_django.producer",
+    "get_job": "soniq_django.producer",
+    "job": "soniq_django.registry",
+}
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'soniq_django' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,42 @@
+"""One lazy accessor over ``settings.SONIQ``.
+
+Values are read on every access, so ``override_settings(SONIQ=...)`` works in
+tests. Nothing is ever written to ``django.conf.settings``.
+"""
+
+from typing import Any
+
+from django.conf import settings
+
+DEFAULT_TASK_NAME_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
+
+DEFAULTS: dict[str, Any] = {
+    "LEASE_SECONDS": 30,
+    "HEARTBEAT_SECONDS": 10,
+    "POLL_INTERVAL": 5,
+    "RESULT_TTL": 300,
+    "TASK_NAME_PATTERN": DEFAULT_TASK_NAME_PATTERN,
+    "DEFAULT_QUEUE": "default",
+    "DEFAULT_PRIORITY": 100,
+    "DEFAULT_MAX_ATTEMPTS": 4,
+    "RETRY_BASE_SECONDS": 2,
+    "RETRY_MAX_SECONDS": 3600,
+    "JOB_TIMEOUT_SECONDS": None,
+}
+
+
+class SoniqSettings:
+    """Attribute access to the ``SONIQ`` settings dict with documented defaults."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"unknown soniq setting {name!r}")
+        configured = getattr(settings, "SONIQ", None) or {}
+        return configured.get(name, DEFAULTS[name])
+
+    def user_keys(self) -> set[str]:
+        """The keys the project set in ``settings.SONIQ``."""
+        return set((getattr(settings, "SONIQ", None) or {}).keys())
+
+
+soniq_settings = SoniqSettings()

@@ -1,0 +1,193 @@
+"""Job arguments as standard JSON, and their canonical encoding.
+
+``normalize_args`` is the gate every job's args pass through: it accepts a
+JSON object of finite standard JSON and returns a private deep copy with
+string keys. ``canonical_json`` and ``args_hash`` implement format 1's
+``args_hash`` rule byte for byte, so Python, SQL (``soniq_args_hash``) and
+other languages agree.
+
+Both walk values iteratively: hostile input (deep nesting, cycles) is refused
+at the depth bound instead of exhausting the interpreter's stack.
+"""
+
+import hashlib
+import math
+from decimal import Decimal
+from json.encoder import encode_basestring_ascii
+from typing import Any
+
+from .errors import ErrorCode, SoniqError
+
+#: The args object itself is level 1; containers may nest to this level.
+MAX_NESTING = 499
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _invalid(reason: str) -> SoniqError:
+    return SoniqError(ErrorCode.TASK_ARGS_INVALID, reason)
+
+
+def _check_text(text: str, what: str) -> None:
+    if "\x00" in text:
+        raise _invalid(f"{what} holds a NUL character, which PostgreSQL cannot store")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _invalid(f"{what} holds a lone surrogate, which is not valid Unicode") from None
+
+
+def _scalar(value: Any) -> Any:
+    """Return a JSON scalar unchanged, or raise for anything that is not one."""
+    kind = type(value)
+    if kind is str:
+        _check_text(value, "a string")
+    elif kind is float:
+        if not math.isfinite(value):
+            raise _invalid("args hold NaN or Infinity, which are not JSON")
+    elif kind is int:
+        try:
+            float(value)
+        except OverflowError:
+            raise _invalid("args hold a number too large for a 64-bit float") from None
+    elif kind not in (bool, type(None)):
+        raise _invalid(f"args hold a value of type {kind.__name__}, which is not standard JSON")
+    return value
+
+
+def _key(key: Any) -> str:
+    """Turn a dict key into a JSON object key the way ``json.dumps`` does."""
+    kind = type(key)
+    if kind is str:
+        _check_text(key, "an object key")
+        return key
+    if kind is bool:
+        return "true" if key else "false"
+    if key is None:
+        return "null"
+    if kind is int:
+        return str(key)
+    if kind is float and math.isfinite(key):
+        return float.__repr__(key)
+    raise _invalid(f"args use a key of type {kind.__name__}; object keys must be strings")
+
+
+def normalize_args(args: Any) -> dict:
+    """Validate job args and return a deep copy made of plain JSON values.
+
+    Raises ``SoniqError(TASK_ARGS_INVALID)`` unless ``args`` is a dict whose
+    contents are dicts, lists/tuples, str, int, float, bool or None, with
+    finite numbers within float64 range, no NUL characters, no lone
+    surrogates, no two keys that stringify alike, and at most
+    ``MAX_NESTING`` levels of nesting.
+    """
+    if not isinstance(args, dict):
+        raise _invalid("args must be a JSON object (a dict of keyword arguments)")
+    root: dict = {}
+    pending = [(args, root, 1)]
+    while pending:
+        source, target, depth = pending.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for raw_key, value in items:
+            if isinstance(value, dict):
+                child: Any = {}
+            elif isinstance(value, (list, tuple)):
+                child = []
+            else:
+                child = None
+            if child is not None:
+                if depth + 1 > MAX_NESTING:
+                    raise _invalid(f"args nest deeper than {MAX_NESTING} levels")
+                pending.append((value, child, depth + 1))
+                copied = child
+            else:
+                copied = _scalar(value)
+            if isinstance(target, dict):
+                key = _key(raw_key)
+                if key in target:
+                    raise _invalid("args have two keys that are the same once turned into strings")
+                target[key] = copied
+            else:
+                target.append(copied)
+    return root
+
+
+def postgres_number(value: int | float) -> str:
+    """Render a number as PostgreSQL prints it back from ``jsonb``.
+
+    Integers are plain digits. A float goes through its shortest repr (what
+    ``json.dumps`` writes) and comes out in plain decimal with the scale
+    PostgreSQL's ``numeric`` keeps: ``1e16`` → ``10000000000000000``,
+    ``1e-7`` → ``0.0000001``, ``-0.0`` → ``0.0``.
+    """
+    if type(value) is int:
+        return str(value)
+    text = format(Decimal(float.__repr__(value)), "f")
+    if text.startswith("-") and value == 0:
+        text = text[1:]
+    return text
+
+
+class _Raw(str):
+    """Already-encoded output, as opposed to a string value still to encode."""
+
+
+_OPEN = {dict: _Raw("{"), list: _Raw("[")}
+_CLOSE = {dict: _Raw("}"), list: _Raw("]")}
+_COMMA = _Raw(",")
+
+
+def _encode(value: Any) -> str:
+    out: list[str] = []
+    pending: list[Any] = [value]
+    while pending:
+        item = pending.pop()
+        kind = type(item)
+        if kind is _Raw:
+            out.append(item)
+        elif kind is dict:
+            keys = sorted(item)
+            pending.append(_CLOSE[dict])
+            for index in range(len(keys) - 1, -1, -1):
+                pending.append(item[keys[index]])
+                pending.append(_Raw(encode_basestring_ascii(keys[index]) + ":"))
+                if index:
+                    pending.append(_COMMA)
+            pending.append(_OPEN[dict])
+        elif kind is list:
+            pending.append(_CLOSE[list])
+            for index in range(len(item) - 1, -1, -1):
+                pending.append(item[index])
+                if index:
+                    pending.append(_COMMA)
+            pending.append(_OPEN[list])
+        elif kind is str:
+            out.append(encode_basestring_ascii(item))
+        elif item is None:
+            out.append("null")
+        elif kind is bool:
+            out.append("true" if item else "false")
+        else:
+            out.append(postgres_number(item))
+    return "".join(out)
+
+
+def canonical_json(args: Any) -> str:
+    """The canonical text of job args that ``args_hash`` is taken over.
+
+    Keys sorted at every level, ``,``/``:`` separators, strings escaped as
+    ``json.dumps`` escapes them by default (ASCII only, lowercase ``\\uXXXX``,
+    surrogate pairs above U+FFFF) and numbers as PostgreSQL prints them.
+    Raises ``SoniqError(TASK_ARGS_INVALID)`` for args ``normalize_args`` refuses.
+    """
+    return _encode(normalize_args(args))
+
+
+def args_hash(args: Any) -> str:
+    """SHA-256 (lowercase hex) of ``canonical_json(args)``; equals SQL ``soniq_args_hash``."""
+    return hash_normalized_args(normalize_args(args))
+
+
+def hash_normalized_args(args: dict) -> str:
+    """``args_hash`` of args that already went through ``normalize_args``."""
+    return hashlib.sha256(_encode(args).encode("utf-8")).hexdigest()

@@ -1,0 +1,251 @@
+"""Soniq storage format 1 as Django models.
+
+Each model maps one format-1 table column for column: ``db_table`` is the
+table, field names are the column names, and database defaults
+(``db_default``) are what a raw ``INSERT`` from another language relies on.
+Rows are written only through the services (``enqueue``, the owned queue,
+the worker); these models are for reading, the admin and migrations.
+"""
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils import timezone
+
+
+class JobStatus(models.TextChoices):
+    """States of a row in ``soniq_jobs``. Dead-lettered jobs live in another table."""
+
+    QUEUED = "queued"
+    """Waiting to run: put here by enqueue, by a retry, or by a replay."""
+    PROCESSING = "processing"
+    """Claimed by a worker, which moves it on to done, queued or the dead letters."""
+    DONE = "done"
+    """Finished; the worker stored ``result`` and ``expires_at``."""
+    CANCELLED = "cancelled"
+    """Cancelled by an operator before or while it ran."""
+
+
+class DeadLetterReason(models.TextChoices):
+    """Why a job left ``soniq_jobs`` for good."""
+
+    MAX_RETRIES_EXCEEDED = "max_retries_exceeded"
+    """Every allowed attempt failed."""
+    PERMANENT_FAILURE = "permanent_failure"
+    """The handler said retrying cannot help."""
+    JOB_NOT_FOUND = "job_not_found"
+    """No handler is registered under the job's name."""
+    INVALID_ARGUMENTS = "invalid_arguments"
+    """The stored args do not fit the handler's signature."""
+
+
+class ScheduleType(models.TextChoices):
+    """How ``soniq_recurring_jobs.schedule_value`` is read."""
+
+    INTERVAL = "interval"
+    """Seconds between runs, as a string."""
+    CRON = "cron"
+    """A five-field cron expression."""
+
+
+class ScheduleStatus(models.TextChoices):
+    """Whether the scheduler enqueues a recurring job."""
+
+    ACTIVE = "active"
+    """Enqueued each time it is due."""
+    PAUSED = "paused"
+    """Kept, but not enqueued."""
+
+
+class WorkerState(models.TextChoices):
+    """Life of a row in ``soniq_workers``; only the worker itself moves it."""
+
+    RUNNING = "running"
+    """Claiming and running jobs, heartbeating."""
+    STOPPING = "stopping"
+    """Told to stop: finishing in-flight jobs, claiming no more."""
+    STOPPED = "stopped"
+    """Exited cleanly."""
+
+
+class Job(models.Model):
+    """``soniq_jobs``: one row per job."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job_name = models.TextField()
+    args = models.JSONField(default=dict, db_default={})
+    args_hash = models.TextField(null=True, blank=True)
+    status = models.TextField(
+        choices=JobStatus.choices, default=JobStatus.QUEUED, db_default=JobStatus.QUEUED
+    )
+    attempts = models.IntegerField(default=0, db_default=0)
+    max_attempts = models.IntegerField(null=True, blank=True, default=4, db_default=4)
+    queue = models.TextField(default="default", db_default="default")
+    priority = models.IntegerField(default=100, db_default=100)
+    unique_job = models.BooleanField(default=False, db_default=False)
+    dedup_key = models.TextField(null=True, blank=True)
+    scheduled_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    producer_id = models.TextField(null=True, blank=True)
+    worker_id = models.UUIDField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_default=Now())
+    updated_at = models.DateTimeField(default=timezone.now, db_default=Now())
+
+    class Meta:
+        db_table = "soniq_jobs"
+        verbose_name = "job"
+        constraints = [
+            # What stops a second queued copy of a unique job (format 1).
+            models.UniqueConstraint(
+                fields=["job_name", "args_hash"],
+                condition=Q(status="queued"),
+                name="soniq_jobs_unique_queued",
+            ),
+            # Dedup keys are one namespace across job names and queues.
+            models.UniqueConstraint(
+                fields=["dedup_key"],
+                condition=Q(status="queued") & Q(dedup_key__isnull=False),
+                name="soniq_jobs_dedup_queued",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=JobStatus.values), name="soniq_jobs_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__isnull=True) | Q(max_attempts__gte=1),
+                name="soniq_jobs_max_attempts_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(attempts__gte=0), name="soniq_jobs_attempts_not_negative"
+            ),
+        ]
+        indexes = [
+            # "Next eligible job in these queues": queued rows in priority,
+            # then arrival, order. Partial, so finished rows cost nothing.
+            models.Index(
+                fields=["queue", "priority", "created_at"],
+                condition=Q(status="queued"),
+                name="soniq_jobs_claim_idx",
+            ),
+            # Housekeeping finds expired finished rows without a scan.
+            models.Index(
+                fields=["expires_at"],
+                condition=Q(expires_at__isnull=False),
+                name="soniq_jobs_expires_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_name} ({self.status})"
+
+
+class DeadLetterJob(models.Model):
+    """``soniq_dead_letter_jobs``: jobs that failed for good, with their original id."""
+
+    id = models.UUIDField(primary_key=True, editable=False)
+    job_name = models.TextField()
+    args = models.JSONField(default=dict, db_default={})
+    queue = models.TextField(default="default", db_default="default")
+    priority = models.IntegerField(default=100, db_default=100)
+    max_attempts = models.IntegerField(null=True, blank=True)
+    attempts = models.IntegerField(default=0, db_default=0)
+    last_error = models.TextField(null=True, blank=True)
+    dead_letter_reason = models.TextField(choices=DeadLetterReason.choices)
+    original_created_at = models.DateTimeField(null=True, blank=True)
+    moved_to_dead_letter_at = models.DateTimeField(default=timezone.now, db_default=Now())
+    resurrection_count = models.IntegerField(default=0, db_default=0)
+    last_resurrection_at = models.DateTimeField(null=True, blank=True)
+    tags = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        db_table = "soniq_dead_letter_jobs"
+        verbose_name = "dead-letter job"
+        indexes = [
+            models.Index(fields=["moved_to_dead_letter_at"], name="soniq_dlq_moved_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_name} ({self.dead_letter_reason})"
+
+
+class RecurringJob(models.Model):
+    """``soniq_recurring_jobs``: one schedule per job name, read by the scheduler."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job_name = models.TextField(unique=True)
+    schedule_type = models.TextField(choices=ScheduleType.choices)
+    schedule_value = models.TextField()
+    job_kwargs = models.JSONField(default=dict, db_default={})
+    status = models.TextField(
+        choices=ScheduleStatus.choices,
+        default=ScheduleStatus.ACTIVE,
+        db_default=ScheduleStatus.ACTIVE,
+    )
+    queue = models.TextField(default="default", db_default="default")
+    priority = models.IntegerField(default=100, db_default=100)
+    max_attempts = models.IntegerField(null=True, blank=True, default=4, db_default=4)
+    next_run = models.DateTimeField(null=True, blank=True)
+    last_run = models.DateTimeField(null=True, blank=True)
+    run_count = models.IntegerField(default=0, db_default=0)
+    last_job_id = models.UUIDField(null=True, blank=True)
+
+    class Meta:
+        db_table = "soniq_recurring_jobs"
+        verbose_name = "recurring job"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(schedule_type__in=ScheduleType.values),
+                name="soniq_recurring_type_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=ScheduleStatus.values),
+                name="soniq_recurring_status_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_name} ({self.schedule_type} {self.schedule_value})"
+
+
+class Worker(models.Model):
+    """``soniq_workers``: one row per worker process, kept fresh by its heartbeat."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    hostname = models.TextField()
+    pid = models.IntegerField()
+    queues = models.JSONField(null=True, blank=True, help_text="Queue names, or null for all.")
+    concurrency = models.IntegerField(default=1, db_default=1)
+    status = models.TextField(
+        choices=WorkerState.choices, default=WorkerState.RUNNING, db_default=WorkerState.RUNNING
+    )
+    started_at = models.DateTimeField(default=timezone.now, db_default=Now())
+    last_heartbeat_at = models.DateTimeField(default=timezone.now, db_default=Now())
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "soniq_workers"
+        verbose_name = "worker"
+
+    def __str__(self) -> str:
+        return f"{self.hostname}:{self.pid} ({self.status})"
+
+
+class TaskRegistration(models.Model):
+    """``soniq_task_registry``: the handlers workers know, keyed by job name."""
+
+    job_name = models.TextField(primary_key=True)
+    queue = models.TextField(default="default", db_default="default")
+    max_attempts = models.IntegerField(null=True, blank=True)
+    unique_job = models.BooleanField(default=False, db_default=False)
+    args_model_repr = models.TextField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now, db_default=Now())
+
+    class Meta:
+        db_table = "soniq_task_registry"
+        verbose_name = "registered task"
+
+    def __str__(self) -> str:
+        return self.job_name

@@ -1,0 +1,207 @@
+"""Enqueue jobs and read them back: the Python twins of ``soniq_enqueue`` and ``soniq_get_job``.
+
+Every function takes ``using=`` (a database alias); without it the project's
+database routers pick one, as they do for the ``Job`` model.
+"""
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, router, transaction
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from .errors import ErrorCode, SoniqError
+from .job_request import JobRequest, PreparedJob, coerce_job_id, prepare
+from .models import DeadLetterJob, Job, JobStatus
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobInfo:
+    """A job as ``soniq_get_job`` returns it; ``status`` is ``dead_letter`` for dead letters."""
+
+    id: uuid.UUID
+    job_name: str
+    status: str
+    queue: str
+    attempts: int
+    max_attempts: int | None
+    result: Any
+    last_error: str | None
+    dead_letter_reason: str | None
+    scheduled_at: dt.datetime | None
+    created_at: dt.datetime | None
+    updated_at: dt.datetime | None
+
+
+def write_alias(using: str | None) -> str:
+    """The database alias jobs are written to."""
+    return using or router.db_for_write(Job)
+
+
+def enqueue(
+    job_name: str,
+    args: dict | None = None,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    max_attempts: int | None = 4,
+    unique_job: bool = False,
+    dedup_key: str | None = None,
+    producer_id: str | None = None,
+    job_id: uuid.UUID | str | None = None,
+    using: str | None = None,
+) -> uuid.UUID:
+    """Insert one job inside the caller's transaction and return its id.
+
+    A unique job (``unique_job=True``) or one with a ``dedup_key`` returns the
+    id of an equal job that is still queued instead of inserting a second.
+    The job name need not have a handler in this process.
+
+    Raises ``SoniqError`` with INVALID_TASK_NAME, TASK_ARGS_INVALID,
+    INVALID_MAX_ATTEMPTS, INVALID_OPTION or DUPLICATE_JOB_ID; nothing is
+    written when it raises.
+    """
+    request = JobRequest(
+        job_name,
+        args,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        max_attempts=max_attempts,
+        unique_job=unique_job,
+        dedup_key=dedup_key,
+        producer_id=producer_id,
+        job_id=job_id,
+    )
+    return insert_prepared(prepare(request), write_alias(using))
+
+
+def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) -> list[uuid.UUID]:
+    """Enqueue many jobs in one transaction; return their ids in request order.
+
+    Every request is validated before anything is written, so one bad request
+    leaves no rows at all. Plain jobs go in as one multi-row insert; unique and
+    dedup jobs are resolved one by one (a later request can return an earlier
+    one's id).
+    """
+    prepared = [prepare(request) for request in requests]
+    alias = write_alias(using)
+    ids: list[uuid.UUID] = []
+    with transaction.atomic(using=alias):
+        plain = [job for job in prepared if not job.deduplicates]
+        if plain:
+            try:
+                with transaction.atomic(using=alias):
+                    Job.objects.using(alias).bulk_create([_row(job) for job in plain])
+            except IntegrityError:
+                raise _duplicate_id_error() from None
+        for job in prepared:
+            ids.append(insert_prepared(job, alias) if job.deduplicates else job.job_id)
+    return ids
+
+
+def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
+    """Insert a validated job, or return the queued duplicate's id."""
+    # Insert first and look for the duplicate only on conflict: the first
+    # statement is a write, so SQLite never has to upgrade a read lock
+    # (which fails at once instead of waiting), and PostgreSQL waits on the
+    # unique index for a concurrent producer instead of racing a SELECT.
+    with transaction.atomic(using=alias):
+        try:
+            with transaction.atomic(using=alias):
+                _row(job).save(using=alias, force_insert=True)
+        except IntegrityError:
+            existing = _queued_duplicate(job, alias) if job.deduplicates else None
+            if existing is not None:
+                return existing
+            if Job.objects.using(alias).filter(id=job.job_id).exists():
+                raise _duplicate_id_error() from None
+            raise SoniqError(
+                ErrorCode.QUEUE_PERSISTENCE_FAILED,
+                "a concurrent enqueue of an equal job is not visible to this transaction; retry it",
+            ) from None
+    return job.job_id
+
+
+def _duplicate_id_error() -> SoniqError:
+    return SoniqError(ErrorCode.DUPLICATE_JOB_ID, "a job with the requested job_id already exists")
+
+
+def _row(job: PreparedJob) -> Job:
+    return Job(
+        id=job.job_id,
+        job_name=job.job_name,
+        args=job.args,
+        args_hash=job.args_hash,
+        status=JobStatus.QUEUED,
+        attempts=0,
+        max_attempts=job.max_attempts,
+        queue=job.queue,
+        priority=job.priority,
+        unique_job=job.unique_job,
+        dedup_key=job.dedup_key,
+        scheduled_at=job.scheduled_at,
+        producer_id=job.producer_id,
+    )
+
+
+def _queued_duplicate(job: PreparedJob, alias: str) -> uuid.UUID | None:
+    queued = Job.objects.using(alias).filter(status=JobStatus.QUEUED)
+    if job.dedup_key is not None:
+        found = queued.filter(dedup_key=job.dedup_key).values_list("id", flat=True).first()
+        if found is not None:
+            return found
+    if job.unique_job:
+        return (
+            queued.filter(job_name=job.job_name, args_hash=job.args_hash)
+            .values_list("id", flat=True)
+            .first()
+        )
+    return None
+
+
+_INFO_FIELDS = (
+    "id", "job_name", "status", "queue", "attempts", "max_attempts", "result",
+    "last_error", "scheduled_at", "created_at", "updated_at",
+)
+
+
+def get_job(job_id: uuid.UUID | str, *, using: str | None = None) -> JobInfo | None:
+    """Return the job with this id, or None when it is unknown or its result expired.
+
+    Dead-lettered jobs come back with status ``dead_letter`` and their reason.
+    Raises ``ConfigValidationError`` (INVALID_OPTION) when ``job_id`` is not a UUID.
+    """
+    job_id = coerce_job_id(job_id)
+    alias = using or router.db_for_read(Job)
+    live = (
+        Job.objects.using(alias)
+        .filter(id=job_id)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=Now()))
+        .values(*_INFO_FIELDS)
+        .first()
+    )
+    if live is not None:
+        return JobInfo(**live, dead_letter_reason=None)
+    dead = DeadLetterJob.objects.using(alias).filter(id=job_id).first()
+    if dead is None:
+        return None
+    return JobInfo(
+        id=dead.id,
+        job_name=dead.job_name,
+        status="dead_letter",
+        queue=dead.queue,
+        attempts=dead.attempts,
+        max_attempts=dead.max_attempts,
+        result=None,
+        last_error=dead.last_error,
+        dead_letter_reason=dead.dead_letter_reason,
+        scheduled_at=None,
+        created_at=dead.original_created_at,
+        updated_at=dead.moved_to_dead_letter_at,
+    )

@@ -1,0 +1,218 @@
+"""``@job`` handlers and the in-process registry of them.
+
+``@job(name="billing.send_invoice", queue="billing", retries=3)`` turns a
+function into a :class:`JobHandler`: still callable directly, and able to
+enqueue itself now (``.enqueue``), when the transaction commits
+(``.enqueue_on_commit``) or with per-call options (``.configure``).
+"""
+
+import dataclasses
+import functools
+import inspect
+import uuid
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+
+from .conf import soniq_settings
+from .errors import ErrorCode, SoniqError
+from .job_request import JobRequest, prepare
+
+_registry: dict[str, "JobHandler"] = {}
+_UNSET: Any = object()
+
+
+def get_handler(job_name: str) -> "JobHandler | None":
+    """The handler registered under ``job_name`` in this process, or None."""
+    return _registry.get(job_name)
+
+
+def registered_handlers() -> dict[str, "JobHandler"]:
+    """A copy of the registry: job name → handler."""
+    return dict(_registry)
+
+
+def _register(handler: "JobHandler") -> None:
+    current = _registry.get(handler.name)
+    if current is not None and _origin(current.func) != _origin(handler.func):
+        raise ImproperlyConfigured(
+            f"Two handlers use the job name {handler.name!r}: "
+            f"{_origin(current.func)} and {_origin(handler.func)}."
+        )
+    _registry[handler.name] = handler
+
+
+def _origin(func: Callable) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    queue: str | None = None
+    priority: int | None = None
+    run_at: Any = None
+    max_attempts: Any = _UNSET
+    unique_job: bool | None = None
+    dedup_key: str | None = None
+    producer_id: str | None = None
+    job_id: Any = None
+    using: str | None = None
+
+
+_OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(_Options))
+
+
+class JobHandler:
+    """A function registered as a job. Call it to run it here and now."""
+
+    def __init__(self, func: Callable, *, name: str, queue: str | None, retries: int | None,
+                 unique: bool):
+        self.func = func
+        self.name = name
+        self.queue = queue
+        self.retries = retries
+        self.unique = unique
+        self.signature = inspect.signature(func)
+        self.is_async = inspect.iscoroutinefunction(func)
+        functools.update_wrapper(self, func)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<JobHandler {self.name}>"
+
+    @property
+    def max_attempts(self) -> int:
+        """Attempts a job of this handler gets: ``retries + 1``."""
+        if self.retries is None:
+            return soniq_settings.DEFAULT_MAX_ATTEMPTS
+        return self.retries + 1
+
+    def configure(self, **options: Any) -> "ConfiguredJob":
+        """Return an enqueuer with per-call options (``run_at``, ``priority``, ``dedup_key``, …)."""
+        return ConfiguredJob(self, _Options()).configure(**options)
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> uuid.UUID:
+        """Insert the job now, inside the caller's transaction; return its id."""
+        return ConfiguredJob(self, _Options()).enqueue(*args, **kwargs)
+
+    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> uuid.UUID:
+        """Insert the job when the current transaction commits; return its id now."""
+        return ConfiguredJob(self, _Options()).enqueue_on_commit(*args, **kwargs)
+
+    def bind_kwargs(self, args: tuple, kwargs: dict) -> dict:
+        """Map a call's arguments to the keyword arguments stored in the job row.
+
+        Raises ``SoniqError(TASK_ARGS_INVALID)`` when they do not fit the
+        function's signature or cannot be passed by keyword.
+        """
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            raise SoniqError(
+                ErrorCode.TASK_ARGS_INVALID,
+                f"the arguments do not fit the signature of job {self.name}",
+            ) from None
+        stored: dict = {}
+        for name, value in bound.arguments.items():
+            kind = self.signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                stored.update(value)
+            elif kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
+                if kind is inspect.Parameter.VAR_POSITIONAL and not value:
+                    continue
+                raise SoniqError(
+                    ErrorCode.TASK_ARGS_INVALID,
+                    f"job {self.name} takes positional-only arguments, which a job row cannot carry",
+                )
+            else:
+                stored[name] = value
+        return stored
+
+
+class ConfiguredJob:
+    """A handler plus per-call options; made by ``JobHandler.configure``."""
+
+    def __init__(self, handler: JobHandler, options: _Options):
+        self.handler = handler
+        self.options = options
+
+    def configure(self, **options: Any) -> "ConfiguredJob":
+        unknown = set(options) - _OPTION_NAMES
+        if unknown:
+            raise TypeError(f"configure() got unknown options: {', '.join(sorted(unknown))}")
+        return ConfiguredJob(self.handler, dataclasses.replace(self.options, **options))
+
+    def request(self, *args: Any, **kwargs: Any) -> JobRequest:
+        """The ``JobRequest`` this call would enqueue (arguments checked against the signature)."""
+        handler, opts = self.handler, self.options
+        max_attempts = handler.max_attempts if opts.max_attempts is _UNSET else (
+            opts.max_attempts
+        )
+        return JobRequest(
+            handler.name,
+            handler.bind_kwargs(args, kwargs),
+            queue=opts.queue if opts.queue is not None else handler.queue,
+            priority=opts.priority,
+            run_at=opts.run_at,
+            max_attempts=max_attempts,
+            unique_job=handler.unique if opts.unique_job is None else opts.unique_job,
+            dedup_key=opts.dedup_key,
+            producer_id=opts.producer_id,
+            job_id=opts.job_id,
+        )
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> uuid.UUID:
+        """Insert the job now, inside the caller's transaction; return its id."""
+        from .producer import insert_prepared, write_alias
+
+        return insert_prepared(prepare(self.request(*args, **kwargs)), write_alias(self.options.using))
+
+    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> uuid.UUID:
+        """Validate now; insert when the current transaction commits; return the job id.
+
+        Outside a transaction the job is inserted at once. If the transaction
+        rolls back, no job exists. For a unique or dedup job the id returned
+        is the one the new row would get: if an equal job is still queued at
+        commit, no row is inserted and that job runs instead.
+        """
+        from .producer import insert_prepared, write_alias
+
+        prepared = prepare(self.request(*args, **kwargs))
+        alias = write_alias(self.options.using)
+        transaction.on_commit(lambda: insert_prepared(prepared, alias), using=alias)
+        return prepared.job_id
+
+
+def job(func: Callable | None = None, *, name: str | None = None, queue: str | None = None,
+        retries: int | None = None, unique: bool = False) -> Any:
+    """Register a function as a job handler; usable as ``@job``, ``@job()`` or ``@job(name=...)``.
+
+    Without ``name=`` the job name is derived from ``module.function`` and a
+    ``DeprecationWarning`` prints it: other languages cannot know a Python
+    import path, so name jobs on purpose.
+    """
+    if retries is not None and (type(retries) is not int or retries < 0):
+        raise ImproperlyConfigured("@job(retries=...) must be a whole number of 0 or more")
+
+    def decorate(function: Callable, stacklevel: int = 2) -> JobHandler:
+        job_name = name
+        if job_name is None:
+            job_name = f"{function.__module__}.{function.__name__}"
+            warnings.warn(
+                f"@job without name= derives the job name {job_name!r} from the import path; "
+                f"this is deprecated. Write @job(name={job_name!r}) to keep queued jobs running.",
+                DeprecationWarning,
+                stacklevel=stacklevel,
+            )
+        handler = JobHandler(function, name=job_name, queue=queue, retries=retries, unique=unique)
+        _register(handler)
+        return handler
+
+    if func is not None:
+        return decorate(func, stacklevel=3)
+    return decorate

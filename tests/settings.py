@@ -1,0 +1,79 @@
+"""Settings for the test suite.
+
+The suite runs once per database backend. ``SONIQ_TEST_BACKEND`` picks it
+(``sqlite`` or ``postgresql``); for PostgreSQL ``SONIQ_TEST_DATABASE_URL``
+names the server (``scripts/run-tests`` resolves it before starting pytest).
+"""
+
+import os
+import tempfile
+
+import environ
+
+BACKEND = os.environ.get("SONIQ_TEST_BACKEND", "sqlite")
+
+if BACKEND == "postgresql":
+    _url = os.environ.get(
+        "SONIQ_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"
+    )
+    _db = environ.Env.db_url_config(_url)
+    _db["TEST"] = {"NAME": os.environ.get("SONIQ_TEST_DATABASE_NAME", "test_soniq_django")}
+elif BACKEND == "sqlite":
+    # A file, not ``:memory:``: later tests start worker processes that must
+    # see the same database.
+    _dir = os.environ.get("SONIQ_TEST_SQLITE_DIR") or tempfile.gettempdir()
+    _db = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.path.join(_dir, f"soniq_dev_{os.getpid()}.sqlite3"),
+        "TEST": {"NAME": os.path.join(_dir, f"soniq_test_{os.getpid()}.sqlite3")},
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+    }
+else:  # pragma: no cover - a typo in the environment
+    raise RuntimeError(f"SONIQ_TEST_BACKEND must be sqlite or postgresql, not {BACKEND!r}")
+
+DATABASES = {"default": _db}
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["testserver", "localhost"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "soniq_django",
+    "example_project.shop",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "example_project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+SONIQ = {}

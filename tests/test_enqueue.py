@@ -1,0 +1,319 @@
+"""enqueue, bulk_enqueue and get_job on the real database (both backends)."""
+
+import datetime as dt
+import math
+import threading
+import uuid
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from soniq_django import args_hash, bulk_enqueue, enqueue, get_job
+from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError
+from soniq_django.job_request import JobRequest
+from soniq_django.models import DeadLetterJob, Job
+
+pytestmark = pytest.mark.django_db
+
+
+def test_enqueue_writes_a_format1_row():
+    job_id = enqueue("billing.send_invoice", {"order_id": 1})
+    row = Job.objects.get(id=job_id)
+    assert isinstance(job_id, uuid.UUID) and job_id.version == 4
+    assert (row.job_name, row.args, row.status, row.attempts) == (
+        "billing.send_invoice", {"order_id": 1}, "queued", 0,
+    )
+    assert (row.queue, row.priority, row.max_attempts, row.unique_job) == ("default", 100, 4, False)
+    assert row.args_hash is None and row.dedup_key is None and row.scheduled_at is None
+    assert row.result is None and row.worker_id is None and row.expires_at is None
+
+
+def test_enqueue_without_args_stores_an_empty_object():
+    assert Job.objects.get(id=enqueue("reports.daily")).args == {}
+
+
+def test_every_option_is_stored():
+    run_at = timezone.now() + dt.timedelta(hours=1)
+    job_id = uuid.uuid4()
+    returned = enqueue(
+        "billing.send_invoice",
+        {"order_id": 2},
+        queue="billing",
+        priority=10,
+        run_at=run_at,
+        max_attempts=None,
+        dedup_key="invoice-2",
+        producer_id="checkout",
+        job_id=str(job_id),
+    )
+    row = Job.objects.get(id=job_id)
+    assert returned == job_id
+    assert (row.queue, row.priority, row.max_attempts) == ("billing", 10, None)
+    assert (row.dedup_key, row.producer_id) == ("invoice-2", "checkout")
+    assert row.scheduled_at == run_at
+
+
+@override_settings(SONIQ={"DEFAULT_QUEUE": "mail", "DEFAULT_PRIORITY": 5})
+def test_defaults_come_from_settings_lazily():
+    row = Job.objects.get(id=enqueue("mail.send"))
+    assert (row.queue, row.priority) == ("mail", 5)
+
+
+def test_a_handlerless_job_name_is_accepted():
+    assert enqueue("other_service.job_written_in_go") is not None
+
+
+@pytest.mark.parametrize(
+    "name", ["Billing.send", "billing..send", "billing.", ".billing", "1abc", "a-b", "", "a.b\n",
+             "ä", "billing.Send"],
+)
+def test_invalid_job_names(name):
+    with pytest.raises(SoniqError) as caught:
+        enqueue(name, {})
+    assert caught.value.code is ErrorCode.INVALID_TASK_NAME
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("name", [None, 5, b"billing.send"])
+def test_job_name_must_be_a_string(name):
+    with pytest.raises(SoniqError) as caught:
+        enqueue(name)
+    assert caught.value.code is ErrorCode.INVALID_TASK_NAME
+
+
+@override_settings(SONIQ={"TASK_NAME_PATTERN": r"^[A-Z]+$"})
+def test_task_name_pattern_setting_applies():
+    enqueue("UPPER")
+    with pytest.raises(SoniqError):
+        enqueue("lower.case")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"when": dt.datetime(2024, 1, 1, tzinfo=dt.UTC)},
+        {"x": math.nan},
+        {"x": math.inf},
+        {"x": 10**400},
+        {"x": b"bytes"},
+        {"x": {1, 2}},
+        {"x": "a\x00b"},
+        [1, 2],
+        "not an object",
+    ],
+)
+def test_invalid_args_raise_task_args_invalid_and_write_nothing(args):
+    with pytest.raises(SoniqError) as caught:
+        enqueue("billing.send_invoice", args)
+    assert caught.value.code is ErrorCode.TASK_ARGS_INVALID
+    assert not Job.objects.exists()
+
+
+def test_nesting_bound_on_enqueue():
+    value: dict = {}
+    for _ in range(498):
+        value = {"a": value}
+    enqueue("deep.ok", value)  # 499 levels
+    with pytest.raises(SoniqError) as caught:
+        enqueue("deep.too_deep", {"a": value})  # 500 levels
+    assert caught.value.code is ErrorCode.TASK_ARGS_INVALID
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.parametrize("max_attempts", [0, -1, True, 1.0, "3", 2**31])
+def test_invalid_max_attempts(max_attempts):
+    with pytest.raises(SoniqError) as caught:
+        enqueue("billing.send_invoice", {}, max_attempts=max_attempts)
+    assert caught.value.code is ErrorCode.INVALID_MAX_ATTEMPTS
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"queue": ""},
+        {"queue": 5},
+        {"queue": "q" * 256},
+        {"priority": "high"},
+        {"priority": True},
+        {"priority": 2**31},
+        {"run_at": dt.datetime(2030, 1, 1)},
+        {"run_at": "tomorrow"},
+        {"unique_job": 1},
+        {"dedup_key": ""},
+        {"producer_id": "a\x00b"},
+        {"job_id": "not-a-uuid"},
+        {"job_id": 12},
+    ],
+)
+def test_invalid_options(options):
+    with pytest.raises(ConfigValidationError) as caught:
+        enqueue("billing.send_invoice", {}, **options)
+    assert caught.value.code is ErrorCode.INVALID_OPTION
+    assert not Job.objects.exists()
+
+
+def test_existing_job_id_raises_duplicate_job_id():
+    job_id = enqueue("billing.send_invoice", {"order_id": 1})
+    with pytest.raises(SoniqError) as caught:
+        enqueue("billing.send_invoice", {"order_id": 2}, job_id=job_id)
+    assert caught.value.code is ErrorCode.DUPLICATE_JOB_ID
+    assert str(job_id) not in str(caught.value)
+    assert Job.objects.count() == 1
+
+
+def test_duplicate_job_id_keeps_the_callers_transaction_usable():
+    job_id = enqueue("billing.send_invoice", {})
+    with transaction.atomic():
+        with pytest.raises(SoniqError):
+            enqueue("billing.send_invoice", {}, job_id=job_id)
+        enqueue("billing.other", {})
+    assert Job.objects.count() == 2
+
+
+def test_unique_job_returns_the_queued_duplicate():
+    first = enqueue("reports.build", {"day": "2024-01-01", "n": [1, 2]}, unique_job=True)
+    again = enqueue("reports.build", {"n": [1, 2], "day": "2024-01-01"}, unique_job=True)
+    other = enqueue("reports.build", {"day": "2024-01-02", "n": [1, 2]}, unique_job=True)
+    assert first == again != other
+    row = Job.objects.get(id=first)
+    assert row.unique_job and row.args_hash == args_hash({"day": "2024-01-01", "n": [1, 2]})
+    assert Job.objects.count() == 2
+
+
+def test_unique_job_only_matches_queued_rows():
+    first = enqueue("reports.build", {"day": "d"}, unique_job=True)
+    Job.objects.filter(id=first).update(status="done")
+    second = enqueue("reports.build", {"day": "d"}, unique_job=True)
+    assert second != first
+
+
+def test_unique_job_differs_by_job_name():
+    a = enqueue("reports.a", {"day": "d"}, unique_job=True)
+    b = enqueue("reports.b", {"day": "d"}, unique_job=True)
+    assert a != b
+
+
+def test_dedup_key_is_one_namespace_across_names_and_queues():
+    first = enqueue("billing.send_invoice", {"order_id": 1}, dedup_key="invoice-1")
+    again = enqueue("mail.other", {"x": 1}, queue="mail", dedup_key="invoice-1")
+    assert first == again
+    assert Job.objects.count() == 1
+    Job.objects.filter(id=first).update(status="processing")
+    assert enqueue("billing.send_invoice", {}, dedup_key="invoice-1") != first
+
+
+def test_duplicate_ignores_requested_job_id():
+    first = enqueue("reports.build", {"day": "d"}, unique_job=True)
+    assert enqueue("reports.build", {"day": "d"}, unique_job=True, job_id=uuid.uuid4()) == first
+
+
+def test_enqueue_is_inside_the_callers_transaction():
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            enqueue("billing.send_invoice", {})
+            raise RuntimeError
+    assert not Job.objects.exists()
+
+
+def test_bulk_enqueue_returns_ids_in_order_and_dedups():
+    ids = bulk_enqueue(
+        [
+            JobRequest("a.one", {"n": 1}),
+            JobRequest("a.two", {"n": 2}, dedup_key="k"),
+            JobRequest("a.three", {"n": 3}, queue="q", priority=1),
+            JobRequest("a.four", {"n": 4}, dedup_key="k"),
+            JobRequest("a.five", {"n": 5}, unique_job=True),
+            JobRequest("a.five", {"n": 5}, unique_job=True),
+        ]
+    )
+    assert len(ids) == 6 and ids[1] == ids[3] and ids[4] == ids[5]
+    assert Job.objects.count() == 4
+    names = dict(Job.objects.values_list("id", "job_name"))
+    assert [names[i] for i in ids] == ["a.one", "a.two", "a.three", "a.two", "a.five", "a.five"]
+
+
+def test_bulk_enqueue_validates_everything_before_writing():
+    with pytest.raises(SoniqError) as caught:
+        bulk_enqueue([JobRequest("a.good", {}), JobRequest("a.bad", {"x": math.nan})])
+    assert caught.value.code is ErrorCode.TASK_ARGS_INVALID
+    assert not Job.objects.exists()
+
+
+def test_bulk_enqueue_duplicate_id_writes_nothing():
+    existing = enqueue("a.one", {})
+    with pytest.raises(SoniqError) as caught:
+        bulk_enqueue([JobRequest("a.two", {}), JobRequest("a.three", {}, job_id=existing)])
+    assert caught.value.code is ErrorCode.DUPLICATE_JOB_ID
+    assert Job.objects.count() == 1
+
+
+def test_bulk_enqueue_of_nothing():
+    assert bulk_enqueue([]) == []
+
+
+def test_get_job_reads_a_queued_job():
+    job_id = enqueue("billing.send_invoice", {"order_id": 1}, queue="billing", max_attempts=3)
+    info = get_job(job_id)
+    assert info.id == job_id and info.job_name == "billing.send_invoice"
+    assert (info.status, info.queue, info.attempts, info.max_attempts) == ("queued", "billing", 0, 3)
+    assert info.result is None and info.dead_letter_reason is None
+    assert info.created_at is not None and info.updated_at is not None
+    assert get_job(str(job_id)) == info
+
+
+def test_get_job_unknown_and_expired_are_none():
+    assert get_job(uuid.uuid4()) is None
+    job_id = enqueue("billing.send_invoice", {})
+    Job.objects.filter(id=job_id).update(
+        status="done", result={"ok": True}, expires_at=timezone.now() - dt.timedelta(seconds=1)
+    )
+    assert get_job(job_id) is None
+    Job.objects.filter(id=job_id).update(expires_at=timezone.now() + dt.timedelta(minutes=5))
+    assert get_job(job_id).result == {"ok": True}
+
+
+def test_get_job_reports_dead_letters():
+    job_id = uuid.uuid4()
+    created = timezone.now() - dt.timedelta(hours=1)
+    DeadLetterJob.objects.create(
+        id=job_id, job_name="billing.send_invoice", args={}, queue="billing", attempts=4,
+        max_attempts=4, last_error="boom", dead_letter_reason="max_retries_exceeded",
+        original_created_at=created,
+    )
+    info = get_job(job_id)
+    assert (info.status, info.dead_letter_reason, info.last_error) == (
+        "dead_letter", "max_retries_exceeded", "boom",
+    )
+    assert info.created_at == created
+
+
+def test_get_job_rejects_a_non_uuid():
+    with pytest.raises(ConfigValidationError):
+        get_job("nope")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_unique_enqueues_make_one_job():
+    barrier = threading.Barrier(6)
+    results, errors = [], []
+
+    def producer():
+        try:
+            barrier.wait()
+            results.append(enqueue("reports.build", {"day": "race"}, unique_job=True))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=producer) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(set(results)) == 1
+    assert Job.objects.filter(job_name="reports.build").count() == 1
