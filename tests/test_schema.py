@@ -1,0 +1,184 @@
+"""The format-1 tables, read back from the database and compared with the format."""
+
+import pytest
+from django.db import connection
+
+from soniq_django import get_job
+
+NOW = "now"  # a timestamp default: now(), statement_timestamp() or CURRENT_TIMESTAMP
+TSTZ = "timestamp with time zone"
+
+# column: (PostgreSQL type, nullable, default) — written from the storage format.
+FORMAT_1 = {
+    "soniq_jobs": {
+        "id": ("uuid", False, None),
+        "job_name": ("text", False, None),
+        "args": ("jsonb", False, "'{}'::jsonb"),
+        "args_hash": ("text", True, None),
+        "status": ("text", False, "'queued'::text"),
+        "attempts": ("integer", False, "0"),
+        "max_attempts": ("integer", True, "4"),
+        "queue": ("text", False, "'default'::text"),
+        "priority": ("integer", False, "100"),
+        "unique_job": ("boolean", False, "false"),
+        "dedup_key": ("text", True, None),
+        "scheduled_at": (TSTZ, True, None),
+        "expires_at": (TSTZ, True, None),
+        "last_error": ("text", True, None),
+        "result": ("jsonb", True, None),
+        "producer_id": ("text", True, None),
+        "worker_id": ("uuid", True, None),
+        "created_at": (TSTZ, False, NOW),
+        "updated_at": (TSTZ, False, NOW),
+    },
+    "soniq_dead_letter_jobs": {
+        "id": ("uuid", False, None),
+        "job_name": ("text", False, None),
+        "args": ("jsonb", False, "'{}'::jsonb"),
+        "queue": ("text", False, "'default'::text"),
+        "priority": ("integer", False, "100"),
+        "max_attempts": ("integer", True, None),
+        "attempts": ("integer", False, "0"),
+        "last_error": ("text", True, None),
+        "dead_letter_reason": ("text", False, None),
+        "original_created_at": (TSTZ, True, None),
+        "moved_to_dead_letter_at": (TSTZ, False, NOW),
+        "resurrection_count": ("integer", False, "0"),
+        "last_resurrection_at": (TSTZ, True, None),
+        "tags": ("jsonb", True, None),
+    },
+    "soniq_recurring_jobs": {
+        "id": ("uuid", False, None),
+        "job_name": ("text", False, None),
+        "schedule_type": ("text", False, None),
+        "schedule_value": ("text", False, None),
+        "job_kwargs": ("jsonb", False, "'{}'::jsonb"),
+        "status": ("text", False, "'active'::text"),
+        "queue": ("text", False, "'default'::text"),
+        "priority": ("integer", False, "100"),
+        "max_attempts": ("integer", True, "4"),
+        "next_run": (TSTZ, True, None),
+        "last_run": (TSTZ, True, None),
+        "run_count": ("integer", False, "0"),
+        "last_job_id": ("uuid", True, None),
+    },
+    # Not specified by the format; designed here (see docs/storage-format.md).
+    "soniq_workers": {
+        "id": ("uuid", False, None),
+        "hostname": ("text", False, None),
+        "pid": ("integer", False, None),
+        "queues": ("jsonb", True, None),
+        "concurrency": ("integer", False, "1"),
+        "status": ("text", False, "'running'::text"),
+        "started_at": (TSTZ, False, NOW),
+        "last_heartbeat_at": (TSTZ, False, NOW),
+        "stopped_at": (TSTZ, True, None),
+    },
+    "soniq_task_registry": {
+        "job_name": ("text", False, None),
+        "queue": ("text", False, "'default'::text"),
+        "max_attempts": ("integer", True, None),
+        "unique_job": ("boolean", False, "false"),
+        "args_model_repr": ("text", True, None),
+        "updated_at": (TSTZ, False, NOW),
+    },
+}
+
+
+def _default(value):
+    if value and value.lower() in ("now()", "statement_timestamp()", "current_timestamp"):
+        return NOW
+    return value
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db
+@pytest.mark.parametrize("table", sorted(FORMAT_1))
+def test_postgresql_columns_match_the_format(table):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_name, data_type, is_nullable, column_default "
+            "FROM information_schema.columns WHERE table_name = %s AND table_schema = current_schema()",
+            [table],
+        )
+        found = {name: (kind, nullable == "YES", _default(default))
+                 for name, kind, nullable, default in cursor.fetchall()}
+    assert found == FORMAT_1[table]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("table", sorted(FORMAT_1))
+def test_column_names_and_nullability_on_every_backend(table):
+    with connection.cursor() as cursor:
+        description = connection.introspection.get_table_description(cursor, table)
+    found = {column.name: column.null_ok for column in description}
+    assert found == {name: spec[1] for name, spec in FORMAT_1[table].items()}
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db
+def test_the_formats_raw_insert_works_and_reads_back():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO soniq_jobs (id, job_name, args, status, queue, max_attempts) "
+            "VALUES (gen_random_uuid(), 'billing.send_invoice', '{\"order_id\": 123}', "
+            "'queued', 'default', 4) RETURNING id"
+        )
+        (job_id,) = cursor.fetchone()
+        cursor.execute(
+            "INSERT INTO soniq_recurring_jobs (id, job_name, schedule_type, schedule_value, "
+            "job_kwargs) VALUES (gen_random_uuid(), 'reports.daily', 'cron', '0 9 * * *', '{}')"
+        )
+        cursor.execute(
+            "SELECT status, run_count, queue, max_attempts FROM soniq_recurring_jobs"
+        )
+        assert cursor.fetchone() == ("active", 0, "default", 4)
+    info = get_job(job_id)
+    assert (info.status, info.attempts, info.max_attempts) == ("queued", 0, 4)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT priority, unique_job FROM soniq_jobs WHERE id = %s", [job_id])
+        assert cursor.fetchone() == (100, False)
+
+
+@pytest.mark.django_db
+def test_partial_unique_index_stops_a_second_queued_copy():
+    from django.db import IntegrityError, transaction
+
+    from soniq_django.models import Job
+
+    Job.objects.create(job_name="a.b", args_hash="h", unique_job=True)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.create(job_name="a.b", args_hash="h", unique_job=True)
+    Job.objects.create(job_name="a.b", args_hash="h", unique_job=True, status="done")
+
+
+NEXT_ELIGIBLE = (
+    "SELECT id FROM soniq_jobs WHERE status = 'queued' AND queue = 'default' "
+    "AND (scheduled_at IS NULL OR scheduled_at <= {now}) "
+    "ORDER BY priority, created_at LIMIT 1"
+)
+
+
+@pytest.mark.django_db
+def test_next_eligible_job_is_an_index_scan():
+    """With many finished rows and a few queued ones, the planner reads the claim index."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "INSERT INTO soniq_jobs (id, job_name, status) "
+                "SELECT gen_random_uuid(), 'a.b', CASE WHEN n % 1000 = 0 THEN 'queued' ELSE 'done' END "
+                "FROM generate_series(1, 20000) AS n"
+            )
+            cursor.execute("ANALYZE soniq_jobs")
+            cursor.execute("EXPLAIN " + NEXT_ELIGIBLE.format(now="now()"))
+        else:
+            cursor.execute(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000) "
+                "INSERT INTO soniq_jobs (id, job_name, status) "
+                "SELECT lower(hex(randomblob(16))), 'a.b', "
+                "CASE WHEN i % 1000 = 0 THEN 'queued' ELSE 'done' END FROM n"
+            )
+            cursor.execute("ANALYZE")
+            cursor.execute("EXPLAIN QUERY PLAN " + NEXT_ELIGIBLE.format(now="CURRENT_TIMESTAMP"))
+        plan = "\n".join(str(row) for row in cursor.fetchall())
+    assert "soniq_jobs_claim_idx" in plan, plan
