@@ -10,10 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from . import pg_functions
 from .errors import ErrorCode, SoniqError
 from .job_request import JobRequest, PreparedJob, coerce_job_id, prepare
 from .models import DeadLetterJob, Job, JobStatus
@@ -90,7 +91,12 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     one's id).
     """
     prepared = [prepare(request) for request in requests]
+    if not prepared:
+        return []
     alias = write_alias(using)
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        return pg_functions.enqueue_many(prepared, connection, alias)
     ids: list[uuid.UUID] = []
     with transaction.atomic(using=alias):
         plain = [job for job in prepared if not job.deduplicates]
@@ -101,12 +107,23 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
             except IntegrityError:
                 raise _duplicate_id_error() from None
         for job in prepared:
-            ids.append(insert_prepared(job, alias) if job.deduplicates else job.job_id)
+            ids.append(_insert_portable(job, alias) if job.deduplicates else job.job_id)
     return ids
 
 
 def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
-    """Insert a validated job, or return the queued duplicate's id."""
+    """Insert a validated job, or return the queued duplicate's id.
+
+    On PostgreSQL this is a call to ``soniq_enqueue``; elsewhere the same
+    rules run here.
+    """
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        return pg_functions.enqueue(job, connection, alias)
+    return _insert_portable(job, alias)
+
+
+def _insert_portable(job: PreparedJob, alias: str) -> uuid.UUID:
     # Insert first and look for the duplicate only on conflict: the first
     # statement is a write, so SQLite never has to upgrade a read lock
     # (which fails at once instead of waiting), and PostgreSQL waits on the
@@ -165,6 +182,10 @@ def _queued_duplicate(job: PreparedJob, alias: str) -> uuid.UUID | None:
     return None
 
 
+_PG_FIELDS = (
+    "id", "job_name", "status", "queue", "attempts", "max_attempts", "result", "last_error",
+    "dead_letter_reason", "scheduled_at", "created_at", "updated_at",
+)
 _INFO_FIELDS = (
     "id", "job_name", "status", "queue", "attempts", "max_attempts", "result",
     "last_error", "scheduled_at", "created_at", "updated_at",
@@ -179,6 +200,10 @@ def get_job(job_id: uuid.UUID | str, *, using: str | None = None) -> JobInfo | N
     """
     job_id = coerce_job_id(job_id)
     alias = using or router.db_for_read(Job)
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        row = pg_functions.get_job_row(job_id, connection)
+        return None if row is None else JobInfo(**dict(zip(_PG_FIELDS, row)))
     live = (
         Job.objects.using(alias)
         .filter(id=job_id)

@@ -83,11 +83,29 @@ def test_job_name_must_be_a_string(name):
     assert caught.value.code is ErrorCode.INVALID_TASK_NAME
 
 
+def _set_database_pattern(pattern):
+    """On PostgreSQL the SQL function enforces the database-level pattern too."""
+    if connection.vendor == "postgresql":
+        database = connection.ops.quote_name(connection.settings_dict["NAME"])
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER DATABASE {database} SET soniq.task_name_pattern = '{pattern}'")
+
+
 @override_settings(SONIQ={"TASK_NAME_PATTERN": r"^[A-Z]+$"})
 def test_task_name_pattern_setting_applies():
+    _set_database_pattern(r"^[A-Z]+$")  # rolled back with the test's transaction
     enqueue("UPPER")
-    with pytest.raises(SoniqError):
+    with pytest.raises(SoniqError) as caught:
         enqueue("lower.case")
+    assert caught.value.code is ErrorCode.INVALID_TASK_NAME
+
+
+@pytest.mark.postgresql_only
+def test_the_database_pattern_is_enforced_even_when_settings_allow_the_name():
+    _set_database_pattern(r"^[a-z]+$")
+    with pytest.raises(SoniqError) as caught:
+        enqueue("billing.send_invoice")
+    assert caught.value.code is ErrorCode.INVALID_TASK_NAME
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,35 @@
+"""Grant producers the SQL API (PostgreSQL)."""
+
+from django.db import connections
+
+from .sql import table_schema
+
+#: The functions a producer may call, with their argument types.
+PRODUCER_FUNCTIONS = (
+    "soniq_enqueue(text, jsonb, text, integer, timestamptz, integer, boolean, text, text, uuid)",
+    "soniq_get_job(uuid)",
+    "soniq_args_hash(jsonb)",
+)
+
+
+def grant_producer(role: str, *, using: str = "default") -> list[str]:
+    """Grant ``role`` USAGE on the soniq schema and EXECUTE on the producer functions.
+
+    Returns the statements run. Raises ``ValueError`` on a database that is
+    not PostgreSQL; database errors (an unknown role, missing privileges)
+    propagate.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        raise ValueError("the SQL API exists on PostgreSQL only")
+    quote = connection.ops.quote_name
+    schema = quote(table_schema(connection))
+    grantee = quote(role)
+    statements = [f"GRANT USAGE ON SCHEMA {schema} TO {grantee}"] + [
+        f"GRANT EXECUTE ON FUNCTION {schema}.{function} TO {grantee}"
+        for function in PRODUCER_FUNCTIONS
+    ]
+    with connection.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement)
+    return statements

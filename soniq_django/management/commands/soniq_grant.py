@@ -1,0 +1,29 @@
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
+
+from soniq_django.grants import grant_producer
+
+
+class Command(BaseCommand):
+    help = (
+        "Let a PostgreSQL role enqueue and read jobs through soniq_enqueue, soniq_get_job "
+        "and soniq_args_hash, without any access to the soniq tables themselves."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("role", help="The PostgreSQL role to grant the producer functions to.")
+        parser.add_argument(
+            "--database", default=DEFAULT_DB_ALIAS, help="Database alias (default: %(default)s)."
+        )
+
+    def handle(self, *args, **options):
+        try:
+            statements = grant_producer(options["role"], using=options["database"])
+        except ValueError as error:
+            raise CommandError(str(error)) from None
+        except DatabaseError:
+            raise CommandError(
+                "Granting failed: check that the role exists and that you own the soniq functions."
+            ) from None
+        for statement in statements:
+            self.stdout.write(statement)

@@ -1,0 +1,17 @@
+"""The SQL producer API (PostgreSQL): soniq_enqueue, soniq_get_job, soniq_args_hash."""
+
+from django.db import migrations
+
+from soniq_django.sql import run_file
+
+
+class Migration(migrations.Migration):
+    dependencies = [("soniq_django", "0001_format1")]
+
+    operations = [
+        migrations.RunPython(
+            run_file("producer_api_v1.sql"),
+            run_file("producer_api_v1.down.sql"),
+            elidable=False,
+        ),
+    ]
