@@ -95,6 +95,21 @@ class Job(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_default=Now())
     updated_at = models.DateTimeField(default=timezone.now, db_default=Now())
 
+    # Owned-queue metadata (migration 0003, additive). Written only by the
+    # fenced operations of soniq_django.owned; see docs/claim-protocol.md.
+    claim_generation = models.BigIntegerField(default=0, db_default=0, editable=False)
+    claim_token = models.CharField(max_length=255, null=True, blank=True, editable=False)
+    claim_owner = models.CharField(max_length=255, null=True, blank=True, editable=False)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    fence_required = models.BooleanField(default=False, db_default=False, editable=False)
+    cancel_requested = models.BooleanField(default=False, db_default=False, editable=False)
+    pid = models.IntegerField(null=True, blank=True, editable=False)
+    active_key = models.CharField(max_length=255, null=True, blank=True, editable=False)
+    submission_id = models.CharField(max_length=255, null=True, blank=True, editable=False)
+    submission_fingerprint = models.CharField(
+        max_length=255, null=True, blank=True, editable=False
+    )
+
     class Meta:
         db_table = "soniq_jobs"
         verbose_name = "job"
@@ -121,6 +136,21 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(attempts__gte=0), name="soniq_jobs_attempts_not_negative"
             ),
+            # Owned metadata: a claim token and a submission id each name at
+            # most one row, compared exactly (full, plain, binary indexes).
+            models.UniqueConstraint(fields=["claim_token"], name="soniq_jobs_claim_token_key"),
+            models.UniqueConstraint(
+                fields=["submission_id"], name="soniq_jobs_submission_id_key"
+            ),
+            # At most one live (queued or processing) job per active key.
+            models.UniqueConstraint(
+                fields=["active_key"],
+                condition=Q(status__in=["queued", "processing"]) & Q(active_key__isnull=False),
+                name="soniq_jobs_active_key_live",
+            ),
+            models.CheckConstraint(
+                condition=Q(claim_generation__gte=0), name="soniq_jobs_generation_not_negative"
+            ),
         ]
         indexes = [
             # "Next eligible job in these queues": queued rows in priority,
@@ -135,6 +165,12 @@ class Job(models.Model):
                 fields=["expires_at"],
                 condition=Q(expires_at__isnull=False),
                 name="soniq_jobs_expires_idx",
+            ),
+            # Lapsed leases are found without a scan (claims reclaim them).
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(status="processing"),
+                name="soniq_jobs_lease_idx",
             ),
         ]
 
@@ -160,11 +196,23 @@ class DeadLetterJob(models.Model):
     last_resurrection_at = models.DateTimeField(null=True, blank=True)
     tags = models.JSONField(null=True, blank=True)
 
+    # Owned submission identity, kept through the move (migration 0003).
+    fence_required = models.BooleanField(default=False, db_default=False, editable=False)
+    submission_id = models.CharField(max_length=255, null=True, blank=True, editable=False)
+    submission_fingerprint = models.CharField(
+        max_length=255, null=True, blank=True, editable=False
+    )
+
     class Meta:
         db_table = "soniq_dead_letter_jobs"
         verbose_name = "dead-letter job"
         indexes = [
             models.Index(fields=["moved_to_dead_letter_at"], name="soniq_dlq_moved_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["submission_id"], name="soniq_dlq_submission_id_key"
+            ),
         ]
 
     def __str__(self) -> str:
