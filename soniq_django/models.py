@@ -160,6 +160,12 @@ class Job(models.Model):
                 condition=Q(status="queued"),
                 name="soniq_jobs_claim_idx",
             ),
+            # The same order across every queue, for workers that serve all.
+            models.Index(
+                fields=["priority", "created_at"],
+                condition=Q(status="queued"),
+                name="soniq_jobs_claim_any_idx",
+            ),
             # Housekeeping finds expired finished rows without a scan.
             models.Index(
                 fields=["expires_at"],

@@ -97,7 +97,7 @@ class Migration(migrations.Migration):
             options={
                 'verbose_name': 'job',
                 'db_table': 'soniq_jobs',
-                'indexes': [models.Index(condition=models.Q(('status', 'queued')), fields=['queue', 'priority', 'created_at'], name='soniq_jobs_claim_idx'), models.Index(condition=models.Q(('expires_at__isnull', False)), fields=['expires_at'], name='soniq_jobs_expires_idx')],
+                'indexes': [models.Index(condition=models.Q(('status', 'queued')), fields=['queue', 'priority', 'created_at'], name='soniq_jobs_claim_idx'), models.Index(condition=models.Q(('status', 'queued')), fields=['priority', 'created_at'], name='soniq_jobs_claim_any_idx'), models.Index(condition=models.Q(('expires_at__isnull', False)), fields=['expires_at'], name='soniq_jobs_expires_idx')],
                 'constraints': [models.UniqueConstraint(condition=models.Q(('status', 'queued')), fields=('job_name', 'args_hash'), name='soniq_jobs_unique_queued'), models.UniqueConstraint(condition=models.Q(('status', 'queued'), ('dedup_key__isnull', False)), fields=('dedup_key',), name='soniq_jobs_dedup_queued'), models.CheckConstraint(condition=models.Q(('status__in', ['queued', 'processing', 'done', 'cancelled'])), name='soniq_jobs_status_valid'), models.CheckConstraint(condition=models.Q(('max_attempts__isnull', True), ('max_attempts__gte', 1), _connector='OR'), name='soniq_jobs_max_attempts_positive'), models.CheckConstraint(condition=models.Q(('attempts__gte', 0)), name='soniq_jobs_attempts_not_negative')],
             },
         ),
