@@ -72,6 +72,14 @@ def _key(key: Any) -> str:
     raise _invalid(f"args use a key of type {kind.__name__}; object keys must be strings")
 
 
+def normalize_json(value: Any) -> Any:
+    """Validate any JSON value (a job result, say) and return a plain copy.
+
+    The same rules as ``normalize_args``, without requiring an object.
+    """
+    return normalize_args({"value": value})["value"]
+
+
 def normalize_args(args: Any) -> dict:
     """Validate job args and return a deep copy made of plain JSON values.
 

@@ -4,7 +4,7 @@ DROP FUNCTION {schema}.soniq_request_cancel(uuid, double precision);
 DROP FUNCTION {schema}.soniq_acknowledge_cancel(text, text, bigint, text, text, double precision);
 DROP FUNCTION {schema}.soniq_get_state(text, text, bigint, text, text);
 DROP FUNCTION {schema}.soniq_set_pid(text, text, bigint, text, text, integer);
-DROP FUNCTION {schema}.soniq_fail(text, text, bigint, text, text, text, boolean, double precision, text, text, integer);
+DROP FUNCTION {schema}.soniq_fail(text, text, bigint, text, text, text, boolean, double precision, text, text, integer, double precision, double precision);
 DROP FUNCTION {schema}.soniq_complete(text, text, bigint, text, text, jsonb, double precision);
 DROP FUNCTION {schema}.soniq_heartbeat(text, text, bigint, text, text, double precision);
 DROP FUNCTION {schema}.soniq_lock_fence_v1(text, text, bigint, text, text);

@@ -420,17 +420,21 @@ $fn$;
 -- soniq_fail --
 -- Record a failed attempt of the exact live claim. With retry and attempts
 -- left (max_attempts, or default_max_attempts when the row says NULL) the
--- job is queued again retry_delay_seconds from now; otherwise it moves to
+-- job is queued again retry_delay_seconds from now -- by default an
+-- exponential backoff, retry_base_seconds * 2^(attempts - 1) capped at
+-- retry_max_seconds, with jitter down to half of it; otherwise it moves to
 -- the dead letters with reason max_retries_exceeded (retry) or
 -- dead_letter_reason (no retry: permanent_failure unless the worker says
 -- job_not_found or invalid_arguments). Refused while a cancel is requested.
 CREATE FUNCTION {schema}.soniq_fail(
     job_id text, worker_id text, generation bigint, claim_token text, queue text,
     error text, retry boolean,
-    retry_delay_seconds double precision DEFAULT 0,
+    retry_delay_seconds double precision DEFAULT NULL,
     dead_letter_reason text DEFAULT 'permanent_failure',
     dlq_record_id text DEFAULT NULL,
-    default_max_attempts integer DEFAULT 4
+    default_max_attempts integer DEFAULT 4,
+    retry_base_seconds double precision DEFAULT 2,
+    retry_max_seconds double precision DEFAULT 3600
 ) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -450,7 +454,11 @@ BEGIN
        OR soniq_fail.default_max_attempts IS NULL OR soniq_fail.default_max_attempts < 1 THEN
         RAISE EXCEPTION 'invalid failure report' USING ERRCODE = '22023', HINT = 'CONFIG';
     END IF;
-    PERFORM {schema}.soniq_check_seconds_v1(retry_delay_seconds, 'retry_delay_seconds', true);
+    IF soniq_fail.retry_delay_seconds IS NOT NULL THEN
+        PERFORM {schema}.soniq_check_seconds_v1(retry_delay_seconds, 'retry_delay_seconds', true);
+    END IF;
+    PERFORM {schema}.soniq_check_seconds_v1(retry_base_seconds, 'retry_base_seconds', true);
+    PERFORM {schema}.soniq_check_seconds_v1(retry_max_seconds, 'retry_max_seconds', true);
     v_now := {schema}.soniq_lock_fence_v1(
         soniq_fail.job_id, soniq_fail.worker_id, soniq_fail.generation,
         soniq_fail.claim_token, soniq_fail.queue);
@@ -466,7 +474,12 @@ BEGIN
     IF soniq_fail.retry AND r.attempts < coalesce(r.max_attempts, soniq_fail.default_max_attempts) THEN
         UPDATE {schema}.soniq_jobs AS j
            SET status = 'queued', last_error = soniq_fail.error,
-               scheduled_at = v_now + pg_catalog.make_interval(secs => retry_delay_seconds),
+               scheduled_at = v_now + pg_catalog.make_interval(secs => coalesce(
+                   soniq_fail.retry_delay_seconds,
+                   LEAST(soniq_fail.retry_max_seconds,
+                         soniq_fail.retry_base_seconds
+                         * pg_catalog.power(2::float8, LEAST(GREATEST(r.attempts - 1, 0), 60)))
+                   * (0.5 + 0.5 * pg_catalog.random()))),
                lease_expires_at = NULL, pid = NULL, updated_at = v_now
          WHERE j.id = soniq_fail.job_id::uuid
            AND j.claim_token = soniq_fail.claim_token
@@ -635,7 +648,7 @@ REVOKE ALL ON FUNCTION {schema}.soniq_recover_claim(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_lock_fence_v1(text, text, bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_heartbeat(text, text, bigint, text, text, double precision) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_complete(text, text, bigint, text, text, jsonb, double precision) FROM PUBLIC;
-REVOKE ALL ON FUNCTION {schema}.soniq_fail(text, text, bigint, text, text, text, boolean, double precision, text, text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.soniq_fail(text, text, bigint, text, text, text, boolean, double precision, text, text, integer, double precision, double precision) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_set_pid(text, text, bigint, text, text, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_get_state(text, text, bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_acknowledge_cancel(text, text, bigint, text, text, double precision) FROM PUBLIC;

@@ -1,0 +1,301 @@
+"""The owned, fenced queue: ``OwnedJobSource`` and its values.
+
+Every claim is owned and fenced. ``claim_next_owned`` takes a fresh nonce
+the caller generated and kept *before* calling; the returned
+``ClaimedJob.claim_fence`` must then be presented, unchanged, to every later
+operation on that job. An operation returns True only when its exact
+mutation applied, False when the job is missing, stale, expired, terminal or
+not eligible, and raises -- never returns False -- when the database fails
+(QUEUE_PERSISTENCE_FAILED: the outcome is unknown; recover, don't guess).
+
+On PostgreSQL each method is one call to a claim-protocol SQL function; on
+SQLite the same rules run in one write transaction. Every method has an
+``a``-prefixed async twin that validates and snapshots its input before
+handing the database work to a thread.
+"""
+
+import uuid
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import DEFAULT_DB_ALIAS
+
+from .conf import soniq_settings
+from .encoding import normalize_json
+from .errors import ConfigValidationError
+from .job_request import JobRequest, coerce_job_id
+from .models import DeadLetterReason
+from .owned_store import claims_for
+from .owned_submit import OwnedSubmission, snapshot, submit
+from .owned_types import (
+    INT32_MAX,
+    MAX_DLQ_RECORD_ID,
+    ClaimedJob,
+    OwnedJobState,
+    QueueClaimFence,
+    fence as checked_fence,
+    identity,
+    positive_int,
+)
+
+__all__ = [
+    "ClaimedJob", "JobRequest", "OwnedJobSource", "OwnedJobState", "QueueClaimFence",
+]
+
+_FAIL_REASONS = {
+    DeadLetterReason.PERMANENT_FAILURE, DeadLetterReason.JOB_NOT_FOUND,
+    DeadLetterReason.INVALID_ARGUMENTS,
+}
+
+
+def _claimed(row: dict | None) -> ClaimedJob | None:
+    if row is None:
+        return None
+    return ClaimedJob(
+        job_id=row["job_id"],
+        job_name=row["job_name"],
+        args=row["args"],
+        queue=row["queue"],
+        priority=row["priority"],
+        attempts=row["attempts"],
+        max_attempts=row["max_attempts"],
+        lease_expires_at=row["lease_expires_at"],
+        claim_fence=QueueClaimFence(
+            queue=row["queue"],
+            job_id=str(row["job_id"]),
+            worker_id=row["owner"],
+            generation=row["generation"],
+            claim_token=row["token"],
+        ),
+    )
+
+
+def _queues(queues: Any) -> list[str] | None:
+    if queues is None:
+        return None
+    if isinstance(queues, str) or not all(type(q) is str and q for q in queues):
+        raise ConfigValidationError("queues must be a list of queue names, or None")
+    names = list(queues)
+    if not names:
+        raise ConfigValidationError("queues must name at least one queue, or be None")
+    return names
+
+
+def _seconds(name: str) -> float:
+    return float(getattr(soniq_settings, name))
+
+
+class OwnedJobSource:
+    """Owned submission, claim and fenced writes on one database.
+
+    Trusted set-up picks the database alias; no call can select another.
+    """
+
+    def __init__(self, using: str = DEFAULT_DB_ALIAS):
+        if type(using) is not str or not using:
+            raise ConfigValidationError("using must name a database alias")
+        self.using = using
+
+    def __repr__(self) -> str:
+        return f"<OwnedJobSource using={self.using!r}>"
+
+    @property
+    def _claims(self):
+        return claims_for(self.using)
+
+    # Submission -------------------------------------------------------
+
+    def submit_owned(self, request: JobRequest, *, submission_id: str, force: bool = False
+                     ) -> uuid.UUID:
+        """Submit ``request`` under the caller-kept ``submission_id``; return the job id.
+
+        Replaying the same request with the same submission id returns the
+        original id, whatever happened to the job since. Raises
+        ConfigValidationError for an invalid request and
+        SoniqError(QUEUE_SUBMISSION_CONFLICT) for changed content under a
+        known id or an active-key collision (``force=True`` with a new
+        submission id replaces an owned predecessor).
+        """
+        return self._submit(snapshot(request, submission_id, force))
+
+    def _submit(self, submission: OwnedSubmission) -> uuid.UUID:
+        return submit(self.using, submission)
+
+    async def asubmit_owned(self, request: JobRequest, *, submission_id: str,
+                            force: bool = False) -> uuid.UUID:
+        submission = snapshot(request, submission_id, force)  # before the bridge
+        return await sync_to_async(self._submit)(submission)
+
+    # Claims -----------------------------------------------------------
+
+    def claim_next_owned(self, worker_id: str, *, claim_token: str,
+                         queues: list[str] | None = None) -> ClaimedJob | None:
+        """Claim the next eligible job with a fresh nonce; None when nothing is eligible.
+
+        A nonce used before raises SoniqError(QUEUE_CLAIM_CONFLICT); after a
+        QUEUE_PERSISTENCE_FAILED, call ``recover_owned_claim`` with the same
+        worker id and nonce instead of claiming again.
+        """
+        args = (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"),
+                _queues(queues))
+        return self._claim(*args)
+
+    def _claim(self, worker_id: str, claim_token: str, queues: list[str] | None):
+        row = self._claims.claim(
+            worker_id, claim_token, queues, _seconds("LEASE_SECONDS"), _seconds("RESULT_TTL")
+        )
+        return _claimed(row)
+
+    async def aclaim_next_owned(self, worker_id: str, *, claim_token: str,
+                                queues: list[str] | None = None) -> ClaimedJob | None:
+        args = (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"),
+                _queues(queues))
+        return await sync_to_async(self._claim)(*args)
+
+    def recover_owned_claim(self, worker_id: str, *, claim_token: str) -> ClaimedJob | None:
+        """The live claim made with this worker id and nonce, or None; claims nothing.
+
+        None means no live claim was seen -- not proof that the original
+        claim cannot still commit.
+        """
+        args = (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"))
+        return self._recover(*args)
+
+    def _recover(self, worker_id: str, claim_token: str) -> ClaimedJob | None:
+        return _claimed(self._claims.recover(worker_id, claim_token))
+
+    async def arecover_owned_claim(self, worker_id: str, *, claim_token: str
+                                   ) -> ClaimedJob | None:
+        args = (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"))
+        return await sync_to_async(self._recover)(*args)
+
+    # Fenced writes ----------------------------------------------------
+
+    def heartbeat_owned(self, fence: QueueClaimFence) -> bool:
+        """Renew the lease of the exact live claim (also while a cancel is requested)."""
+        return self._heartbeat(checked_fence(fence))
+
+    def _heartbeat(self, fence: QueueClaimFence) -> bool:
+        return self._claims.heartbeat(fence, _seconds("LEASE_SECONDS"))
+
+    async def aheartbeat_owned(self, fence: QueueClaimFence) -> bool:
+        return await sync_to_async(self._heartbeat)(checked_fence(fence))
+
+    def complete_owned(self, fence: QueueClaimFence, result: Any = None) -> bool:
+        """Complete the exact live claim with a JSON ``result``; False if already done."""
+        return self._complete(checked_fence(fence), _result(result))
+
+    def _complete(self, fence: QueueClaimFence, result: Any) -> bool:
+        return self._claims.complete(fence, result, _seconds("RESULT_TTL"))
+
+    async def acomplete_owned(self, fence: QueueClaimFence, result: Any = None) -> bool:
+        return await sync_to_async(self._complete)(checked_fence(fence), _result(result))
+
+    def fail_owned(self, fence: QueueClaimFence, error: str, *, retry: bool,
+                   dlq_record_id: str | None = None,
+                   dead_letter_reason: str = DeadLetterReason.PERMANENT_FAILURE,
+                   retry_delay: float | None = None,
+                   default_max_attempts: int | None = None) -> bool:
+        """Report a failed attempt of the exact live claim.
+
+        ``retry=True`` queues the job again after a backoff while attempts
+        remain, and dead-letters it as ``max_retries_exceeded`` when none
+        do; ``retry=False`` dead-letters it with ``dead_letter_reason``
+        (``permanent_failure``, ``job_not_found`` or ``invalid_arguments``).
+        """
+        args = _failure(fence, error, retry, dlq_record_id, dead_letter_reason, retry_delay,
+                        default_max_attempts)
+        return self._fail(*args)
+
+    def _fail(self, fence, error, retry, dlq_record_id, reason, delay, default_max) -> bool:
+        return self._claims.fail(
+            fence, error, retry, delay, reason, dlq_record_id, default_max,
+            _seconds("RETRY_BASE_SECONDS"), _seconds("RETRY_MAX_SECONDS"),
+        )
+
+    async def afail_owned(self, fence: QueueClaimFence, error: str, *, retry: bool,
+                          dlq_record_id: str | None = None,
+                          dead_letter_reason: str = DeadLetterReason.PERMANENT_FAILURE,
+                          retry_delay: float | None = None,
+                          default_max_attempts: int | None = None) -> bool:
+        args = _failure(fence, error, retry, dlq_record_id, dead_letter_reason, retry_delay,
+                        default_max_attempts)
+        return await sync_to_async(self._fail)(*args)
+
+    def set_pid_owned(self, fence: QueueClaimFence, pid: int) -> bool:
+        """Record the process id running the exact live claim."""
+        return self._set_pid(checked_fence(fence), positive_int(pid, "pid", INT32_MAX))
+
+    def _set_pid(self, fence: QueueClaimFence, pid: int) -> bool:
+        return self._claims.set_pid(fence, pid)
+
+    async def aset_pid_owned(self, fence: QueueClaimFence, pid: int) -> bool:
+        args = (checked_fence(fence), positive_int(pid, "pid", INT32_MAX))
+        return await sync_to_async(self._set_pid)(*args)
+
+    def get_owned_state(self, fence: QueueClaimFence) -> OwnedJobState | None:
+        """A snapshot of the live claim's cancel request and pid; None when not owned."""
+        return self._get_state(checked_fence(fence))
+
+    def _get_state(self, fence: QueueClaimFence) -> OwnedJobState | None:
+        state = self._claims.get_state(fence)
+        return None if state is None else OwnedJobState(cancel_requested=state[0], pid=state[1])
+
+    async def aget_owned_state(self, fence: QueueClaimFence) -> OwnedJobState | None:
+        return await sync_to_async(self._get_state)(checked_fence(fence))
+
+    def acknowledge_cancel_owned(self, fence: QueueClaimFence) -> bool:
+        """Confirm a requested cancel of the exact live claim: the job becomes cancelled."""
+        return self._acknowledge(checked_fence(fence))
+
+    def _acknowledge(self, fence: QueueClaimFence) -> bool:
+        return self._claims.acknowledge_cancel(fence, _seconds("RESULT_TTL"))
+
+    async def aacknowledge_cancel_owned(self, fence: QueueClaimFence) -> bool:
+        return await sync_to_async(self._acknowledge)(checked_fence(fence))
+
+    # Administration ---------------------------------------------------
+
+    def request_cancel(self, job_id: uuid.UUID | str) -> bool:
+        """Cancel a queued job now, or ask a processing job's worker to stop.
+
+        Returns False for a missing or finished job.
+        """
+        return self._request_cancel(coerce_job_id(job_id))
+
+    def _request_cancel(self, job_id: uuid.UUID) -> bool:
+        return self._claims.request_cancel(job_id, _seconds("RESULT_TTL"))
+
+    async def arequest_cancel(self, job_id: uuid.UUID | str) -> bool:
+        return await sync_to_async(self._request_cancel)(coerce_job_id(job_id))
+
+
+def _result(result: Any) -> Any:
+    try:
+        return normalize_json(result)
+    except Exception:
+        raise ConfigValidationError("result must be finite standard JSON") from None
+
+
+def _failure(fence, error, retry, dlq_record_id, reason, delay, default_max):
+    fence = checked_fence(fence)
+    if type(error) is not str:
+        raise ConfigValidationError("error must be a string")
+    if type(retry) is not bool:
+        raise ConfigValidationError("retry must be True or False")
+    if dlq_record_id is not None and (
+        type(dlq_record_id) is not str or not dlq_record_id
+        or len(dlq_record_id) > MAX_DLQ_RECORD_ID
+    ):
+        raise ConfigValidationError(
+            f"dlq_record_id must be a non-empty string of at most {MAX_DLQ_RECORD_ID} characters"
+        )
+    if reason not in _FAIL_REASONS:
+        raise ConfigValidationError("dead_letter_reason must be a dead-letter reason")
+    if delay is not None and (type(delay) not in (int, float) or not 0 <= delay <= 31536000):
+        raise ConfigValidationError("retry_delay must be a number of seconds from 0 to a year")
+    if default_max is None:
+        default_max = soniq_settings.DEFAULT_MAX_ATTEMPTS
+    positive_int(default_max, "default_max_attempts", INT32_MAX)
+    # PostgreSQL text cannot hold NUL; a traceback may.
+    return fence, error.replace("\x00", "\\x00"), retry, dlq_record_id, str(reason), delay, default_max

@@ -1,0 +1,380 @@
+"""Where owned operations touch the database: one class per backend.
+
+``PostgresClaims`` calls the claim-protocol SQL functions
+(``sql/claim_protocol_v1.sql``), one round trip each. ``SqliteClaims`` does
+the same inside one write transaction: it takes SQLite's write lock before
+reading, so the row cannot change between the check and the write, and it
+samples the time after the lock. Both raise ``SoniqError`` subclasses only:
+a database failure, a lost connection or an unacknowledged commit becomes
+``QUEUE_PERSISTENCE_FAILED`` -- never ``False``.
+"""
+
+import datetime as dt
+import json
+import random
+import uuid
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import Error as DatabaseError
+from django.db import connections, transaction
+from django.db.models import F as models_F
+from django.db.models import Q
+from django.utils import timezone
+
+from .errors import ConfigValidationError, ErrorCode, SoniqError
+from .models import DeadLetterJob, Job, JobStatus
+from .owned_types import INT64_MAX, QueueClaimFence
+
+CLAIM_COLUMNS = (
+    "job_id", "job_name", "args", "queue", "priority", "attempts", "max_attempts",
+    "lease_expires_at", "generation", "owner", "token",
+)
+_CLAIM_REASONS = {"nonce_reused", "generation_exhausted", "claim_identity_changed"}
+
+
+def persistence_failed(reason: str = "unavailable") -> SoniqError:
+    return SoniqError(ErrorCode.QUEUE_PERSISTENCE_FAILED, reason)
+
+
+def claim_conflict(reason: str) -> SoniqError:
+    return SoniqError(ErrorCode.QUEUE_CLAIM_CONFLICT, reason)
+
+
+def translate_owned_error(error: DatabaseError) -> SoniqError:
+    """Map a database error from an owned operation to its package error."""
+    cause = error.__cause__
+    sqlstate = getattr(cause, "sqlstate", None)
+    diag = getattr(cause, "diag", None)
+    hint = getattr(diag, "message_hint", None)
+    if hint == "CONFIG":
+        return ConfigValidationError("the database refused an owned request")
+    if hint == ErrorCode.QUEUE_CLAIM_CONFLICT.value:
+        detail = getattr(diag, "message_detail", None)
+        return claim_conflict(detail if detail in _CLAIM_REASONS else "claim_conflict")
+    if sqlstate == "23505" and getattr(diag, "constraint_name", None) == "soniq_jobs_claim_token_key":
+        return claim_conflict("nonce_reused")
+    return persistence_failed()
+
+
+@contextmanager
+def guarded(alias: str, *, atomic: bool):
+    """Run owned database work; any database failure becomes a package error.
+
+    With ``atomic`` the work is one transaction (a savepoint inside an
+    enclosing one); the commit is inside the guard, so an unacknowledged
+    commit raises QUEUE_PERSISTENCE_FAILED too.
+    """
+    connection = connections[alias]
+    try:
+        if atomic or connection.in_atomic_block:
+            with transaction.atomic(using=alias):
+                yield connection
+        else:
+            yield connection
+    except SoniqError:
+        raise
+    except DatabaseError as error:
+        raise translate_owned_error(error) from None
+
+
+def _json_text(value: Any) -> str | None:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+class PostgresClaims:
+    """The owned operations as calls to the PostgreSQL claim-protocol functions."""
+
+    def __init__(self, alias: str):
+        self.alias = alias
+
+    def _rows(self, sql: str, params: list) -> list[tuple]:
+        with guarded(self.alias, atomic=False) as connection, connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+
+    def _claim_row(self, sql: str, params: list) -> dict | None:
+        rows = self._rows(sql, params)
+        if not rows:
+            return None
+        row = dict(zip(CLAIM_COLUMNS, rows[0]))
+        if isinstance(row["args"], str):  # Django's psycopg setup leaves jsonb as text
+            row["args"] = json.loads(row["args"])
+        return row
+
+    @staticmethod
+    def _fence(f: QueueClaimFence) -> list:
+        return [f.job_id, f.worker_id, f.generation, f.claim_token, f.queue]
+
+    def claim(self, owner: str, token: str, queues: list[str] | None, lease: float,
+              ttl: float) -> dict | None:
+        return self._claim_row(
+            "SELECT * FROM soniq_claim(%s, %s, %s::text[], %s, %s)",
+            [owner, token, queues, lease, ttl],
+        )
+
+    def recover(self, owner: str, token: str) -> dict | None:
+        return self._claim_row("SELECT * FROM soniq_recover_claim(%s, %s)", [owner, token])
+
+    def _boolean(self, function: str, f: QueueClaimFence, extra: list) -> bool:
+        placeholders = ", ".join(["%s"] * (5 + len(extra)))
+        rows = self._rows(f"SELECT {function}({placeholders})", self._fence(f) + extra)
+        return rows[0][0] is True
+
+    def heartbeat(self, f: QueueClaimFence, lease: float) -> bool:
+        return self._boolean("soniq_heartbeat", f, [lease])
+
+    def complete(self, f: QueueClaimFence, result: Any, ttl: float) -> bool:
+        rows = self._rows(
+            "SELECT soniq_complete(%s, %s, %s, %s, %s, %s::jsonb, %s)",
+            self._fence(f) + [_json_text(result), ttl],
+        )
+        return rows[0][0] is True
+
+    def fail(self, f: QueueClaimFence, error: str, retry: bool, delay: float | None,
+             reason: str, dlq_record_id: str | None, default_max_attempts: int,
+             base: float, cap: float) -> bool:
+        return self._boolean(
+            "soniq_fail", f,
+            [error, retry, delay, reason, dlq_record_id, default_max_attempts, base, cap],
+        )
+
+    def set_pid(self, f: QueueClaimFence, pid: int) -> bool:
+        return self._boolean("soniq_set_pid", f, [pid])
+
+    def get_state(self, f: QueueClaimFence) -> tuple[bool, int | None] | None:
+        rows = self._rows("SELECT * FROM soniq_get_state(%s, %s, %s, %s, %s)", self._fence(f))
+        return rows[0] if rows else None
+
+    def acknowledge_cancel(self, f: QueueClaimFence, ttl: float) -> bool:
+        return self._boolean("soniq_acknowledge_cancel", f, [ttl])
+
+    def request_cancel(self, job_id: uuid.UUID, ttl: float) -> bool:
+        rows = self._rows("SELECT soniq_request_cancel(%s, %s)", [job_id, ttl])
+        return rows[0][0] is True
+
+
+def take_sqlite_write_lock(connection) -> None:
+    """Make the current SQLite transaction a write transaction now.
+
+    A no-op UPDATE takes the RESERVED lock (waiting for the busy timeout if
+    another writer holds it), so what this transaction reads next cannot be
+    changed by anyone else before it writes.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE soniq_jobs SET status = status WHERE 0")
+
+
+class SqliteClaims:
+    """The owned operations in Python, each inside one SQLite write transaction."""
+
+    def __init__(self, alias: str):
+        self.alias = alias
+
+    @contextmanager
+    def _locked(self):
+        with guarded(self.alias, atomic=True) as connection:
+            take_sqlite_write_lock(connection)
+            yield timezone.now()  # sampled after the lock
+
+    def _jobs(self):
+        return Job.objects.using(self.alias)
+
+    def _reap_lapsed(self, now: dt.datetime, ttl: float, batch: int = 10) -> None:
+        lapsed = self._jobs().filter(status=JobStatus.PROCESSING, lease_expires_at__lte=now)
+        for row in lapsed.order_by("lease_expires_at")[:batch]:
+            if row.cancel_requested:
+                self._jobs().filter(id=row.id).update(
+                    status=JobStatus.CANCELLED, lease_expires_at=None, pid=None,
+                    expires_at=now + dt.timedelta(seconds=ttl), updated_at=now,
+                )
+            elif row.max_attempts is not None and row.attempts >= row.max_attempts:
+                self._move_to_dead_letter(
+                    row.id, "lease lapsed with no attempts left", "max_retries_exceeded", None, now
+                )
+            else:
+                self._jobs().filter(id=row.id).update(
+                    status=JobStatus.QUEUED, lease_expires_at=None, pid=None,
+                    last_error="lease lapsed: the worker stopped heartbeating", updated_at=now,
+                )
+
+    def _move_to_dead_letter(self, job_id, error, reason, dlq_record_id, now) -> None:
+        row = self._jobs().get(id=job_id)
+        dead = DeadLetterJob.objects.using(self.alias).filter(id=job_id).first()
+        values = dict(
+            job_name=row.job_name, args=row.args, queue=row.queue, priority=row.priority,
+            max_attempts=row.max_attempts, attempts=row.attempts,
+            last_error=row.last_error if error is None else error,
+            dead_letter_reason=reason, original_created_at=row.created_at,
+            moved_to_dead_letter_at=now, fence_required=row.fence_required,
+            submission_id=row.submission_id, submission_fingerprint=row.submission_fingerprint,
+        )
+        tags = {"dlq_record_id": dlq_record_id} if dlq_record_id is not None else None
+        if dead is None:
+            DeadLetterJob.objects.using(self.alias).create(
+                id=job_id, resurrection_count=0, tags=tags, **values
+            )
+        else:
+            DeadLetterJob.objects.using(self.alias).filter(id=job_id).update(
+                tags=tags if tags is not None else dead.tags, **values
+            )
+        self._jobs().filter(id=job_id).delete()
+
+    @staticmethod
+    def _claimed(row: Job) -> dict:
+        return {
+            "job_id": row.id, "job_name": row.job_name, "args": row.args, "queue": row.queue,
+            "priority": row.priority, "attempts": row.attempts,
+            "max_attempts": row.max_attempts, "lease_expires_at": row.lease_expires_at,
+            "generation": row.claim_generation, "owner": row.claim_owner,
+            "token": row.claim_token,
+        }
+
+    def claim(self, owner: str, token: str, queues: list[str] | None, lease: float,
+              ttl: float) -> dict | None:
+        with self._locked() as now:
+            if self._jobs().filter(claim_token=token).exists():
+                raise claim_conflict("nonce_reused")
+            self._reap_lapsed(now, ttl)
+            eligible = self._jobs().filter(status=JobStatus.QUEUED).filter(
+                Q(scheduled_at__isnull=True) | Q(scheduled_at__lte=now)
+            )
+            if queues is not None:
+                eligible = eligible.filter(queue__in=queues)
+            found = eligible.order_by("priority", "created_at").values_list(
+                "id", "claim_generation"
+            ).first()
+            if found is None:
+                return None
+            job_id, generation = found
+            if generation >= INT64_MAX:
+                raise claim_conflict("generation_exhausted")
+            try:
+                worker_uuid = uuid.UUID(owner) if str(uuid.UUID(owner)) == owner else None
+            except ValueError:
+                worker_uuid = None
+            self._jobs().filter(id=job_id).update(
+                status=JobStatus.PROCESSING, attempts=models_F("attempts") + 1,
+                claim_generation=generation + 1, claim_owner=owner, claim_token=token,
+                worker_id=worker_uuid, lease_expires_at=now + dt.timedelta(seconds=lease),
+                cancel_requested=False, pid=None, updated_at=now,
+            )
+            row = self._jobs().get(id=job_id)
+            if (row.claim_owner, row.claim_token, row.claim_generation) != (
+                owner, token, generation + 1
+            ):
+                raise claim_conflict("claim_identity_changed")
+            return self._claimed(row)
+
+    def recover(self, owner: str, token: str) -> dict | None:
+        with self._locked() as now:
+            row = self._jobs().filter(claim_token=token).first()
+            if (
+                row is None or row.claim_token != token or row.claim_owner != owner
+                or row.status != JobStatus.PROCESSING or row.lease_expires_at is None
+                or row.lease_expires_at <= now
+            ):
+                return None
+            return self._claimed(row)
+
+    def _owned_row(self, f: QueueClaimFence, now: dt.datetime) -> Job | None:
+        """The row the fence still owns, compared exactly; None when it does not."""
+        row = self._jobs().filter(id=uuid.UUID(f.job_id)).first()
+        if (
+            row is None or str(row.id) != f.job_id or row.queue != f.queue
+            or row.claim_owner != f.worker_id or row.claim_token != f.claim_token
+            or row.claim_generation != f.generation or row.status != JobStatus.PROCESSING
+            or row.lease_expires_at is None or row.lease_expires_at <= now
+        ):
+            return None
+        return row
+
+    def _update_owned(self, row: Job, now: dt.datetime, **values) -> bool:
+        changed = self._jobs().filter(
+            id=row.id, claim_token=row.claim_token, claim_generation=row.claim_generation,
+            status=JobStatus.PROCESSING, lease_expires_at__gt=now,
+        ).update(updated_at=now, **values)
+        return changed == 1
+
+    def heartbeat(self, f: QueueClaimFence, lease: float) -> bool:
+        with self._locked() as now:
+            row = self._owned_row(f, now)
+            return row is not None and self._update_owned(
+                row, now, lease_expires_at=now + dt.timedelta(seconds=lease)
+            )
+
+    def complete(self, f: QueueClaimFence, result: Any, ttl: float) -> bool:
+        with self._locked() as now:
+            row = self._owned_row(f, now)
+            if row is None or row.cancel_requested:
+                return False
+            return self._update_owned(
+                row, now, status=JobStatus.DONE, result=result, lease_expires_at=None,
+                pid=None, expires_at=now + dt.timedelta(seconds=ttl),
+            )
+
+    def fail(self, f: QueueClaimFence, error: str, retry: bool, delay: float | None,
+             reason: str, dlq_record_id: str | None, default_max_attempts: int,
+             base: float, cap: float) -> bool:
+        with self._locked() as now:
+            row = self._owned_row(f, now)
+            if row is None or row.cancel_requested:
+                return False
+            limit = row.max_attempts if row.max_attempts is not None else default_max_attempts
+            if retry and row.attempts < limit:
+                if delay is None:
+                    delay = min(cap, base * 2 ** min(max(row.attempts - 1, 0), 60))
+                    delay *= 0.5 + 0.5 * random.random()
+                return self._update_owned(
+                    row, now, status=JobStatus.QUEUED, last_error=error,
+                    scheduled_at=now + dt.timedelta(seconds=delay), lease_expires_at=None,
+                    pid=None,
+                )
+            self._move_to_dead_letter(
+                row.id, error, "max_retries_exceeded" if retry else reason, dlq_record_id, now
+            )
+            return True
+
+    def set_pid(self, f: QueueClaimFence, pid: int) -> bool:
+        with self._locked() as now:
+            row = self._owned_row(f, now)
+            if row is None or row.cancel_requested:
+                return False
+            return self._update_owned(row, now, pid=pid)
+
+    def get_state(self, f: QueueClaimFence) -> tuple[bool, int | None] | None:
+        with self._locked() as now:
+            row = self._owned_row(f, now)
+            return None if row is None else (row.cancel_requested, row.pid)
+
+    def acknowledge_cancel(self, f: QueueClaimFence, ttl: float) -> bool:
+        with self._locked() as now:
+            row = self._owned_row(f, now)
+            if row is None or not row.cancel_requested:
+                return False
+            return self._update_owned(
+                row, now, status=JobStatus.CANCELLED, lease_expires_at=None, pid=None,
+                expires_at=now + dt.timedelta(seconds=ttl),
+            )
+
+    def request_cancel(self, job_id: uuid.UUID, ttl: float) -> bool:
+        with self._locked() as now:
+            status = self._jobs().filter(id=job_id).values_list("status", flat=True).first()
+            if status == JobStatus.QUEUED:
+                self._jobs().filter(id=job_id).update(
+                    status=JobStatus.CANCELLED, lease_expires_at=None, pid=None,
+                    expires_at=now + dt.timedelta(seconds=ttl), updated_at=now,
+                )
+            elif status == JobStatus.PROCESSING:
+                self._jobs().filter(id=job_id).update(cancel_requested=True, updated_at=now)
+            return status in (JobStatus.QUEUED, JobStatus.PROCESSING)
+
+
+def claims_for(alias: str) -> PostgresClaims | SqliteClaims:
+    """The owned-operations implementation for this database alias."""
+    vendor = connections[alias].vendor
+    if vendor == "postgresql":
+        return PostgresClaims(alias)
+    if vendor == "sqlite":
+        return SqliteClaims(alias)
+    raise ConfigValidationError("the owned queue supports PostgreSQL and SQLite only")
