@@ -15,6 +15,7 @@ handing the database work to a thread.
 """
 
 import uuid
+from collections.abc import Awaitable
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -121,10 +122,16 @@ class OwnedJobSource:
     def _submit(self, submission: OwnedSubmission) -> uuid.UUID:
         return submit(self.using, submission)
 
-    async def asubmit_owned(self, request: JobRequest, *, submission_id: str,
-                            force: bool = False) -> uuid.UUID:
-        submission = snapshot(request, submission_id, force)  # before the bridge
-        return await sync_to_async(self._submit)(submission)
+    def asubmit_owned(self, request: JobRequest, *, submission_id: str,
+                      force: bool = False) -> Awaitable[uuid.UUID]:
+        """Async twin of ``submit_owned``; await the result.
+
+        The request is validated and copied when this is *called*, before the
+        asynchronous bridge: changing the caller's args afterwards, even
+        before awaiting, cannot change what is submitted.
+        """
+        submission = snapshot(request, submission_id, force)
+        return sync_to_async(self._submit)(submission)
 
     # Claims -----------------------------------------------------------
 

@@ -302,3 +302,26 @@ def test_default_queue_is_assigned_once_and_stays_out_of_the_fingerprint(source)
     assert Job.objects.get(id=first).queue == "mail"
     with override_settings(SONIQ={"DEFAULT_QUEUE": "other"}):
         assert source.submit_owned(request(), submission_id="s") == first
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_submit_snapshots_before_the_bridge(source):
+    import asyncio
+
+    from django.db import connections
+
+    args = {"items": [1]}
+    pending = source.asubmit_owned(request(args=args), submission_id="async-1")
+    args["items"].append(2)  # after the call, before the await
+
+    async def finish():
+        job_id = await pending
+        again = await source.asubmit_owned(request(args={"items": [1]}), submission_id="async-1")
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(connections.close_all)()
+        return job_id, again
+
+    job_id, again = asyncio.run(finish())
+    assert job_id == again
+    assert Job.objects.get(id=job_id).args == {"items": [1]}
