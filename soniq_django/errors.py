@@ -53,3 +53,15 @@ class ConfigValidationError(SoniqError):
 
     def __init__(self, reason: str = "", code: ErrorCode = ErrorCode.CONFIG):
         super().__init__(code, reason)
+
+
+class PermanentFailure(Exception):
+    """Raise from a job handler when retrying cannot help.
+
+    The worker moves the job straight to the dead letters with the reason
+    ``permanent_failure`` instead of retrying it.
+    """
+
+
+class JobCancelled(Exception):
+    """Raised inside a handler (by ``JobContext.raise_if_cancelled``) once a cancel is requested."""

@@ -1,0 +1,72 @@
+import os
+import signal
+import uuid
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS
+
+from soniq_django.worker import Worker
+
+
+def _queues(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise CommandError("--queues needs at least one queue name")
+    return names
+
+
+class Command(BaseCommand):
+    help = (
+        "Run jobs. Claims jobs with fenced, leased claims, runs their handlers and records "
+        "the outcome. SIGTERM or Ctrl-C: stop claiming, finish running jobs, exit 0; a "
+        "second signal exits at once (the abandoned jobs are re-run after their lease)."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--queues", help="Comma-separated queues to serve (default: all).")
+        parser.add_argument("--concurrency", type=int, default=1,
+                            help="Jobs run at once, in threads (default: 1).")
+        parser.add_argument("--burst", action="store_true",
+                            help="Exit once no job is eligible and none is running.")
+        parser.add_argument("--max-jobs", type=int, help="Exit after claiming this many jobs.")
+        parser.add_argument("--worker-id", help="This worker's id (default: a new UUID).")
+        parser.add_argument("--with-scheduler", action="store_true",
+                            help="Also run the scheduler of periodic jobs in this process.")
+        parser.add_argument("--grace", type=float, default=30.0,
+                            help="Seconds running jobs get to finish after a stop signal.")
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS,
+                            help="Database alias (default: %(default)s).")
+
+    def handle(self, *args, **options):
+        if options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if options["max_jobs"] is not None and options["max_jobs"] < 1:
+            raise CommandError("--max-jobs must be at least 1")
+        if options["worker_id"] is not None:
+            try:
+                uuid.UUID(options["worker_id"])
+            except ValueError:
+                raise CommandError("--worker-id must be a UUID") from None
+        worker = Worker(
+            using=options["database"], queues=_queues(options["queues"]),
+            concurrency=options["concurrency"], burst=options["burst"],
+            max_jobs=options["max_jobs"], worker_id=options["worker_id"],
+            with_scheduler=options["with_scheduler"], grace_seconds=options["grace"],
+        )
+        signals = {"count": 0}
+
+        def on_signal(signum, frame):
+            signals["count"] += 1
+            if signals["count"] == 1:
+                worker.request_stop()
+            else:
+                worker.abort()
+                os._exit(1)  # job threads cannot be interrupted; their leases will lapse
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        code = worker.run()
+        if code:
+            raise SystemExit(code)

@@ -1,0 +1,50 @@
+"""What a running handler can know about its job, and how it hears of a cancel."""
+
+import contextvars
+import threading
+from dataclasses import dataclass, field
+
+from ..errors import JobCancelled
+
+_current: contextvars.ContextVar["JobContext | None"] = contextvars.ContextVar(
+    "soniq_current_job", default=None
+)
+
+
+@dataclass
+class JobContext:
+    """The job a handler is running. Get it with ``current_job()``."""
+
+    job_id: str
+    job_name: str
+    queue: str
+    attempts: int
+    max_attempts: int | None
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once an operator asked to cancel this job (or its lease was lost)."""
+        return self._cancel.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """Raise ``JobCancelled`` if a cancel was requested; call it between steps."""
+        if self._cancel.is_set():
+            raise JobCancelled()
+
+    def wait_for_cancel(self, timeout: float | None = None) -> bool:
+        """Sleep up to ``timeout`` seconds, waking early on a cancel; return whether it came."""
+        return self._cancel.wait(timeout)
+
+
+def current_job() -> JobContext | None:
+    """The ``JobContext`` of the job running in this thread or task, or None outside a job."""
+    return _current.get()
+
+
+def bind(context: JobContext) -> contextvars.Token:
+    return _current.set(context)
+
+
+def unbind(token: contextvars.Token) -> None:
+    _current.reset(token)

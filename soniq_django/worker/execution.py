@@ -1,0 +1,82 @@
+"""Run one claimed job's handler and say how it ended. No database access here."""
+
+import asyncio
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from ..encoding import normalize_json
+from ..errors import JobCancelled, PermanentFailure, SoniqError
+from ..models import DeadLetterReason
+from ..owned_types import ClaimedJob
+from ..registry import JobHandler, get_handler
+from .context import JobContext, bind, unbind
+
+MAX_ERROR_TEXT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended: ``done`` (with result), ``retry``, ``dead`` (with reason) or ``cancelled``."""
+
+    kind: str
+    result: Any = None
+    error: str | None = None
+    reason: str | None = None
+
+
+def _error_text(error: BaseException) -> str:
+    text = "".join(traceback.format_exception(error))
+    return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "\n[truncated]"
+
+
+async def _run_async(handler: JobHandler, args: dict, context: JobContext, timeout: float | None):
+    token = bind(context)  # each asyncio.run has its own context: bind inside it
+    try:
+        return await asyncio.wait_for(handler.func(**args), timeout)
+    finally:
+        unbind(token)
+
+
+def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> Outcome:
+    """Run the job's handler with its stored keyword arguments; never raises.
+
+    Unknown job name → dead (``job_not_found``); args that do not bind →
+    dead (``invalid_arguments``); ``PermanentFailure`` → dead
+    (``permanent_failure``); a cancel seen by the handler → cancelled; a
+    non-JSON return value → dead (``permanent_failure``); any other
+    exception, or an async handler over ``timeout`` → retry.
+    """
+    handler = get_handler(claimed.job_name)
+    if handler is None:
+        return Outcome("dead", error=f"no handler is registered for job {claimed.job_name!r}",
+                       reason=DeadLetterReason.JOB_NOT_FOUND)
+    try:
+        handler.signature.bind(**claimed.args)
+    except TypeError as error:
+        return Outcome("dead", error=f"args do not fit {claimed.job_name}: {error}",
+                       reason=DeadLetterReason.INVALID_ARGUMENTS)
+    try:
+        if handler.is_async:
+            result = asyncio.run(_run_async(handler, claimed.args, context, timeout))
+        else:
+            token = bind(context)
+            try:
+                result = handler.func(**claimed.args)
+            finally:
+                unbind(token)
+    except JobCancelled:
+        return Outcome("cancelled")
+    except PermanentFailure as error:
+        return Outcome("dead", error=_error_text(error), reason=DeadLetterReason.PERMANENT_FAILURE)
+    except (asyncio.TimeoutError, TimeoutError) as error:
+        return Outcome("retry", error=f"timed out after {timeout} s\n{_error_text(error)}")
+    except Exception as error:  # the handler's failure is the job's failure
+        return Outcome("retry", error=_error_text(error))
+    if context.cancel_requested:
+        return Outcome("cancelled")
+    try:
+        return Outcome("done", result=normalize_json(result))
+    except SoniqError:
+        return Outcome("dead", error=f"{claimed.job_name} returned a value that is not JSON",
+                       reason=DeadLetterReason.PERMANENT_FAILURE)

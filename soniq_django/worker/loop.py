@@ -1,0 +1,332 @@
+"""The worker: claim → run → complete or fail, with fences from end to end.
+
+Threads, each with its own database connection:
+
+- the main thread claims jobs (a fresh nonce per claim, kept before the
+  call) while a slot is free, and waits for a wake-up when none is eligible;
+- ``concurrency`` job threads each run one handler, then make the final
+  fenced write;
+- the heartbeat thread renews every live lease, reads cancel requests,
+  enforces timeouts and keeps the worker's own row fresh;
+- on PostgreSQL a listener thread turns NOTIFY into wake-ups;
+- optionally the scheduler.
+
+A final write that returns False is logged and never retried by id; one
+that raises QUEUE_PERSISTENCE_FAILED is retried with the same fence until
+the database answers (or the lease is certainly gone).
+"""
+
+import logging
+import secrets
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from django.db import close_old_connections, connections
+
+from ..conf import soniq_settings
+from ..errors import ErrorCode, SoniqError
+from ..owned import OwnedJobSource
+from ..owned_types import ClaimedJob
+from ..registry import get_handler
+from . import registration
+from .context import JobContext
+from .execution import Outcome, execute
+from .wakeup import Listener
+
+logger = logging.getLogger("soniq_django.worker")
+
+
+@dataclass
+class InFlight:
+    """A job this worker is running."""
+
+    claimed: ClaimedJob
+    context: JobContext
+    started: float = field(default_factory=time.monotonic)
+    settled: threading.Lock = field(default_factory=threading.Lock)
+    done: bool = False
+    lost: bool = False
+
+
+def _retrying(call, deadline: float, stop: threading.Event):
+    """Call ``call()`` until it stops raising QUEUE_PERSISTENCE_FAILED or ``deadline`` passes.
+
+    Returns its value, or None when the deadline passed without an answer.
+    """
+    delay = 0.05
+    while True:
+        try:
+            return call()
+        except SoniqError as error:
+            if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
+                raise
+        close_old_connections()
+        if time.monotonic() >= deadline or stop.wait(delay):
+            return None
+        delay = min(delay * 2, 2.0)
+
+
+class Worker:
+    """One worker process's loop. ``run()`` returns when it stops."""
+
+    def __init__(self, *, using: str = "default", queues: list[str] | None = None,
+                 concurrency: int = 1, burst: bool = False, max_jobs: int | None = None,
+                 worker_id: str | None = None, with_scheduler: bool = False,
+                 grace_seconds: float = 30.0):
+        self.using = using
+        self.queues = queues
+        self.concurrency = concurrency
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.worker_id = worker_id or str(uuid.uuid4())
+        self.with_scheduler = with_scheduler
+        self.grace_seconds = grace_seconds
+        self.source = OwnedJobSource(using)
+        self.stopping = threading.Event()  # no more claims; finish in-flight jobs
+        self.aborted = threading.Event()  # give up on in-flight jobs too
+        self.wake = threading.Event()
+        self.slots = threading.Semaphore(concurrency)
+        self.inflight: dict[str, InFlight] = {}
+        self.lock = threading.Lock()
+        self.claimed_count = 0
+        self.finished = threading.Condition(self.lock)
+
+    # Control ----------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop claiming; in-flight jobs finish (up to the grace period)."""
+        self.stopping.set()
+        self.wake.set()
+
+    def abort(self) -> None:
+        """Stop now: in-flight jobs are abandoned and their leases will lapse."""
+        self.aborted.set()
+        self.request_stop()
+
+    # Main loop --------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until stopped (or, in burst mode, until nothing is left); return an exit code."""
+        registration.register(self.using, self.worker_id, self.queues, self.concurrency)
+        registration.publish_registry(self.using)
+        background = self._start_background()
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="soniq-job")
+        logger.info("worker %s started (queues=%s, concurrency=%d)", self.worker_id,
+                    ",".join(self.queues) if self.queues else "all", self.concurrency)
+        try:
+            self._claim_loop(pool)
+            self._drain()
+        finally:
+            pool.shutdown(wait=not self.aborted.is_set(), cancel_futures=True)
+            self.stopping.set()
+            for thread in background:
+                thread.join(timeout=5)
+            try:
+                registration.unregister(self.using, self.worker_id)
+            except Exception:
+                logger.warning("could not mark worker %s stopped", self.worker_id)
+            close_old_connections()
+        logger.info("worker %s stopped after %d jobs", self.worker_id, self.claimed_count)
+        return 1 if self.aborted.is_set() else 0
+
+    def _start_background(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._heartbeat_loop, name="soniq-heartbeat",
+                                    daemon=True)]
+        if connections[self.using].vendor == "postgresql":
+            threads.append(Listener(self.using, self.queues, self.wake, self.stopping))
+        if self.with_scheduler:
+            from ..scheduler import Scheduler
+
+            threads.append(threading.Thread(
+                target=Scheduler(using=self.using).run_forever, args=(self.stopping,),
+                name="soniq-scheduler", daemon=True))
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def _claim_loop(self, pool: ThreadPoolExecutor) -> None:
+        while not self.stopping.is_set():
+            if self.max_jobs is not None and self.claimed_count >= self.max_jobs:
+                return
+            if not self.slots.acquire(timeout=0.5):
+                continue
+            claimed = self._claim()
+            if claimed is None:
+                self.slots.release()
+                if self.burst:
+                    if self._idle():
+                        return
+                    self._wait_for_a_finish(0.2)
+                    continue
+                self._wait_for_work()
+                continue
+            self.claimed_count += 1
+            flight = InFlight(claimed, JobContext(
+                job_id=str(claimed.job_id), job_name=claimed.job_name, queue=claimed.queue,
+                attempts=claimed.attempts, max_attempts=claimed.max_attempts))
+            with self.lock:
+                self.inflight[flight.context.job_id] = flight
+            pool.submit(self._run_job, flight)
+
+    def _claim(self) -> ClaimedJob | None:
+        token = secrets.token_hex(16)  # known and kept before the claim is sent
+        try:
+            return self.source.claim_next_owned(self.worker_id, claim_token=token,
+                                                queues=self.queues)
+        except SoniqError as error:
+            if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
+                raise
+        # The claim may or may not have committed: only recovery may tell.
+        logger.warning("claim outcome unknown (database unavailable); recovering")
+        deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
+        return _retrying(
+            lambda: self.source.recover_owned_claim(self.worker_id, claim_token=token),
+            deadline, self.aborted,
+        )
+
+    def _idle(self) -> bool:
+        with self.lock:
+            return not self.inflight
+
+    def _wait_for_a_finish(self, timeout: float) -> None:
+        with self.finished:
+            self.finished.wait(timeout)
+
+    def _wait_for_work(self) -> None:
+        self.wake.wait(float(soniq_settings.POLL_INTERVAL))
+        self.wake.clear()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.grace_seconds
+        with self.finished:
+            while self.inflight and not self.aborted.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    logger.warning("grace period over; abandoning %d job(s)", len(self.inflight))
+                    self.aborted.set()
+                    return
+                self.finished.wait(min(remaining, 0.5))
+
+    # One job ----------------------------------------------------------
+
+    def _run_job(self, flight: InFlight) -> None:
+        try:
+            timeout = soniq_settings.JOB_TIMEOUT_SECONDS
+            outcome = execute(flight.claimed, flight.context, timeout)
+            if not self.aborted.is_set():
+                self._settle(flight, outcome)
+        except Exception:
+            logger.exception("worker error while running %s", flight.claimed.job_name)
+        finally:
+            with self.finished:
+                self.inflight.pop(flight.context.job_id, None)
+                self.finished.notify_all()
+            self.slots.release()
+            self.wake.set()
+            close_old_connections()
+
+    def _settle(self, flight: InFlight, outcome: Outcome) -> None:
+        """Make the job's one final fenced write (unless the timeout already made it)."""
+        with flight.settled:
+            if flight.done:
+                return
+            flight.done = True
+        claimed = flight.claimed
+        fence = claimed.claim_fence
+        handler = get_handler(claimed.job_name)
+        default_max = handler.max_attempts if handler else soniq_settings.DEFAULT_MAX_ATTEMPTS
+        if outcome.kind == "done":
+            write = lambda: self.source.complete_owned(fence, outcome.result)  # noqa: E731
+        elif outcome.kind == "retry":
+            write = lambda: self.source.fail_owned(  # noqa: E731
+                fence, outcome.error, retry=True, default_max_attempts=default_max)
+        elif outcome.kind == "dead":
+            write = lambda: self.source.fail_owned(  # noqa: E731
+                fence, outcome.error, retry=False, dead_letter_reason=outcome.reason)
+        else:
+            write = lambda: self.source.acknowledge_cancel_owned(fence)  # noqa: E731
+        deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
+        applied = _retrying(write, deadline, self.aborted)
+        elapsed = time.monotonic() - flight.started
+        if applied:
+            logger.info("%s %s %s in %.3fs (attempt %s)", claimed.job_name, claimed.job_id,
+                        _verb(outcome), elapsed, claimed.attempts)
+            return
+        if outcome.kind == "done" and self._cancel_pending(fence):
+            # A cancel arrived after the handler finished: honour it.
+            if _retrying(lambda: self.source.acknowledge_cancel_owned(fence), deadline,
+                         self.aborted):
+                logger.info("%s %s cancelled in %.3fs", claimed.job_name, claimed.job_id,
+                            elapsed)
+                return
+        logger.warning("%s %s: %s not recorded; the job is no longer this worker's "
+                       "(lease lost, cancelled or re-claimed)", claimed.job_name,
+                       claimed.job_id, _verb(outcome))
+
+    def _cancel_pending(self, fence) -> bool:
+        try:
+            state = self.source.get_owned_state(fence)
+        except SoniqError:
+            return False
+        return state is not None and state.cancel_requested
+
+    # Heartbeats -------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stopping.wait(self._beat_interval()) or self._busy():
+            if self.aborted.is_set():
+                return
+            try:
+                registration.beat(self.using, self.worker_id,
+                                  "stopping" if self.stopping.is_set() else "running")
+            except Exception:
+                close_old_connections()
+            with self.lock:
+                flights = list(self.inflight.values())
+            for flight in flights:
+                self._beat(flight)
+            close_old_connections()
+            if self.stopping.is_set():
+                time.sleep(self._beat_interval())
+
+    def _busy(self) -> bool:
+        with self.lock:
+            return bool(self.inflight)
+
+    @staticmethod
+    def _beat_interval() -> float:
+        lease = float(soniq_settings.LEASE_SECONDS)
+        return max(0.05, min(float(soniq_settings.HEARTBEAT_SECONDS), lease / 3))
+
+    def _beat(self, flight: InFlight) -> None:
+        if flight.done or flight.lost:
+            return
+        fence = flight.claimed.claim_fence
+        timeout = soniq_settings.JOB_TIMEOUT_SECONDS
+        try:
+            if timeout is not None and time.monotonic() - flight.started > float(timeout):
+                flight.context._cancel.set()  # cooperative handlers stop
+                self._settle(flight, Outcome("retry", error=f"timed out after {timeout} s"))
+                return
+            if not self.source.heartbeat_owned(fence):
+                flight.lost = True
+                flight.context._cancel.set()
+                logger.warning("%s %s: lease lost; this worker will not write it again",
+                               flight.claimed.job_name, flight.claimed.job_id)
+                return
+            state = self.source.get_owned_state(fence)
+            if state is not None and state.cancel_requested:
+                flight.context._cancel.set()
+        except SoniqError as error:
+            if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
+                raise
+            logger.warning("heartbeat failed (database unavailable); retrying")
+            close_old_connections()
+
+
+def _verb(outcome: Outcome) -> str:
+    return {"done": "done", "retry": "failed, will retry", "dead": "dead-lettered",
+            "cancelled": "cancelled"}[outcome.kind]
