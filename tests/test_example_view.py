@@ -4,7 +4,7 @@ import pytest
 from django.core.management import call_command
 
 from example_project.shop.models import Order
-from soniq_django.models import Job
+from soniq_django.models import DeadLetterJob, Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,8 +35,15 @@ def test_bad_input_queues_nothing(client):
     assert not Job.objects.exists()
 
 
-def test_demo_command_prints_the_queued_job(capsys):
+def test_demo_runs_the_example_end_to_end(capsys):
     call_command("shop_demo")
     out = capsys.readouterr().out
     assert "-> 201" in out and "-> 409" in out
-    assert out.count("shop.send_receipt") == 1
+    receipt = Job.objects.get(job_name="shop.send_receipt")
+    assert (receipt.status, receipt.result) == (
+        "done", {"to": "ada@example.com", "amount_cents": 4200},
+    )
+    dead = DeadLetterJob.objects.get(job_name="shop.sync_inventory")
+    assert (dead.dead_letter_reason, dead.attempts) == ("max_retries_exceeded", 3)
+    assert "InventoryServiceDown" in dead.last_error
+    assert "status=done" in out and "reason=max_retries_exceeded" in out

@@ -252,14 +252,18 @@ class Worker:
         applied = _retrying(write, deadline, self.aborted)
         elapsed = time.monotonic() - flight.started
         if applied:
-            logger.info("%s %s %s in %.3fs (attempt %s)", claimed.job_name, claimed.job_id,
-                        _verb(outcome), elapsed, claimed.attempts)
+            verb = _verb(outcome)
+            limit = claimed.max_attempts if claimed.max_attempts is not None else default_max
+            if outcome.kind == "retry" and claimed.attempts >= limit:
+                verb = "failed with no attempts left, dead-lettered"
+            logger.info("%s %s %s after %.3fs (attempt %s)", claimed.job_name, claimed.job_id,
+                        verb, elapsed, claimed.attempts)
             return
         if outcome.kind == "done" and self._cancel_pending(fence):
             # A cancel arrived after the handler finished: honour it.
             if _retrying(lambda: self.source.acknowledge_cancel_owned(fence), deadline,
                          self.aborted):
-                logger.info("%s %s cancelled in %.3fs", claimed.job_name, claimed.job_id,
+                logger.info("%s %s cancelled after %.3fs", claimed.job_name, claimed.job_id,
                             elapsed)
                 return
         logger.warning("%s %s: %s not recorded; the job is no longer this worker's "

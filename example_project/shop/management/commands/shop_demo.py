@@ -1,13 +1,22 @@
-"""Drive the example view and show what soniq_django queued."""
+"""The example end to end: a view enqueues on commit, a worker runs the jobs."""
 
+from django.core.management import call_command
 from django.core.management.base import BaseCommand
-from django.test import Client
+from django.test import Client, override_settings
 
-from soniq_django.models import Job
+from example_project.shop.jobs import sync_inventory
+from soniq_django.models import DeadLetterJob, Job
 
 
 class Command(BaseCommand):
-    help = "Place one order that commits and one that rolls back, then list the queued jobs."
+    help = (
+        "Place an order that commits and one that rolls back, queue a job that always "
+        "fails, run a worker in burst mode, and show where every job ended up."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--no-worker", action="store_true",
+                            help="Only enqueue; do not run the worker.")
 
     def handle(self, *args, **options):
         client = Client()
@@ -17,9 +26,23 @@ class Command(BaseCommand):
             "/orders/", {"email": "bob@example.com", "amount_cents": "100", "fail": "1"}
         )
         self.stdout.write(f"POST /orders/ (rolls back) -> {failed.status_code} {failed.json()}")
-        self.stdout.write("\nJobs in soniq_jobs (newest first):")
-        for row in Job.objects.order_by("-created_at")[:10]:
+        sync_inventory.enqueue(sku="SKU-1")
+        self.stdout.write("queued shop.sync_inventory, which always fails (2 retries)")
+        if not options["no_worker"]:
+            self.stdout.write("\nmanage.py soniq_worker --burst")
+            # No backoff between retries, so the demo does not wait.
+            with override_settings(SONIQ={"RETRY_BASE_SECONDS": 0}):
+                call_command("soniq_worker", "--burst")
+        self.stdout.write("\nsoniq_jobs:")
+        for row in Job.objects.order_by("created_at"):
             self.stdout.write(
-                f"  {row.id}  {row.job_name:<20} queue={row.queue:<8} "
-                f"status={row.status:<10} args={row.args}"
+                f"  {row.job_name:<20} status={row.status:<10} attempts={row.attempts} "
+                f"result={row.result}"
+            )
+        self.stdout.write("soniq_dead_letter_jobs:")
+        for row in DeadLetterJob.objects.order_by("moved_to_dead_letter_at"):
+            error = (row.last_error or "").strip().splitlines()[-1:] or [""]
+            self.stdout.write(
+                f"  {row.job_name:<20} reason={row.dead_letter_reason} attempts={row.attempts} "
+                f"last error: {error[0]}"
             )
