@@ -303,3 +303,28 @@ class TaskRegistration(models.Model):
 
     def __str__(self) -> str:
         return self.job_name
+
+
+class ThroughputMinute(models.Model):
+    """``soniq_throughput``: jobs finished per queue and minute, for the dashboard.
+
+    Not part of format 1. Workers add their counts once per heartbeat, so
+    the history outlives the finished rows that housekeeping deletes.
+    """
+
+    minute = models.DateTimeField()
+    queue = models.TextField()
+    done = models.IntegerField(default=0, db_default=0)
+    failed = models.IntegerField(default=0, db_default=0)
+    dead_lettered = models.IntegerField(default=0, db_default=0)
+    cancelled = models.IntegerField(default=0, db_default=0)
+
+    class Meta:
+        db_table = "soniq_throughput"
+        verbose_name = "throughput minute"
+        constraints = [
+            models.UniqueConstraint(fields=["minute", "queue"], name="soniq_throughput_minute_queue"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.minute:%H:%M}"

@@ -31,6 +31,7 @@ from ..errors import ErrorCode, SoniqError
 from ..owned import OwnedJobSource
 from ..owned_types import ClaimedJob
 from ..registry import get_handler
+from ..stats import ThroughputCounter
 from . import registration
 from .context import JobContext
 from .execution import Outcome, execute
@@ -93,6 +94,7 @@ class Worker:
         self.lock = threading.Lock()
         self.claimed_count = 0
         self.finished = threading.Condition(self.lock)
+        self.throughput = ThroughputCounter()
 
     # Control ----------------------------------------------------------
 
@@ -125,6 +127,7 @@ class Worker:
             for thread in background:
                 thread.join(timeout=5)
             try:
+                self.throughput.flush(self.using)
                 registration.unregister(self.using, self.worker_id)
             except Exception:
                 logger.warning("could not mark worker %s stopped", self.worker_id)
@@ -254,8 +257,12 @@ class Worker:
         if applied:
             verb = _verb(outcome)
             limit = claimed.max_attempts if claimed.max_attempts is not None else default_max
+            kind = {"done": "done", "retry": "failed", "dead": "dead_lettered",
+                    "cancelled": "cancelled"}[outcome.kind]
             if outcome.kind == "retry" and claimed.attempts >= limit:
                 verb = "failed with no attempts left, dead-lettered"
+                kind = "dead_lettered"
+            self.throughput.add(claimed.queue, kind)
             logger.info("%s %s %s after %.3fs (attempt %s)", claimed.job_name, claimed.job_id,
                         verb, elapsed, claimed.attempts)
             return
@@ -286,6 +293,7 @@ class Worker:
             try:
                 registration.beat(self.using, self.worker_id,
                                   "stopping" if self.stopping.is_set() else "running")
+                self.throughput.flush(self.using)
             except Exception:
                 close_old_connections()
             with self.lock:

@@ -1,0 +1,72 @@
+"""Per-minute throughput counts, kept by workers for the dashboard."""
+
+import datetime as dt
+import threading
+from collections import Counter
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from .models import ThroughputMinute
+
+KINDS = ("done", "failed", "dead_lettered", "cancelled")
+
+
+def minute_of(moment: dt.datetime) -> dt.datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+class ThroughputCounter:
+    """Counts outcomes in memory; ``flush`` adds them to ``soniq_throughput``."""
+
+    def __init__(self):
+        self._counts: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, queue: str, kind: str, when: dt.datetime | None = None) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown outcome {kind!r}")
+        with self._lock:
+            self._counts[(minute_of(when or timezone.now()), queue, kind)] += 1
+
+    def flush(self, using: str) -> None:
+        """Add the counts to the table (one upsert per minute and queue); keep them on failure."""
+        with self._lock:
+            counts, self._counts = self._counts, Counter()
+        rows: dict = {}
+        for (minute, queue, kind), number in counts.items():
+            rows.setdefault((minute, queue), dict.fromkeys(KINDS, 0))[kind] += number
+        try:
+            with transaction.atomic(using=using):
+                for (minute, queue), numbers in rows.items():
+                    _add(using, minute, queue, numbers)
+        except Exception:
+            with self._lock:
+                self._counts.update(counts)
+            raise
+
+
+def _add(using: str, minute: dt.datetime, queue: str, numbers: dict) -> None:
+    connection = connections[using]
+    table = ThroughputMinute._meta.db_table
+    columns = ", ".join(KINDS)
+    increments = ", ".join(f"{kind} = {table}.{kind} + EXCLUDED.{kind}" for kind in KINDS)
+    minute_value = ThroughputMinute._meta.get_field("minute").get_db_prep_value(
+        minute, connection
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (minute, queue, {columns}) VALUES (%s, %s, %s, %s, %s, %s) "
+            f"ON CONFLICT (minute, queue) DO UPDATE SET {increments}",
+            [minute_value, queue, *(numbers[kind] for kind in KINDS)],
+        )
+
+
+def per_minute(using: str, since: dt.datetime) -> dict[dt.datetime, dict[str, int]]:
+    """Totals over all queues per minute since ``since``: {minute: {kind: count}}."""
+    totals: dict = {}
+    for row in ThroughputMinute.objects.using(using).filter(minute__gte=minute_of(since)):
+        bucket = totals.setdefault(row.minute, dict.fromkeys(KINDS, 0))
+        for kind in KINDS:
+            bucket[kind] += getattr(row, kind)
+    return totals
