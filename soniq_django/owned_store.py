@@ -154,6 +154,26 @@ class PostgresClaims:
         return rows[0][0] is True
 
 
+@contextmanager
+def fenced_writes(connection):
+    """Let this transaction's own writes through the PostgreSQL protection trigger.
+
+    Owned submissions and live owned claims are skipped by the trigger
+    unless the transaction-local ``soniq.fenced_write`` gate is open; only
+    soniq_django's services open it, around their own checked writes.
+    """
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('soniq.fenced_write', 'on', true)")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('soniq.fenced_write', 'off', true)")
+
+
 def take_sqlite_write_lock(connection) -> None:
     """Make the current SQLite transaction a write transaction now.
 

@@ -19,7 +19,7 @@ from .encoding import canonical_json
 from .errors import ConfigValidationError, ErrorCode, SoniqError
 from .job_request import JobRequest, PreparedJob, prepare
 from .models import DeadLetterJob, Job, JobStatus
-from .owned_store import guarded, take_sqlite_write_lock
+from .owned_store import fenced_writes, guarded, take_sqlite_write_lock
 from .owned_types import INT32_MAX, identity, positive_int
 
 FINGERPRINT_VERSION = "v1"
@@ -104,24 +104,6 @@ def snapshot(request: object, submission_id: object, force: object) -> OwnedSubm
     )
 
 
-class _Gate:
-    """Open the PostgreSQL protection trigger's gate for our own writes."""
-
-    def __init__(self, connection):
-        self.connection = connection
-
-    def __enter__(self):
-        self._set("on")
-
-    def __exit__(self, *exc):
-        self._set("off")
-
-    def _set(self, value: str) -> None:
-        if self.connection.vendor == "postgresql":
-            with self.connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('soniq.fenced_write', %s, true)", [value])
-
-
 def _replayed(alias: str, submission: OwnedSubmission) -> uuid.UUID | None:
     """The original id when this submission id is known; conflict if it differs."""
     for model in (Job, DeadLetterJob):
@@ -169,7 +151,7 @@ def _displace_predecessor(alias, connection, submission, now) -> None:
         raise conflict("legacy_active_key")
     if not submission.force:
         raise conflict("active_key_in_use")
-    with _Gate(connection):
+    with fenced_writes(connection):
         jobs.filter(id=predecessor.id).update(
             status=JobStatus.CANCELLED, lease_expires_at=None, pid=None,
             expires_at=now, updated_at=now,

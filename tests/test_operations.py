@@ -1,0 +1,78 @@
+"""Operator actions (used by the admin and commands)."""
+
+import datetime as dt
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from soniq_django import enqueue
+from soniq_django.job_request import JobRequest
+from soniq_django.models import Job, RecurringJob
+from soniq_django.operations import cancel_jobs, delete_finished, retry_now, set_schedule_status
+from soniq_django.owned import OwnedJobSource
+from soniq_django.stats import ThroughputCounter, per_minute
+from tests.owned_helpers import nonce
+
+pytestmark = pytest.mark.django_db
+
+
+def test_cancel_jobs_cancels_queued_and_asks_running_ones():
+    queued = enqueue("a.queued")
+    running = enqueue("a.running", priority=1)
+    claimed = OwnedJobSource().claim_next_owned("w", claim_token=nonce())
+    assert claimed.job_id == running
+    report = cancel_jobs([queued, running, uuid.uuid4()])
+    assert (report.cancelled, report.requested, report.skipped) == (1, 1, 1)
+    assert Job.objects.get(id=queued).status == "cancelled"
+    row = Job.objects.get(id=running)
+    assert row.status == "processing" and row.cancel_requested
+
+
+def test_retry_now_moves_only_waiting_queued_jobs():
+    later = enqueue("a.later", run_at=timezone.now() + dt.timedelta(hours=1))
+    owned = OwnedJobSource().submit_owned(
+        JobRequest("a.owned", {}, run_at=timezone.now() + dt.timedelta(hours=1)), submission_id="s"
+    )
+    due = enqueue("a.due")
+    assert retry_now([later, owned, due]) == 2
+    assert Job.objects.get(id=later).scheduled_at <= timezone.now()
+    assert Job.objects.get(id=owned).scheduled_at <= timezone.now()
+
+
+def test_delete_finished_spares_live_and_protected_jobs():
+    source = OwnedJobSource()
+    owned = source.submit_owned(JobRequest("a.owned", {}), submission_id="s")
+    assert source.complete_owned(source.claim_next_owned("w", claim_token=nonce()).claim_fence)
+    plain = enqueue("a.plain")
+    assert source.complete_owned(source.claim_next_owned("w", claim_token=nonce()).claim_fence)
+    queued = enqueue("a.queued")
+    assert delete_finished([owned, plain, queued]) == 1
+    assert set(Job.objects.values_list("id", flat=True)) == {owned, queued}
+
+
+def test_pause_and_resume_schedules():
+    row = RecurringJob.objects.create(job_name="a.daily", schedule_type="cron",
+                                      schedule_value="0 9 * * *")
+    assert set_schedule_status([row.id], "paused") == 1
+    assert set_schedule_status([row.id], "paused") == 0
+    assert RecurringJob.objects.get(id=row.id).status == "paused"
+    assert set_schedule_status([row.id], "active") == 1
+    with pytest.raises(ValueError):
+        set_schedule_status([row.id], "stopped")
+
+
+def test_throughput_counts_add_up_per_minute():
+    counter = ThroughputCounter()
+    now = timezone.now()
+    for kind in ("done", "done", "failed", "dead_lettered", "cancelled"):
+        counter.add("q1", kind, now)
+    counter.add("q2", "done", now)
+    counter.flush("default")
+    counter.add("q1", "done", now)
+    counter.flush("default")
+    totals = per_minute("default", now - dt.timedelta(minutes=1))
+    minute = now.replace(second=0, microsecond=0)
+    assert totals[minute] == {"done": 4, "failed": 1, "dead_lettered": 1, "cancelled": 1}
+    with pytest.raises(ValueError):
+        counter.add("q1", "exploded")
