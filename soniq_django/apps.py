@@ -13,3 +13,4 @@ class SoniqConfig(AppConfig):
         # Handlers live in each app's ``jobs`` module, as admin classes live
         # in ``admin``: importing them fills the registry once per process.
         autodiscover_modules("jobs")
+        from . import checks  # noqa: F401  (registers the system checks)

@@ -22,6 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_BASE_SECONDS": 2,
     "RETRY_MAX_SECONDS": 3600,
     "JOB_TIMEOUT_SECONDS": None,
+    "REQUIRE_SQL_API": False,
 }
 
 

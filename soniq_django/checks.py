@@ -1,0 +1,153 @@
+"""System checks: soniq.E001… for configuration that cannot work, soniq.W… for risky one.
+
+Registered by ``SoniqConfig.ready()``. Checks tagged ``database`` run only
+when Django is asked to (``manage.py check --database default``, and
+``migrate``), since they query the database.
+"""
+
+import numbers
+import re
+
+from django.conf import settings
+from django.core import checks
+from django.db import connections
+from django.db.migrations.executor import MigrationExecutor
+
+from .conf import DEFAULTS
+from .registry import registered_handlers
+
+_POSITIVE = ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "POLL_INTERVAL")
+_NOT_NEGATIVE = ("RESULT_TTL", "RETRY_BASE_SECONDS", "RETRY_MAX_SECONDS")
+_INTEGERS = ("DEFAULT_PRIORITY", "DEFAULT_MAX_ATTEMPTS")
+
+
+def _configured() -> dict | None:
+    value = getattr(settings, "SONIQ", {})
+    return value if isinstance(value, dict) else None
+
+
+def _number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _value_errors(config: dict) -> list[checks.CheckMessage]:
+    errors = []
+    for key in _POSITIVE:
+        if key in config and not (_number(config[key]) and config[key] > 0):
+            errors.append(checks.Error(
+                f"SONIQ[{key!r}] must be a positive number of seconds.",
+                hint=f"The default is {DEFAULTS[key]}.", id="soniq.E003"))
+    for key in _NOT_NEGATIVE:
+        if key in config and not (_number(config[key]) and config[key] >= 0):
+            errors.append(checks.Error(
+                f"SONIQ[{key!r}] must be a number of seconds, 0 or more.",
+                hint=f"The default is {DEFAULTS[key]}.", id="soniq.E003"))
+    for key in _INTEGERS:
+        if key in config and type(config[key]) is not int:
+            errors.append(checks.Error(f"SONIQ[{key!r}] must be a whole number.",
+                                       hint=f"The default is {DEFAULTS[key]}.", id="soniq.E003"))
+    if "DEFAULT_MAX_ATTEMPTS" in config and type(config["DEFAULT_MAX_ATTEMPTS"]) is int \
+            and config["DEFAULT_MAX_ATTEMPTS"] < 1:
+        errors.append(checks.Error("SONIQ['DEFAULT_MAX_ATTEMPTS'] must be at least 1.",
+                                   hint="It counts the first attempt too.", id="soniq.E003"))
+    timeout = config.get("JOB_TIMEOUT_SECONDS")
+    if timeout is not None and not (_number(timeout) and timeout > 0):
+        errors.append(checks.Error("SONIQ['JOB_TIMEOUT_SECONDS'] must be None or a positive number.",
+                                   id="soniq.E003"))
+    queue = config.get("DEFAULT_QUEUE", "default")
+    if not isinstance(queue, str) or not queue or len(queue) > 255:
+        errors.append(checks.Error("SONIQ['DEFAULT_QUEUE'] must be a queue name (1-255 characters).",
+                                   id="soniq.E003"))
+    return errors
+
+
+@checks.register()
+def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    config = _configured()
+    if config is None:
+        return [checks.Error("settings.SONIQ must be a dict.", hint="For example SONIQ = {}.",
+                             id="soniq.E001")]
+    messages = []
+    unknown = sorted(set(config) - set(DEFAULTS))
+    if unknown:
+        messages.append(checks.Error(
+            f"Unknown SONIQ setting(s): {', '.join(map(str, unknown))}.",
+            hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.", id="soniq.E002"))
+    messages += _value_errors(config)
+    pattern = config.get("TASK_NAME_PATTERN", DEFAULTS["TASK_NAME_PATTERN"])
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError):
+        messages.append(checks.Error("SONIQ['TASK_NAME_PATTERN'] is not a valid regular expression.",
+                                     id="soniq.E004"))
+        return messages
+    lease, beat = config.get("LEASE_SECONDS", 30), config.get("HEARTBEAT_SECONDS", 10)
+    if _number(lease) and _number(beat) and lease > 0 and beat > lease / 2:
+        messages.append(checks.Warning(
+            "SONIQ['HEARTBEAT_SECONDS'] is more than half of LEASE_SECONDS.",
+            hint="A single slow heartbeat would then lose the lease; a third of it is safe.",
+            id="soniq.W001"))
+    for name in registered_handlers():
+        if re.fullmatch(pattern, name) is None:
+            messages.append(checks.Error(
+                f"The job name {name!r} does not match SONIQ['TASK_NAME_PATTERN'].",
+                hint="Rename the job with @job(name=...) or widen the pattern.", id="soniq.E007"))
+    if config.get("REQUIRE_SQL_API"):
+        for alias in settings.DATABASES:
+            if connections[alias].vendor != "postgresql":
+                messages.append(checks.Error(
+                    f"SONIQ['REQUIRE_SQL_API'] is set but database {alias!r} is not PostgreSQL.",
+                    hint="The SQL producer API (soniq_enqueue, …) exists on PostgreSQL only.",
+                    id="soniq.E008"))
+    for alias in settings.DATABASES:
+        messages += _backend_messages(alias)
+    return messages
+
+
+def _backend_messages(alias: str) -> list[checks.CheckMessage]:
+    connection = connections[alias]
+    if connection.vendor not in ("postgresql", "sqlite"):
+        return [checks.Error(f"Database {alias!r} is {connection.vendor}; soniq_django supports "
+                             "PostgreSQL and SQLite.", id="soniq.E005")]
+    if connection.vendor == "sqlite":
+        mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
+        if mode != "IMMEDIATE":
+            return [checks.Warning(
+                f"SQLite database {alias!r} does not open transactions in IMMEDIATE mode.",
+                hint='Add "OPTIONS": {"transaction_mode": "IMMEDIATE"} so that concurrent '
+                     "writers wait for each other instead of failing (see docs/settings.md).",
+                id="soniq.W002")]
+    return []
+
+
+@checks.register(checks.Tags.database)
+def check_database(app_configs=None, databases=None, **kwargs) -> list[checks.CheckMessage]:
+    messages = []
+    for alias in databases or []:
+        connection = connections[alias]
+        executor = MigrationExecutor(connection)
+        targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "soniq_django"]
+        if executor.migration_plan(targets):
+            messages.append(checks.Error(
+                f"soniq_django migrations are not all applied on database {alias!r}.",
+                hint=f"Run: python manage.py migrate soniq_django --database {alias}",
+                id="soniq.E006"))
+            continue
+        if connection.vendor == "postgresql":
+            messages += _pattern_messages(alias)
+    return messages
+
+
+def _pattern_messages(alias: str) -> list[checks.CheckMessage]:
+    config = _configured() or {}
+    pattern = config.get("TASK_NAME_PATTERN", DEFAULTS["TASK_NAME_PATTERN"])
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT soniq_task_name_pattern_v1()")
+        (database_pattern,) = cursor.fetchone()
+    if database_pattern == pattern:
+        return []
+    return [checks.Warning(
+        f"SONIQ['TASK_NAME_PATTERN'] differs from the pattern database {alias!r} enforces.",
+        hint="Producers in other languages are checked against the database's pattern. Run: "
+             "ALTER DATABASE <name> SET soniq.task_name_pattern = '<your pattern>'",
+        id="soniq.W003")]

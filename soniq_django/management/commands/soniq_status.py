@@ -1,0 +1,35 @@
+import json
+
+from django.core.management.base import BaseCommand
+from django.db import DEFAULT_DB_ALIAS
+
+from soniq_django.status import STATUSES, queue_summary
+
+
+class Command(BaseCommand):
+    help = "Show how many jobs each queue holds in each state, and the live workers."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help="Print JSON, for machines.")
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS,
+                            help="Database alias (default: %(default)s).")
+
+    def handle(self, *args, **options):
+        summary = queue_summary(options["database"])
+        if options["json"]:
+            self.stdout.write(json.dumps(summary, indent=2, sort_keys=True))
+            return
+        width = max([5, *(len(name) for name in summary["queues"])])
+        self.stdout.write(f"{'queue':<{width}}  " + "  ".join(f"{s:>11}" for s in STATUSES)
+                          + "  oldest queued")
+        for name, counts in summary["queues"].items():
+            age = summary["oldest_queued_seconds"].get(name)
+            self.stdout.write(
+                f"{name:<{width}}  " + "  ".join(f"{counts[s]:>11}" for s in STATUSES)
+                + (f"  {age:.0f}s" if age is not None else "  -")
+            )
+        if not summary["queues"]:
+            self.stdout.write("(no jobs)")
+        reasons = ", ".join(f"{k}={v}" for k, v in summary["dead_letters_by_reason"].items())
+        self.stdout.write(f"dead letters by reason: {reasons or 'none'}")
+        self.stdout.write(f"live workers: {summary['live_workers']}")

@@ -1,0 +1,106 @@
+"""System checks: one test per message id."""
+
+import pytest
+from django.core import checks
+from django.db import connection
+from django.test import override_settings
+
+from soniq_django.checks import check_database, check_settings
+
+
+def ids(messages):
+    return sorted(message.id for message in messages)
+
+
+def test_default_configuration_is_clean_apart_from_backend_advice():
+    assert [m for m in check_settings() if m.id != "soniq.W002"] == []
+
+
+@override_settings(SONIQ=["not", "a", "dict"])
+def test_soniq_must_be_a_dict():
+    assert ids(check_settings()) == ["soniq.E001"]
+
+
+@override_settings(SONIQ={"LEASE_SECOND": 30, "POLL": 1})
+def test_unknown_keys_are_named_with_the_known_ones_as_hint():
+    [message] = [m for m in check_settings() if m.id == "soniq.E002"]
+    assert "LEASE_SECOND" in message.msg and "POLL" in message.msg
+    assert "LEASE_SECONDS" in message.hint
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"LEASE_SECONDS": 0}, {"LEASE_SECONDS": "30"}, {"HEARTBEAT_SECONDS": True},
+     {"RESULT_TTL": -1}, {"DEFAULT_PRIORITY": 1.5}, {"DEFAULT_MAX_ATTEMPTS": 0},
+     {"JOB_TIMEOUT_SECONDS": 0}, {"DEFAULT_QUEUE": ""}, {"RETRY_MAX_SECONDS": None}],
+)
+def test_bad_values(config):
+    with override_settings(SONIQ=config):
+        assert "soniq.E003" in ids(check_settings())
+
+
+@override_settings(SONIQ={"TASK_NAME_PATTERN": "([a-z"})
+def test_invalid_pattern():
+    assert "soniq.E004" in ids(check_settings())
+
+
+@override_settings(SONIQ={"TASK_NAME_PATTERN": r"^[a-z]+$"})
+def test_registered_names_must_match_the_pattern():
+    messages = [m for m in check_settings() if m.id == "soniq.E007"]
+    assert any("'tests.add'" in m.msg for m in messages)
+
+
+@override_settings(SONIQ={"LEASE_SECONDS": 10, "HEARTBEAT_SECONDS": 8})
+def test_heartbeat_too_close_to_the_lease():
+    assert "soniq.W001" in ids(check_settings())
+
+
+@override_settings(SONIQ={"REQUIRE_SQL_API": True})
+def test_sql_api_expected_on_a_database_that_lacks_it():
+    expected = [] if connection.vendor == "postgresql" else ["soniq.E008"]
+    assert [i for i in ids(check_settings()) if i == "soniq.E008"] == expected
+
+
+def test_sqlite_without_immediate_transactions_warns(settings):
+    if connection.vendor != "sqlite":
+        assert "soniq.W002" not in ids(check_settings())
+        return
+    assert "soniq.W002" not in ids(check_settings())  # the test settings use IMMEDIATE
+    options = connection.settings_dict["OPTIONS"]
+    saved = dict(options)
+    options.pop("transaction_mode")
+    try:
+        assert "soniq.W002" in ids(check_settings())
+    finally:
+        options.update(saved)
+
+
+@pytest.mark.django_db
+def test_database_check_passes_when_migrated():
+    assert check_database(databases=["default"]) == []
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db
+@override_settings(SONIQ={"TASK_NAME_PATTERN": r"^[a-z_.]+$"})
+def test_pattern_differing_from_the_database_level_setting_warns():
+    assert ids(check_database(databases=["default"])) == ["soniq.W003"]
+    name = connection.ops.quote_name(connection.settings_dict["NAME"])
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER DATABASE {name} SET soniq.task_name_pattern = '^[a-z_.]+$'")
+    assert check_database(databases=["default"]) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unapplied_migrations_are_an_error():
+    from django.core.management import call_command
+
+    call_command("migrate", "soniq_django", "0004", verbosity=0)
+    try:
+        assert ids(check_database(databases=["default"])) == ["soniq.E006"]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+
+
+def test_checks_are_registered():
+    assert check_settings in checks.registry.registry.registered_checks
