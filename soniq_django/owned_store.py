@@ -23,7 +23,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .errors import ConfigValidationError, ErrorCode, SoniqError
-from .models import DeadLetterJob, Job, JobStatus
+from .models import DeadLetterJob, Job, JobStatus, Worker
 from .owned_types import INT64_MAX, QueueClaimFence
 
 CLAIM_COLUMNS = (
@@ -269,10 +269,7 @@ class SqliteClaims:
             job_id, generation = found
             if generation >= INT64_MAX:
                 raise claim_conflict("generation_exhausted")
-            try:
-                worker_uuid = uuid.UUID(owner) if str(uuid.UUID(owner)) == owner else None
-            except ValueError:
-                worker_uuid = None
+            worker_uuid = _registered_worker(self.alias, owner)
             self._jobs().filter(id=job_id).update(
                 status=JobStatus.PROCESSING, attempts=models_F("attempts") + 1,
                 claim_generation=generation + 1, claim_owner=owner, claim_token=token,
@@ -388,6 +385,17 @@ class SqliteClaims:
             elif status == JobStatus.PROCESSING:
                 self._jobs().filter(id=job_id).update(cancel_requested=True, updated_at=now)
             return status in (JobStatus.QUEUED, JobStatus.PROCESSING)
+
+
+def _registered_worker(alias: str, owner: str) -> uuid.UUID | None:
+    """The owner as a soniq_workers id, when it is one (worker_id names such a row)."""
+    try:
+        worker_id = uuid.UUID(owner)
+    except ValueError:
+        return None
+    if str(worker_id) != owner or not Worker.objects.using(alias).filter(id=worker_id).exists():
+        return None
+    return worker_id
 
 
 def claims_for(alias: str) -> PostgresClaims | SqliteClaims:

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from soniq_django import enqueue
 from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError
-from soniq_django.models import DeadLetterJob, Job
+from soniq_django.models import DeadLetterJob, Job, Worker
 from soniq_django.owned import ClaimedJob, OwnedJobSource, OwnedJobState, QueueClaimFence
 from tests.owned_helpers import nonce, rewrite
 
@@ -127,12 +127,15 @@ def test_generation_rises_on_every_claim_independently_of_attempts(source):
     assert source.heartbeat_owned(second.claim_fence) is True
 
 
-def test_uuid_owners_also_fill_worker_id(source):
-    enqueue("a.one")
-    enqueue("a.two")
+def test_a_registered_worker_owner_also_fills_worker_id(source):
+    for name in ("a.one", "a.two", "a.three"):
+        enqueue(name)
     worker = uuid.uuid4()
+    Worker.objects.create(id=worker, hostname="h", pid=1)
     claimed = source.claim_next_owned(str(worker), claim_token=nonce())
     assert Job.objects.get(id=claimed.job_id).worker_id == worker
+    unregistered = source.claim_next_owned(str(uuid.uuid4()), claim_token=nonce())
+    assert Job.objects.get(id=unregistered.job_id).worker_id is None
     other = source.claim_next_owned("not-a-uuid", claim_token=nonce())
     assert Job.objects.get(id=other.job_id).worker_id is None
 

@@ -242,9 +242,11 @@ BEGIN
            claim_generation = j.claim_generation + 1,
            claim_owner = p_owner,
            claim_token = p_token,
-           worker_id = CASE
-               WHEN p_owner ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-               THEN p_owner::uuid END,
+           -- worker_id names a soniq_workers row (Soniq declares a foreign
+           -- key there): set only when the owner is a registered worker.
+           worker_id = (SELECT w.id FROM {schema}.soniq_workers AS w
+                         WHERE p_owner ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                           AND w.id = p_owner::uuid),
            lease_expires_at = v_now + pg_catalog.make_interval(secs => lease_seconds),
            cancel_requested = false,
            pid = NULL,
