@@ -1,0 +1,178 @@
+"""Housekeeping: delete finished jobs whose result expired, and old dead letters.
+
+A finished row (``done`` or ``cancelled``) carries ``expires_at`` --
+finish time plus ``RESULT_TTL`` -- and may be deleted once that has passed.
+``purge_expired`` does so in short batches, each its own transaction, so it
+never holds many locks and a crash loses at most one batch of work.
+
+Protected rows are never deleted: a row with ``fence_required`` or a
+``submission_id`` belongs to an owned submission, whose identity must keep
+answering replays until the reviewed retirement command removes it. The
+filter is part of every query. On PostgreSQL the protection trigger would
+also skip such a DELETE, but then the reported count would be wrong and a
+changed trigger would silently start deleting them, so we do not lean on it.
+
+Time: on PostgreSQL the database clock decides (``now()`` in SQL); on SQLite
+there is no server, and Python's ``timezone.now()`` is the same clock the
+owned operations use to write ``expires_at`` there.
+"""
+
+import datetime as dt
+import uuid
+from collections.abc import Callable
+
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from .models import DeadLetterJob, Job, JobStatus
+from .owned_store import guarded, take_sqlite_write_lock
+
+FINISHED = (JobStatus.DONE, JobStatus.CANCELLED)
+
+# Owned submissions keep their identity forever (until reviewed retirement).
+UNPROTECTED = Q(fence_required=False) & Q(submission_id__isnull=True)
+
+# One batch on PostgreSQL: lock up to %s purgeable rows, skipping rows other
+# transactions hold (a concurrent purge, a worker), and delete them in the
+# same statement. A MATERIALIZED CTE, not "id IN (SELECT ... LIMIT)": the
+# planner may re-run such a subquery per outer row, locking and deleting far
+# more than the LIMIT. The DELETE repeats the protection on purpose.
+_PG_PURGE = """
+WITH batch AS MATERIALIZED (
+    SELECT id FROM {table}
+     WHERE expires_at <= {now}
+       AND status IN ('done', 'cancelled')
+       AND NOT fence_required AND submission_id IS NULL
+     LIMIT %s
+       FOR UPDATE SKIP LOCKED)
+DELETE FROM {table} AS j
+ USING batch
+ WHERE j.id = batch.id
+   AND j.status IN ('done', 'cancelled')
+   AND NOT j.fence_required AND j.submission_id IS NULL
+"""
+
+
+def _check_batch(batch: int) -> int:
+    if type(batch) is not int or batch < 1:
+        raise ValueError("batch must be a positive integer")
+    return batch
+
+
+def _check_now(now: dt.datetime | None) -> dt.datetime | None:
+    if now is not None and (not isinstance(now, dt.datetime) or timezone.is_naive(now)):
+        raise ValueError("now must be an aware datetime")
+    return now
+
+
+def purge_expired(using: str = DEFAULT_DB_ALIAS, *, batch: int = 1000,
+                  now: dt.datetime | None = None,
+                  progress: Callable[[int], None] | None = None) -> int:
+    """Delete finished, unprotected jobs whose ``expires_at`` has passed.
+
+    Works in transactions of at most ``batch`` rows until a batch comes back
+    short; ``progress`` (if given) is called with the running total after
+    every batch that deleted something. ``now`` replaces the database clock
+    (for tests and for "purge as of"). Returns how many rows were deleted.
+    Raises ValueError for a bad ``batch`` or ``now``, and
+    SoniqError(QUEUE_PERSISTENCE_FAILED) when the database fails (batches
+    already committed stay deleted).
+    """
+    _check_batch(batch)
+    _check_now(now)
+    purge_batch = _pg_batch if connections[using].vendor == "postgresql" else _sqlite_batch
+    total = 0
+    while True:
+        deleted = purge_batch(using, batch, now)
+        total += deleted
+        if deleted and progress is not None:
+            progress(total)
+        if deleted < batch:
+            return total
+
+
+def _pg_batch(using: str, batch: int, now: dt.datetime | None) -> int:
+    """One PostgreSQL batch: a single DELETE statement; returns its row count."""
+    with guarded(using, atomic=True) as connection, connection.cursor() as cursor:
+        sql = _PG_PURGE.format(
+            table=connection.ops.quote_name(Job._meta.db_table),
+            now="now()" if now is None else "%s",
+        )
+        cursor.execute(sql, [batch] if now is None else [now, batch])
+        return cursor.rowcount
+
+
+def _sqlite_batch(using: str, batch: int, now: dt.datetime | None) -> int:
+    """One SQLite batch inside the write lock; returns how many rows it deleted."""
+    with guarded(using, atomic=True) as connection:
+        take_sqlite_write_lock(connection)
+        expired = Job.objects.using(using).filter(
+            UNPROTECTED, status__in=FINISHED, expires_at__lte=now or timezone.now()
+        )
+        ids = list(expired.values_list("id", flat=True)[:batch])
+        if not ids:
+            return 0
+        deleted, _ = expired.filter(id__in=ids).delete()
+        return deleted
+
+
+def purge_dead_letters(using: str = DEFAULT_DB_ALIAS, *, older_than: dt.timedelta,
+                       dry_run: bool = False, batch: int = 1000,
+                       now: dt.datetime | None = None) -> int:
+    """Delete dead letters that landed more than ``older_than`` ago.
+
+    Never deletes a dead letter with an owned submission identity, nor one
+    whose job is back in ``soniq_jobs`` after a replay (its row carries the
+    resurrection count the next failure keeps). With ``dry_run`` nothing is
+    deleted. Returns how many rows were (or would be) deleted. Raises
+    ValueError for a negative ``older_than``, a bad ``batch`` or ``now``,
+    and SoniqError(QUEUE_PERSISTENCE_FAILED) when the database fails.
+    """
+    if not isinstance(older_than, dt.timedelta) or older_than < dt.timedelta(0):
+        raise ValueError("older_than must be a non-negative timedelta")
+    _check_batch(batch)
+    cutoff = (_check_now(now) or _database_now(using)) - older_than
+    if dry_run:
+        with guarded(using, atomic=False):
+            return _old_dead_letters(using, cutoff).count()
+    total = 0
+    while True:
+        deleted = _dead_letter_batch(using, cutoff, batch)
+        total += deleted
+        if deleted < batch:
+            return total
+
+
+def _old_dead_letters(using: str, cutoff: dt.datetime):
+    """Unprotected dead letters moved before ``cutoff`` whose job is not live."""
+    live = Job.objects.using(using).filter(id=OuterRef("id"))
+    return DeadLetterJob.objects.using(using).filter(
+        UNPROTECTED, ~Exists(live), moved_to_dead_letter_at__lt=cutoff
+    )
+
+
+def _dead_letter_batch(using: str, cutoff: dt.datetime, batch: int) -> int:
+    """Delete one batch of old dead letters; returns how many went."""
+    with guarded(using, atomic=True) as connection:
+        if connection.vendor == "sqlite":
+            take_sqlite_write_lock(connection)
+        old = _old_dead_letters(using, cutoff)
+        # SKIP LOCKED: a dead letter a replay holds is left for next time.
+        ids: list[uuid.UUID] = list(
+            old.select_for_update(skip_locked=True).values_list("id", flat=True)[:batch]
+        )
+        if not ids:
+            return 0
+        deleted, _ = old.filter(id__in=ids).delete()
+        return deleted
+
+
+def _database_now(using: str) -> dt.datetime:
+    """The database's current time (PostgreSQL), or Python's on SQLite."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with guarded(using, atomic=False), connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]

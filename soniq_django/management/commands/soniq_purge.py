@@ -1,0 +1,42 @@
+import datetime as dt
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS
+from django.utils.connection import ConnectionDoesNotExist
+
+from soniq_django.errors import SoniqError
+from soniq_django.housekeeping import purge_dead_letters, purge_expired
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete finished jobs whose result expired (never protected owned submissions); "
+        "optionally also dead letters older than a number of days."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="Database alias.")
+        parser.add_argument("--batch", type=int, default=1000, help="Rows per transaction.")
+        parser.add_argument("--dead-letters-older-than", type=float, metavar="DAYS",
+                            help="Also delete unprotected dead letters older than DAYS.")
+
+    def handle(self, *args, **options):
+        using, days = options["database"], options["dead_letters_older_than"]
+        try:
+            purged = purge_expired(using, batch=options["batch"], progress=self._progress)
+            if self.stdout.isatty() and purged:
+                self.stdout.write("")  # end the progress line
+            self.stdout.write(f"Purged {purged} expired job rows.")
+            if days is not None:
+                gone = purge_dead_letters(using, older_than=dt.timedelta(days=days))
+                self.stdout.write(f"Purged {gone} dead letters older than {days:g} days.")
+        except (ValueError, OverflowError, SoniqError, ConnectionDoesNotExist) as error:
+            raise CommandError(f"Purge failed: {error}") from None
+
+    def _progress(self, total: int) -> None:
+        # On a terminal one line is rewritten; in a log every batch is a line.
+        if self.stdout.isatty():
+            self.stdout.write(f"\r... {total} purged so far", ending="")
+            self.stdout.flush()
+        else:
+            self.stdout.write(f"... {total} purged so far")

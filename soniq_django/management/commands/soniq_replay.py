@@ -1,0 +1,36 @@
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS
+from django.utils.connection import ConnectionDoesNotExist
+
+from soniq_django.errors import SoniqError
+from soniq_django.replay import replay_dead_letters
+
+
+class Command(BaseCommand):
+    help = (
+        "Put dead-lettered jobs back in the queue (same id, args unchanged, a fresh attempt "
+        "budget), by id, by dead-letter reason, or all. Prints counts, never job arguments."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("ids", nargs="*", metavar="ID", help="Job ids to replay.")
+        parser.add_argument("--reason", help="Replay every dead letter with this reason.")
+        parser.add_argument("--all", action="store_true", help="Replay every dead letter.")
+        parser.add_argument("--dry-run", action="store_true", help="Count, change nothing.")
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="Database alias.")
+
+    def handle(self, *args, **options):
+        try:
+            report = replay_dead_letters(
+                options["database"], ids=options["ids"] or None, reason=options["reason"],
+                all=options["all"], dry_run=options["dry_run"],
+            )
+        except (ValueError, SoniqError, ConnectionDoesNotExist) as error:
+            raise CommandError(f"Replay failed: {error}") from None
+        verb = "Would replay" if report.dry_run else "Replayed"
+        self.stdout.write(f"{verb} {len(report.replayed)} dead-lettered jobs.")
+        self.stdout.write(
+            f"Skipped {len(report.live)} already in the queue, {len(report.already_replayed)} "
+            f"replayed and not failed since, {len(report.conflicts)} refused by a constraint; "
+            f"{len(report.missing)} ids not found."
+        )

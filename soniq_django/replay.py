@@ -1,0 +1,300 @@
+"""Dead-letter replay: put failed jobs back in the queue for another try.
+
+A replay inserts the dead letter's job into ``soniq_jobs`` as ``queued`` --
+same id, same job name, queue, priority and args (passed through unchanged,
+even old stringified datetimes), ``attempts`` 0 and the dead letter's
+``max_attempts`` as a fresh budget, due now -- and, in the same transaction,
+adds one to the dead letter's ``resurrection_count`` and stamps
+``last_resurrection_at``. The dead-letter row stays: it carries the count,
+and when the job fails again the worker's move updates that row and keeps
+it.
+
+Each job is replayed in its own transaction (atomic per job, not per call):
+a failure half-way leaves the jobs before it replayed and the rest
+untouched. Called inside the caller's ``transaction.atomic`` block, each job
+becomes a savepoint and everything commits (or not) with the caller.
+
+The job row is copied by an ``INSERT ... SELECT`` inside the database, so
+``args`` pass through byte for byte (jsonb on PostgreSQL, JSON text on
+SQLite), never re-encoded by Python.
+
+A dead letter is skipped, and reported, when:
+
+- its job id is already in ``soniq_jobs`` (replayed and not finished, or
+  re-enqueued by someone else) -- never two rows for one job;
+- it was replayed and has not failed since (``last_resurrection_at`` is not
+  before ``moved_to_dead_letter_at``): the replayed run may have succeeded
+  and expired, and replaying again would run a finished job a second time.
+  This makes ``replay --all`` safe to repeat.
+
+Owned submissions keep their identity: the new row carries
+``fence_required``, ``submission_id`` and ``submission_fingerprint`` from
+the dead letter, so an exact ``submit_owned`` replay still returns the same
+job id and housekeeping still never deletes it. Its claim generation starts
+at ``resurrection_count * 2**32`` (after the increment), above any
+generation an earlier incarnation of the job can have reached (each adds at
+most one per attempt, and attempts are 32-bit), so no fence from before the
+replay can ever match the new incarnation, even if a worker reused a nonce.
+
+Not carried over (the dead-letter table has no column for them):
+``unique_job``/``args_hash``, ``dedup_key``, ``producer_id``, ``active_key``
+and the original ``scheduled_at``. ``created_at`` is the dead letter's
+``original_created_at``, so the job keeps its enqueue time (the next move to
+the dead letters copies it back).
+
+On PostgreSQL the dead-letter row is locked (``FOR UPDATE``) before the
+checks, so two replays at once cannot both insert the job; the time is read
+with ``clock_timestamp()`` after that lock. Only an INSERT into
+``soniq_jobs`` and an UPDATE of ``soniq_dead_letter_jobs`` are written, and
+neither is subject to the owned-row protection trigger (it guards UPDATE
+and DELETE of ``soniq_jobs``). On SQLite each job holds the write lock.
+"""
+
+import datetime as dt
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
+from django.db.models import Exists, F, OuterRef, Q
+from django.utils import timezone
+
+from .models import DeadLetterJob, Job, JobStatus
+from .owned_store import guarded, take_sqlite_write_lock
+
+# Generations of one incarnation fit below this; each replay starts above it.
+GENERATION_STRIDE = 2**32
+_PAGE = 500
+
+REPLAYED = "replayed"
+LIVE = "live"
+ALREADY_REPLAYED = "already_replayed"
+MISSING = "missing"
+CONFLICT = "conflict"
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """What a replay did (or, with ``dry_run``, would do), by job id.
+
+    ``replayed``: back in ``soniq_jobs`` as queued. ``live``: skipped, the
+    id is already in ``soniq_jobs``. ``already_replayed``: skipped, replayed
+    and not failed since. ``missing``: an id asked for has no dead letter.
+    ``conflicts``: the insert was refused by a constraint (for example the
+    submission id is held by another live row); nothing was written for it.
+    """
+
+    dry_run: bool
+    replayed: tuple[uuid.UUID, ...] = ()
+    live: tuple[uuid.UUID, ...] = ()
+    already_replayed: tuple[uuid.UUID, ...] = ()
+    missing: tuple[uuid.UUID, ...] = ()
+    conflicts: tuple[uuid.UUID, ...] = ()
+
+    @property
+    def skipped(self) -> int:
+        """How many dead letters were looked at and left alone."""
+        return len(self.live) + len(self.already_replayed) + len(self.conflicts)
+
+
+@dataclass
+class _Tally:
+    outcomes: dict[str, list[uuid.UUID]] = field(
+        default_factory=lambda: {k: [] for k in (REPLAYED, LIVE, ALREADY_REPLAYED, MISSING,
+                                                 CONFLICT)}
+    )
+
+    def report(self, dry_run: bool) -> ReplayReport:
+        o = self.outcomes
+        return ReplayReport(
+            dry_run=dry_run, replayed=tuple(o[REPLAYED]), live=tuple(o[LIVE]),
+            already_replayed=tuple(o[ALREADY_REPLAYED]), missing=tuple(o[MISSING]),
+            conflicts=tuple(o[CONFLICT]),
+        )
+
+
+def replay_dead_letters(using: str = DEFAULT_DB_ALIAS, *, ids: Iterable | None = None,
+                        reason: str | None = None, all: bool = False,  # noqa: A002
+                        dry_run: bool = False, now: dt.datetime | None = None) -> ReplayReport:
+    """Re-queue dead-lettered jobs chosen by ``ids``, by ``reason``, or ``all``.
+
+    Exactly one selector must be given. ``dry_run`` classifies without
+    writing or locking. ``now`` replaces the clock for ``scheduled_at`` and
+    ``last_resurrection_at``. Returns a ReplayReport. Raises ValueError for a
+    missing or doubled selector, an id that is not a UUID, an empty reason or
+    a naive ``now``; SoniqError(QUEUE_PERSISTENCE_FAILED) when the database
+    fails (jobs already replayed stay replayed).
+    """
+    selected = _selection(ids, reason, all)
+    if now is not None and (not isinstance(now, dt.datetime) or timezone.is_naive(now)):
+        raise ValueError("now must be an aware datetime")
+    tally = _Tally()
+    if isinstance(selected, list):
+        found = set(_existing(using, selected))
+        tally.outcomes[MISSING].extend(i for i in selected if i not in found)
+        candidates: Iterable[uuid.UUID] = [i for i in selected if i in found]
+    else:
+        candidates = _pages(using, selected)
+    for job_id in candidates:
+        outcome = _classify(using, job_id) if dry_run else _replay_one(using, job_id, now)
+        tally.outcomes[outcome].append(job_id)
+    return tally.report(dry_run)
+
+
+def _selection(ids, reason, all_) -> list[uuid.UUID] | Q:
+    """The chosen ids (deduplicated, in order) or a filter; ValueError unless exactly one."""
+    given = (ids is not None) + (reason is not None) + (all_ is True)
+    if given != 1 or all_ not in (True, False):
+        raise ValueError("give exactly one of ids, reason or all=True")
+    if reason is not None:
+        if type(reason) is not str or not reason:
+            raise ValueError("reason must be a non-empty string")
+        return Q(dead_letter_reason=reason)
+    if all_:
+        return Q()
+    if isinstance(ids, (str, uuid.UUID)):
+        raise ValueError("ids must be a list of job ids")
+    chosen = list(dict.fromkeys(_as_uuid(i) for i in ids))
+    if not chosen:
+        raise ValueError("ids must name at least one job")
+    return chosen
+
+
+def _as_uuid(value) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise ValueError("every id must be a UUID") from None
+
+
+def _existing(using: str, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Which of ``ids`` have a dead letter."""
+    with guarded(using, atomic=False):
+        found = []
+        for start in range(0, len(ids), _PAGE):
+            chunk = ids[start:start + _PAGE]
+            found += DeadLetterJob.objects.using(using).filter(id__in=chunk).values_list(
+                "id", flat=True)
+        return found
+
+
+def _pages(using: str, where: Q) -> Iterator[uuid.UUID]:
+    """Matching dead-letter ids in id order, a page at a time.
+
+    Walking by id means each dead letter is visited once, even if a replayed
+    job fails again (and its row is rewritten) while the walk goes on.
+    """
+    last = None
+    while True:
+        page = DeadLetterJob.objects.using(using).filter(where)
+        if last is not None:
+            page = page.filter(id__gt=last)
+        with guarded(using, atomic=False):
+            chunk = list(page.order_by("id").values_list("id", flat=True)[:_PAGE])
+        yield from chunk
+        if len(chunk) < _PAGE:
+            return
+        last = chunk[-1]
+
+
+def _already_replayed(dead: DeadLetterJob) -> bool:
+    """Replayed, and not back in the dead letters since."""
+    return (
+        dead.last_resurrection_at is not None
+        and dead.last_resurrection_at >= dead.moved_to_dead_letter_at
+    )
+
+
+def _classify(using: str, job_id: uuid.UUID) -> str:
+    """What a replay would do with this dead letter, reading only."""
+    with guarded(using, atomic=False):
+        live = Job.objects.using(using).filter(id=OuterRef("id"))
+        dead = (
+            DeadLetterJob.objects.using(using).filter(id=job_id)
+            .annotate(is_live=Exists(live)).first()
+        )
+    if dead is None:
+        return MISSING
+    if dead.is_live:
+        return LIVE
+    return ALREADY_REPLAYED if _already_replayed(dead) else REPLAYED
+
+
+def _replay_one(using: str, job_id: uuid.UUID, now: dt.datetime | None) -> str:
+    """Replay one dead letter in its own transaction; returns the outcome."""
+    with guarded(using, atomic=True) as connection:
+        if connection.vendor == "sqlite":
+            take_sqlite_write_lock(connection)
+        # Locked first (PostgreSQL): a second replay of this job waits here
+        # and, once we commit, finds the job live.
+        dead = DeadLetterJob.objects.using(using).select_for_update().filter(id=job_id).first()
+        if dead is None:
+            return MISSING
+        if Job.objects.using(using).filter(id=job_id).exists():
+            return LIVE
+        if _already_replayed(dead):
+            return ALREADY_REPLAYED
+        moment = now or _clock(connection)
+        count = dead.resurrection_count + 1
+        try:
+            with transaction.atomic(using=using):
+                _insert_requeued(connection, job_id, count, moment)
+        except IntegrityError:
+            return CONFLICT
+        DeadLetterJob.objects.using(using).filter(id=job_id).update(
+            resurrection_count=F("resurrection_count") + 1, last_resurrection_at=moment
+        )
+        _notify(connection, dead.queue)
+    return REPLAYED
+
+
+# Copy the dead letter into soniq_jobs inside the database, so args (jsonb
+# on PostgreSQL, JSON text on SQLite) pass through byte for byte rather than
+# through a Python round trip that could change a number's spelling.
+_REQUEUE = """
+INSERT INTO {jobs} (
+    id, job_name, args, args_hash, status, attempts, max_attempts, queue, priority,
+    unique_job, dedup_key, scheduled_at, expires_at, last_error, result, producer_id,
+    worker_id, created_at, updated_at, claim_generation, claim_token, claim_owner,
+    lease_expires_at, fence_required, cancel_requested, pid, active_key, submission_id,
+    submission_fingerprint)
+SELECT d.id, d.job_name, d.args, NULL, %s, 0, d.max_attempts, d.queue, d.priority,
+       %s, NULL, %s, NULL, d.last_error, NULL, NULL,
+       NULL, COALESCE(d.original_created_at, %s), %s, %s, NULL, NULL,
+       NULL, d.fence_required, %s, NULL, NULL, d.submission_id,
+       d.submission_fingerprint
+  FROM {dead} AS d
+ WHERE d.id = %s
+"""
+
+
+def _insert_requeued(connection, job_id: uuid.UUID, count: int, moment: dt.datetime) -> None:
+    """Insert the dead letter's job into ``soniq_jobs`` as queued; IntegrityError on a clash."""
+    ops = connection.ops
+    sql = _REQUEUE.format(
+        jobs=ops.quote_name(Job._meta.db_table), dead=ops.quote_name(DeadLetterJob._meta.db_table)
+    )
+    when = Job._meta.get_field("updated_at").get_db_prep_value(moment, connection)
+    pk = Job._meta.pk.get_db_prep_value(job_id, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [
+            JobStatus.QUEUED.value, False, when, when, when, count * GENERATION_STRIDE, False, pk,
+        ])
+
+
+def _clock(connection) -> dt.datetime:
+    """The time now, read after the lock: the database clock on PostgreSQL."""
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def _notify(connection, queue: str) -> None:
+    """Wake idle PostgreSQL workers at commit, as an enqueue does."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify('soniq_new_job', %s)", [queue])
