@@ -214,7 +214,11 @@ def get_job(job_id: uuid.UUID | str, *, using: str | None = None) -> JobInfo | N
     if live is not None:
         return JobInfo(**live, dead_letter_reason=None)
     dead = DeadLetterJob.objects.using(alias).filter(id=job_id).first()
-    if dead is None:
+    if dead is None or (
+        # Replayed since it last failed: the dead letter no longer describes the job.
+        dead.last_resurrection_at is not None
+        and dead.last_resurrection_at >= dead.moved_to_dead_letter_at
+    ):
         return None
     return JobInfo(
         id=dead.id,

@@ -335,3 +335,18 @@ def test_concurrent_unique_enqueues_make_one_job():
     assert errors == []
     assert len(set(results)) == 1
     assert Job.objects.filter(job_name="reports.build").count() == 1
+
+
+def test_get_job_ignores_a_dead_letter_replayed_since_it_failed():
+    job_id = uuid.uuid4()
+    moved = timezone.now() - dt.timedelta(minutes=10)
+    DeadLetterJob.objects.create(
+        id=job_id, job_name="a.b", args={}, dead_letter_reason="permanent_failure",
+        moved_to_dead_letter_at=moved, last_resurrection_at=moved + dt.timedelta(minutes=1),
+        resurrection_count=1,
+    )
+    assert get_job(job_id) is None  # replayed, then finished and expired
+    DeadLetterJob.objects.filter(id=job_id).update(
+        moved_to_dead_letter_at=moved + dt.timedelta(minutes=2)
+    )
+    assert get_job(job_id).status == "dead_letter"  # failed again after the replay

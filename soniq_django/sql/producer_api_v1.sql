@@ -315,8 +315,8 @@ $fn$;
 
 -- soniq_get_job --
 -- One job by id, as producers see it: a dead-lettered job has status
--- 'dead_letter'; an unknown id, or a finished job past expires_at, gives
--- no row.
+-- 'dead_letter'; an unknown id, or a finished job past expires_at (also one
+-- replayed from the dead letters), gives no row.
 CREATE FUNCTION {schema}.soniq_get_job(job_id uuid)
 RETURNS TABLE (
     id uuid, job_name text, status text, queue text, attempts integer,
@@ -341,6 +341,9 @@ AS $fn$
                d.original_created_at, d.moved_to_dead_letter_at
           FROM {schema}.soniq_dead_letter_jobs AS d
          WHERE d.id = $1
+           -- A dead letter replayed since it last failed no longer describes the job.
+           AND (d.last_resurrection_at IS NULL
+                OR d.last_resurrection_at < d.moved_to_dead_letter_at)
       ) AS found
      ORDER BY found.source
      LIMIT 1
