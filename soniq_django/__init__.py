@@ -6,7 +6,7 @@ The public names are imported lazily so that listing ``soniq_django`` in
 
 from importlib import import_module
 
-__all__ = ["args_hash", "bulk_enqueue", "enqueue", "get_job", "job"]
+__all__ = ["args_hash", "bulk_enqueue", "enqueue", "get_job", "job", "periodic"]
 
 _HOMES = {
     "args_hash": "soniq_django.encoding",
@@ -14,6 +14,7 @@ _HOMES = {
     "enqueue": "soniq_django.producer",
     "get_job": "soniq_django.producer",
     "job": "soniq_django.registry",
+    "periodic": "soniq_django.schedules",
 }
 
 

@@ -1,0 +1,61 @@
+import signal
+import threading
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS
+
+from soniq_django.scheduler import Scheduler
+
+
+class Command(BaseCommand):
+    help = (
+        "Enqueue the jobs of soniq_recurring_jobs (and of @periodic code schedules) as they "
+        "fall due. Any number may run at once: each tick is enqueued exactly once."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--database", default=DEFAULT_DB_ALIAS, help="Database alias (default: %(default)s)."
+        )
+        parser.add_argument(
+            "--once", action="store_true", help="Write code schedules, run one tick and exit."
+        )
+        parser.add_argument(
+            "--interval", type=float, default=1.0,
+            help="Seconds between ticks (default: %(default)s).",
+        )
+
+    def handle(self, *args, **options):
+        if not options["interval"] > 0:
+            raise CommandError("--interval must be a positive number of seconds")
+        scheduler = Scheduler(using=options["database"])
+        if options["once"]:
+            scheduler.sync_code_schedules()
+            job_ids = scheduler.run_due()
+            self.stdout.write(f"{len(job_ids)} job(s) enqueued")
+            return
+        stop = threading.Event()
+        with _stop_on_signals(stop):
+            scheduler.run_forever(stop, interval=options["interval"])
+
+
+class _stop_on_signals:
+    """SIGTERM and SIGINT set ``stop`` (the scheduler then exits 0) while this block runs."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, stop: threading.Event):
+        self.stop = stop
+        self.previous = {}
+
+    def __enter__(self):
+        # Handlers can only be installed from the main thread (call_command
+        # may run elsewhere, e.g. in tests); there, signals keep their default.
+        if threading.current_thread() is threading.main_thread():
+            for number in self.SIGNALS:
+                self.previous[number] = signal.signal(number, lambda *_: self.stop.set())
+        return self
+
+    def __exit__(self, *exc_info):
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
