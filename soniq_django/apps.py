@@ -14,3 +14,17 @@ class SoniqConfig(AppConfig):
         # in ``admin``: importing them fills the registry once per process.
         autodiscover_modules("jobs")
         from . import checks  # noqa: F401  (registers the system checks)
+
+        # Django Tasks (``django.tasks`` on Django 6, else the backport): let the
+        # worker run ``@task`` functions whose backend is SoniqTaskBackend.
+        if _tasks_framework_installed():
+            from .registry import register_resolver
+            from .tasks_backend import find_task_handler
+
+            register_resolver(find_task_handler)
+
+
+def _tasks_framework_installed() -> bool:
+    from importlib.util import find_spec
+
+    return find_spec("django.tasks") is not None or find_spec("django_tasks") is not None

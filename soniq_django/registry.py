@@ -22,12 +22,35 @@ from .errors import ErrorCode, SoniqError
 from .job_request import JobRequest, prepare
 
 _registry: dict[str, "JobHandler"] = {}
+_resolvers: list[Callable[[str], Any]] = []
 _UNSET: Any = object()
 
 
 def get_handler(job_name: str) -> "JobHandler | None":
-    """The handler registered under ``job_name`` in this process, or None."""
-    return _registry.get(job_name)
+    """The handler for ``job_name`` in this process, or None.
+
+    A ``@job`` handler wins; otherwise each resolver added with
+    ``register_resolver`` is asked in turn (the Django Tasks backend adds one).
+    """
+    handler = _registry.get(job_name)
+    if handler is not None:
+        return handler
+    for resolver in _resolvers:
+        handler = resolver(job_name)
+        if handler is not None:
+            return handler
+    return None
+
+
+def register_resolver(resolver: Callable[[str], Any]) -> None:
+    """Let ``get_handler`` ask ``resolver(job_name)`` for names no ``@job`` handler has.
+
+    The resolver returns a handler-like object (``name``, ``func``,
+    ``signature``, ``is_async``, ``max_attempts``, ``queue``, ``unique``) or
+    None. Adding the same resolver twice keeps one.
+    """
+    if resolver not in _resolvers:
+        _resolvers.append(resolver)
 
 
 def registered_handlers() -> dict[str, "JobHandler"]:

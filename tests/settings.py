@@ -77,3 +77,13 @@ TEMPLATES = [
 ]
 
 SONIQ = {}
+
+# Django tasks (tests/testapp/tasks.py) run as soniq jobs. "immediate" is a
+# backend of another kind: the worker must refuse to run its tasks.
+TASKS = {
+    "default": {
+        "BACKEND": "soniq_django.tasks_backend.SoniqTaskBackend",
+        "QUEUES": ["default", "tasks"],
+    },
+    "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+}

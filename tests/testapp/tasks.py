@@ -1,0 +1,79 @@
+"""Django tasks the Tasks-backend tests enqueue and run with a real soniq worker.
+
+Each is a module-level ``@task`` of the default TASKS backend
+(SoniqTaskBackend), so its job name is its module path, e.g.
+``tests.testapp.tasks.add``.
+"""
+
+import asyncio
+
+try:  # Django 6
+    from django.tasks import task
+except ImportError:  # the django-tasks backport
+    from django_tasks import task
+
+
+class TaskBoom(Exception):
+    """What ``explode`` raises, so tests can find its class path in the error."""
+
+
+@task()
+def add(a, b, *, scale=1):
+    return (a + b) * scale
+
+
+@task(queue_name="tasks", priority=40)
+def echo(*args, **kwargs):
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task()
+async def async_double(n):
+    await asyncio.sleep(0)
+    return n * 2
+
+
+@task(takes_context=True)
+def with_context(context, label):
+    result = context.task_result
+    return {
+        "label": label,
+        "id": result.id,
+        "attempt": context.attempt,
+        "status": result.status.value,
+        "args": result.args,
+    }
+
+
+@task(takes_context=True)
+async def async_with_context(context, label):
+    return {"label": label, "id": context.task_result.id, "attempt": context.attempt}
+
+
+@task(takes_context=True)
+def flaky(context):
+    """Fails its first attempt, succeeds on the second."""
+    if context.attempt < 2:
+        raise TaskBoom(f"attempt {context.attempt}")
+    return context.attempt
+
+
+@task()
+def explode(message):
+    raise TaskBoom(message)
+
+
+@task(backend="immediate")
+def immediate_only(path):
+    """A task of another backend: the soniq worker must not run it."""
+    return not_a_task(path)
+
+
+def not_a_task(path):
+    """A plain module-level function: a job row naming it must never run it."""
+    with open(path, "w") as handle:
+        handle.write("ran")
+    return "ran"
+
+
+add_alias = add  # the same Task under another name: not its module path
