@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "soniq_django",
     "example_project.shop",
     "tests.testapp",
@@ -60,6 +61,9 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "example_project.urls"
+STATIC_URL = "static/"
+# Tests log users in often; a fast hasher keeps that cheap.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 TEMPLATES = [
     {

@@ -1,0 +1,23 @@
+"""The Django admin for soniq's tables, and the dashboard page.
+
+Jobs and dead letters are read-only: every change goes through a service
+(``operations``, ``replay``) called by an action, never through ``save()``.
+Recurring schedules can be added and edited. ``claim_token`` is never
+loaded, listed, searched or shown: it is the secret half of a claim fence.
+Changelists load only the columns they list, so a page costs the same
+queries with ten rows or a million. See docs/admin.md.
+"""
+
+from django.contrib import admin
+
+from .jobs import DeadLetterJobAdmin, JobAdmin
+from .schedules import RecurringJobAdmin, RecurringJobForm
+from .views import add_dashboard, dashboard_view
+from .workers import TaskRegistrationAdmin, WorkerAdmin
+
+__all__ = [
+    "DeadLetterJobAdmin", "JobAdmin", "RecurringJobAdmin", "RecurringJobForm",
+    "TaskRegistrationAdmin", "WorkerAdmin", "add_dashboard", "dashboard_view",
+]
+
+add_dashboard(admin.site)

@@ -1,0 +1,245 @@
+"""Admins for ``soniq_jobs`` and ``soniq_dead_letter_jobs``: read-only lists, actions."""
+
+import re
+
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.contrib.auth import get_permission_codename
+from django.db import router
+from django.urls import reverse
+from django.utils.html import format_html
+
+from .. import operations, replay
+from ..errors import SoniqError
+from ..models import DeadLetterJob, Job
+from .display import parse_uuid, plural, pre, pretty_json, sentence, when
+
+_SHORT_ID = re.compile(r"[0-9a-f]{8}")
+
+
+class _OnlyListedColumns(ChangeList):
+    """A changelist that loads just the columns its rows show."""
+
+    def get_queryset(self, request, exclude_parameters=None):
+        queryset = super().get_queryset(request, exclude_parameters)
+        return queryset.only(*self.model_admin.list_columns)
+
+
+class _JobRowAdmin(admin.ModelAdmin):
+    """What the job and dead-letter admins share: read-only rows, id search, pretty fields."""
+
+    list_columns: tuple[str, ...] = ()
+    list_per_page = 50
+    show_full_result_count = False  # no COUNT(*) over the whole table on every filter
+    search_help_text = "A job id (whole, or its first 8 characters) or part of a job name."
+
+    def get_changelist(self, request, **kwargs):
+        return _OnlyListedColumns
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False  # shown read-only: rows change only through the actions
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def _has_model_permission(self, request, action: str) -> bool:
+        codename = get_permission_codename(action, self.opts)
+        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+
+    def get_search_results(self, request, queryset, search_term):
+        job_id = parse_uuid(search_term)
+        if job_id is not None:
+            return queryset.filter(id=job_id), False
+        results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip().lower()
+        if _SHORT_ID.fullmatch(term):
+            results |= queryset.filter(id__startswith=term)
+        return results, may_have_duplicates
+
+    @admin.display(description="id", ordering="id")
+    def short_id(self, obj):
+        return format_html('<span title="{}">{}</span>', obj.id, str(obj.id)[:8])
+
+    @admin.display(description="attempts")
+    def attempts_of_max(self, obj):
+        return f"{obj.attempts}/{'-' if obj.max_attempts is None else obj.max_attempts}"
+
+    @admin.display(description="args")
+    def args_pretty(self, obj):
+        return pretty_json(obj.args)
+
+    @admin.display(description="last error")
+    def last_error_pre(self, obj):
+        return pre(obj.last_error)
+
+
+@admin.register(Job)
+class JobAdmin(_JobRowAdmin):
+    list_columns = ("id", "job_name", "queue", "status", "cancel_requested", "attempts",
+                    "max_attempts", "priority", "scheduled_at", "updated_at")
+    list_display = ("short_id", "job_name", "queue", "status_shown", "attempts_of_max",
+                    "priority", "scheduled", "updated")
+    list_filter = ("status", "queue", "job_name")
+    search_fields = ("job_name", "dedup_key")
+    search_help_text = ("A job id (whole, or its first 8 characters), or part of a job name "
+                        "or dedup key.")
+    date_hierarchy = "created_at"
+    ordering = ("-created_at",)
+    actions = ("cancel_selected", "retry_selected_now", "delete_selected_finished")
+    fieldsets = (
+        (None, {"fields": ("id", "job_name", "status_shown", "queue", "priority",
+                           "attempts_of_max", "scheduled_at", "created_at", "updated_at",
+                           "expires_at", "dead_letter_link")}),
+        ("Arguments and outcome", {"fields": ("args_pretty", "result_pretty", "last_error_pre")}),
+        ("Producer and deduplication", {"fields": ("producer_id", "unique_job", "args_hash",
+                                                   "dedup_key")}),
+        ("Claim", {"fields": ("worker_id", "claim_owner", "claim_generation", "lease_expires_at",
+                              "cancel_requested", "pid"),
+                   "description": "The fence's secret claim token is never shown."}),
+        ("Owned submission", {"fields": ("fence_required", "submission_id",
+                                         "submission_fingerprint", "active_key"),
+                              "classes": ("collapse",)}),
+    )
+    readonly_fields = tuple(f for _, options in fieldsets for f in options["fields"])
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("claim_token")
+
+    @admin.display(description="status", ordering="status")
+    def status_shown(self, obj):
+        if obj.status == "processing" and obj.cancel_requested:
+            return "processing (cancel requested)"
+        return obj.get_status_display()
+
+    @admin.display(description="scheduled for", ordering="scheduled_at")
+    def scheduled(self, obj):
+        return when(obj.scheduled_at)
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj):
+        return when(obj.updated_at)
+
+    @admin.display(description="result")
+    def result_pretty(self, obj):
+        return pretty_json(obj.result)
+
+    @admin.display(description="dead letter")
+    def dead_letter_link(self, obj):
+        if not DeadLetterJob.objects.using(self._using(obj)).filter(id=obj.id).exists():
+            return "-"
+        url = reverse("admin:soniq_django_deadletterjob_change", args=[obj.id])
+        return format_html('<a href="{}">this job failed before: its dead letter</a>', url)
+
+    @staticmethod
+    def _using(obj) -> str:
+        return obj._state.db or router.db_for_read(type(obj))
+
+    def has_operate_permission(self, request):
+        return self._has_model_permission(request, "change")
+
+    def has_purge_permission(self, request):
+        return self._has_model_permission(request, "delete")
+
+    @admin.action(description="Cancel selected jobs (running ones are asked to stop)",
+                  permissions=["operate"])
+    def cancel_selected(self, request, queryset):
+        report = operations.cancel_jobs(list(queryset.values_list("id", flat=True)),
+                                        using=queryset.db)
+        self.message_user(request, sentence(
+            f"cancelled {plural(report.cancelled, 'queued job')}" if report.cancelled else "",
+            f"asked {plural(report.requested, 'running job')} to stop" if report.requested
+            else "",
+            f"skipped {report.skipped} already finished" if report.skipped else "",
+        ), messages.SUCCESS if report.cancelled or report.requested else messages.WARNING)
+
+    @admin.action(description="Retry selected jobs now (skip the wait)", permissions=["operate"])
+    def retry_selected_now(self, request, queryset):
+        ids = list(queryset.values_list("id", flat=True))
+        changed = operations.retry_now(ids, using=queryset.db)
+        self.message_user(request, sentence(
+            f"made {plural(changed, 'waiting job')} due now",
+            f"skipped {len(ids) - changed} not queued for later" if len(ids) > changed else "",
+        ), messages.SUCCESS if changed else messages.WARNING)
+
+    @admin.action(description="Delete selected finished jobs (done or cancelled)",
+                  permissions=["purge"])
+    def delete_selected_finished(self, request, queryset):
+        ids = list(queryset.values_list("id", flat=True))
+        deleted = operations.delete_finished(ids, using=queryset.db)
+        self.message_user(request, sentence(
+            f"deleted {plural(deleted, 'finished job')}",
+            f"kept {len(ids) - deleted} that are queued, running or protected owned submissions"
+            if len(ids) > deleted else "",
+        ), messages.SUCCESS if deleted else messages.WARNING)
+
+
+@admin.register(DeadLetterJob)
+class DeadLetterJobAdmin(_JobRowAdmin):
+    list_columns = ("id", "job_name", "queue", "dead_letter_reason", "attempts", "max_attempts",
+                    "resurrection_count", "moved_to_dead_letter_at")
+    list_display = ("short_id", "job_name", "queue", "dead_letter_reason", "attempts_of_max",
+                    "replays", "moved")
+    list_filter = ("dead_letter_reason", "queue", "job_name")
+    search_fields = ("job_name",)
+    date_hierarchy = "moved_to_dead_letter_at"
+    ordering = ("-moved_to_dead_letter_at",)
+    actions = ("replay_selected",)
+    fieldsets = (
+        (None, {"fields": ("id", "job_name", "dead_letter_reason", "queue", "priority",
+                           "attempts_of_max", "original_created_at", "moved_to_dead_letter_at",
+                           "resurrection_count", "last_resurrection_at", "job_link")}),
+        ("Arguments and error", {"fields": ("args_pretty", "tags_pretty", "last_error_pre")}),
+        ("Owned submission", {"fields": ("fence_required", "submission_id",
+                                         "submission_fingerprint"), "classes": ("collapse",)}),
+    )
+    readonly_fields = tuple(f for _, options in fieldsets for f in options["fields"])
+
+    @admin.display(description="replays", ordering="resurrection_count")
+    def replays(self, obj):
+        return obj.resurrection_count
+
+    @admin.display(description="dead-lettered", ordering="moved_to_dead_letter_at")
+    def moved(self, obj):
+        return when(obj.moved_to_dead_letter_at)
+
+    @admin.display(description="tags")
+    def tags_pretty(self, obj):
+        return pretty_json(obj.tags)
+
+    @admin.display(description="job in the queue")
+    def job_link(self, obj):
+        using = obj._state.db or router.db_for_read(Job)
+        if not Job.objects.using(using).filter(id=obj.id).exists():
+            return "-"
+        url = reverse("admin:soniq_django_job_change", args=[obj.id])
+        return format_html('<a href="{}">replayed: the job is in soniq_jobs again</a>', url)
+
+    def has_replay_permission(self, request):
+        return self._has_model_permission(request, "change")
+
+    @admin.action(description="Replay selected dead letters (queue them again)",
+                  permissions=["replay"])
+    def replay_selected(self, request, queryset):
+        try:
+            report = replay.replay_dead_letters(
+                queryset.db, ids=list(queryset.values_list("id", flat=True)))
+        except SoniqError as error:
+            self.message_user(request, f"Replay stopped: {error.reason}. Dead letters replayed "
+                                       "before the failure stay replayed.", messages.ERROR)
+            return
+        skipped = [
+            f"{len(report.live)} already in the queue" if report.live else "",
+            f"{len(report.already_replayed)} replayed and not failed since"
+            if report.already_replayed else "",
+            f"{len(report.conflicts)} refused by a conflicting live job"
+            if report.conflicts else "",
+            f"{len(report.missing)} no longer dead-lettered" if report.missing else "",
+        ]
+        message = f"Replayed {plural(len(report.replayed), 'dead letter')} into the queue."
+        if any(skipped):
+            message += " Skipped: " + "; ".join(s for s in skipped if s) + "."
+        self.message_user(request, message,
+                          messages.SUCCESS if report.replayed else messages.WARNING)

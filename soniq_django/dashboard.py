@@ -1,0 +1,286 @@
+"""What the admin dashboard shows, as plain data.
+
+``snapshot()`` reads the queues in a fixed number of queries (seven, however
+many jobs there are) and returns frozen values; ``chart()`` turns the last
+hour's throughput into the geometry of an SVG bar chart, so the template
+only draws. Nothing here writes.
+"""
+
+import datetime as dt
+from dataclasses import dataclass
+
+from django.db import DEFAULT_DB_ALIAS
+from django.db.models import Count, Min, Q
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from .conf import soniq_settings
+from .models import DeadLetterJob, Job, JobStatus, Worker, WorkerState
+from .stats import minute_of, per_minute
+
+DEAD_LETTER = "dead_letter"
+STATUS_COLUMNS = (*JobStatus.values, DEAD_LETTER)
+"""The table's columns: the four job states, then the dead letters."""
+CHART_KINDS = ("done", "failed", "dead_lettered", "cancelled")
+"""Outcomes stacked in each bar, bottom first (``failed`` = an attempt that will be retried)."""
+LABELS = {
+    "queued": "Queued", "processing": "Processing", "done": "Done", "cancelled": "Cancelled",
+    DEAD_LETTER: "Dead letter", "failed": "Failed", "dead_lettered": "Dead-lettered",
+}
+WINDOW_MINUTES = 60
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One queue: how many jobs in each column, and how long its oldest due job has waited."""
+
+    queue: str
+    cells: tuple[tuple[str, int], ...]  # (status, count) in STATUS_COLUMNS order
+    waiting_since: dt.datetime | None
+    oldest_wait: dt.timedelta | None
+
+    @property
+    def oldest_wait_text(self) -> str:
+        return "-" if self.oldest_wait is None else duration_text(self.oldest_wait)
+
+
+@dataclass(frozen=True)
+class LiveWorker:
+    """A worker whose heartbeat is recent."""
+
+    id: str
+    hostname: str
+    pid: int
+    queues: tuple[str, ...] | None  # None: every queue
+    concurrency: int
+    status: str
+    started_at: dt.datetime
+    last_heartbeat_at: dt.datetime
+    heard_ago: dt.timedelta
+
+    @property
+    def heard_ago_text(self) -> str:
+        return duration_text(self.heard_ago)
+
+
+@dataclass(frozen=True)
+class MinuteCount:
+    """Jobs finished in one minute, by outcome (KINDS of soniq_django.stats)."""
+
+    minute: dt.datetime
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.get(kind, 0) for kind in CHART_KINDS)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: dt.datetime
+    queues: tuple[QueueRow, ...]
+    totals: tuple[tuple[str, int], ...]  # (status, count) over all queues
+    dead_letters_by_reason: tuple[tuple[str, int], ...]
+    live_workers: tuple[LiveWorker, ...]
+    silent_workers: int  # not stopped, but no heartbeat within the live window
+    live_window: dt.timedelta
+    throughput: tuple[MinuteCount, ...]  # WINDOW_MINUTES minutes, oldest first
+
+
+def duration_text(span: dt.timedelta) -> str:
+    """``span`` the way people say it: "45 s", "3 min 12 s", "2 h 5 min", "3 d 4 h"."""
+    seconds = max(int(span.total_seconds()), 0)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min {seconds} s"
+    return f"{seconds} s"
+
+
+def live_window() -> dt.timedelta:
+    """How recent a heartbeat must be for a worker to count as live.
+
+    Three heartbeats, but never less than a minute: a worker busy with a
+    slow database must not flicker in and out.
+    """
+    return dt.timedelta(seconds=max(3 * float(soniq_settings.HEARTBEAT_SECONDS), 60.0))
+
+
+def snapshot(using: str = DEFAULT_DB_ALIAS, now: dt.datetime | None = None) -> Snapshot:
+    """Read the dashboard's numbers from database ``using``; returns a Snapshot."""
+    now = now or timezone.now()
+    counts = _counts(using)
+    waiting = _oldest_due(using, now)
+    queues = tuple(
+        QueueRow(
+            queue=name,
+            cells=tuple((status, counts[name].get(status, 0)) for status in STATUS_COLUMNS),
+            waiting_since=waiting.get(name),
+            oldest_wait=(now - waiting[name]) if name in waiting else None,
+        )
+        for name in sorted(counts)
+    )
+    totals = tuple(
+        (status, sum(per_queue.get(status, 0) for per_queue in counts.values()))
+        for status in STATUS_COLUMNS
+    )
+    reasons = (
+        DeadLetterJob.objects.using(using).values_list("dead_letter_reason")
+        .annotate(n=Count("id")).order_by("-n", "dead_letter_reason")
+    )
+    window = live_window()
+    live, silent = _workers(using, now, window)
+    return Snapshot(
+        now=now, queues=queues, totals=totals, dead_letters_by_reason=tuple(reasons),
+        live_workers=live, silent_workers=silent, live_window=window,
+        throughput=_throughput(using, now),
+    )
+
+
+def _counts(using: str) -> dict[str, dict[str, int]]:
+    """{queue: {status: count}}, dead letters included (two GROUP BY queries)."""
+    counts: dict[str, dict[str, int]] = {}
+    rows = Job.objects.using(using).values_list("queue", "status").annotate(n=Count("id"))
+    for queue, status, n in rows.order_by():
+        counts.setdefault(queue, {})[status] = n
+    dead = DeadLetterJob.objects.using(using).values_list("queue").annotate(n=Count("id"))
+    for queue, n in dead.order_by():
+        counts.setdefault(queue, {})[DEAD_LETTER] = n
+    return counts
+
+
+def _oldest_due(using: str, now: dt.datetime) -> dict[str, dt.datetime]:
+    """{queue: since when its longest-waiting due job has been runnable}.
+
+    A job queued for later (``run_at``, a retry's backoff) is not waiting
+    yet, so it is left out; a due job has waited since it became due
+    (``scheduled_at``) or was enqueued, whichever is later.
+    """
+    due = Job.objects.using(using).filter(
+        Q(scheduled_at__isnull=True) | Q(scheduled_at__lte=now), status=JobStatus.QUEUED
+    )
+    # Both arguments of GREATEST are non-null: SQLite's max() would return
+    # NULL for a NULL argument where PostgreSQL's GREATEST skips it.
+    became_due = Greatest(Coalesce("scheduled_at", "created_at"), "created_at")
+    rows = due.values_list("queue").annotate(since=Min(became_due))
+    return dict(rows.order_by())
+
+
+def _workers(using: str, now: dt.datetime, window: dt.timedelta
+             ) -> tuple[tuple[LiveWorker, ...], int]:
+    """Live workers (by host and pid) and how many others are not stopped yet silent."""
+    heard_after = now - window
+    running = Worker.objects.using(using).exclude(status=WorkerState.STOPPED)
+    live = tuple(
+        LiveWorker(
+            id=str(worker.id), hostname=worker.hostname, pid=worker.pid,
+            queues=tuple(worker.queues) if isinstance(worker.queues, list) else None,
+            concurrency=worker.concurrency, status=worker.status,
+            started_at=worker.started_at, last_heartbeat_at=worker.last_heartbeat_at,
+            heard_ago=max(now - worker.last_heartbeat_at, dt.timedelta(0)),
+        )
+        for worker in running.filter(last_heartbeat_at__gte=heard_after)
+        .order_by("hostname", "pid")
+    )
+    silent = running.filter(last_heartbeat_at__lt=heard_after).count()
+    return live, silent
+
+
+def _throughput(using: str, now: dt.datetime) -> tuple[MinuteCount, ...]:
+    """The last WINDOW_MINUTES minutes (this one included), zeros where nothing finished."""
+    last = minute_of(now)
+    first = last - dt.timedelta(minutes=WINDOW_MINUTES - 1)
+    totals = per_minute(using, first)
+    return tuple(
+        MinuteCount(minute, dict(totals.get(minute, {})))
+        for minute in (first + dt.timedelta(minutes=i) for i in range(WINDOW_MINUTES))
+    )
+
+
+# -- the chart -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Segment:
+    kind: str
+    count: int
+    y: float
+    height: float
+
+
+@dataclass(frozen=True)
+class Bar:
+    x: float
+    width: float
+    title: str  # shown by the browser on hover, no script needed
+    segments: tuple[Segment, ...]
+
+
+@dataclass(frozen=True)
+class Tick:
+    label: str
+    x: float
+    y: float
+
+
+@dataclass(frozen=True)
+class Chart:
+    width: int
+    height: int
+    left: int
+    top: int
+    middle: float  # y of the plot's middle, where the y axis is titled
+    bottom: float  # y of the x axis
+    right: float  # x where the plot ends
+    plot_height: float
+    bars: tuple[Bar, ...]
+    y_ticks: tuple[Tick, ...]
+    x_ticks: tuple[Tick, ...]
+    peak: int  # the value the top of the y axis stands for
+    empty: bool
+
+
+def chart(minutes: tuple[MinuteCount, ...], *, width: int = 720, height: int = 220) -> Chart:
+    """Lay out stacked bars, one per minute, with labelled axes (SVG user units)."""
+    left, top, right_margin, bottom_margin = 52, 10, 10, 28
+    plot_w, plot_h = width - left - right_margin, height - top - bottom_margin
+    base = top + plot_h
+    peak = _nice_ceiling(max((m.total for m in minutes), default=0))
+    slot = plot_w / max(len(minutes), 1)
+    bars = []
+    for i, minute in enumerate(minutes):
+        y, segments = float(base), []
+        for kind in CHART_KINDS:
+            count = minute.counts.get(kind, 0)
+            if count:
+                h = plot_h * count / peak
+                y -= h
+                segments.append(Segment(kind, count, round(y, 2), round(h, 2)))
+        label = timezone.localtime(minute.minute).strftime("%H:%M")
+        detail = ", ".join(f"{kind.replace('_', ' ')} {minute.counts.get(kind, 0)}"
+                           for kind in CHART_KINDS)
+        bars.append(Bar(round(left + i * slot + slot * 0.1, 2), round(slot * 0.8, 2),
+                        f"{label}: {detail}", tuple(segments)))
+    y_ticks = tuple(
+        Tick(str(peak * step // 4), left - 6, round(base - plot_h * step / 4, 2))
+        for step in range(5)
+    )
+    x_ticks = tuple(
+        Tick(timezone.localtime(m.minute).strftime("%H:%M"), round(left + (i + 0.5) * slot, 2),
+             height - 8)
+        for i, m in enumerate(minutes) if i % 10 == 0 or i == len(minutes) - 1
+    )
+    return Chart(width, height, left, top, top + plot_h / 2, base, left + plot_w, plot_h,
+                 tuple(bars), y_ticks, x_ticks, peak, empty=not any(m.total for m in minutes))
+
+
+def _nice_ceiling(value: int) -> int:
+    """The smallest of 4, 8, 20, 40, 80, 200, … at least ``value``: quarters stay whole."""
+    ceiling = 4
+    while ceiling < value:
+        ceiling = ceiling * 2 if str(ceiling)[0] in "24" else ceiling * 5 // 2
+    return ceiling
