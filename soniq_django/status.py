@@ -1,40 +1,19 @@
-"""A summary of the queues for ``manage.py soniq_status`` (and anyone else)."""
+"""A summary of the queues for ``manage.py soniq_status``: the dashboard's numbers as plain data."""
 
-import datetime as dt
+from .dashboard import STATUS_COLUMNS, snapshot
 
-from django.db.models import Count, Min
-from django.utils import timezone
-
-from .models import DeadLetterJob, Job, JobStatus, Worker, WorkerState
-
-STATUSES = [*JobStatus.values, "dead_letter"]
+STATUSES = list(STATUS_COLUMNS)
 
 
 def queue_summary(using: str = "default") -> dict:
-    """Counts per queue and status, oldest queued age, dead letters by reason, live workers."""
-    queues: dict[str, dict] = {}
-    for row in Job.objects.using(using).values("queue", "status").annotate(n=Count("id")):
-        queues.setdefault(row["queue"], dict.fromkeys(STATUSES, 0))[row["status"]] = row["n"]
-    for row in DeadLetterJob.objects.using(using).values("queue").annotate(n=Count("id")):
-        queues.setdefault(row["queue"], dict.fromkeys(STATUSES, 0))["dead_letter"] = row["n"]
-    now = timezone.now()
-    oldest = {
-        row["queue"]: (now - row["oldest"]).total_seconds()
-        for row in Job.objects.using(using).filter(status=JobStatus.QUEUED)
-        .values("queue").annotate(oldest=Min("created_at"))
-    }
-    reasons = {
-        row["dead_letter_reason"]: row["n"]
-        for row in DeadLetterJob.objects.using(using).values("dead_letter_reason")
-        .annotate(n=Count("id"))
-    }
-    recent = now - dt.timedelta(seconds=60)
-    workers = Worker.objects.using(using).filter(
-        status__in=[WorkerState.RUNNING, WorkerState.STOPPING], last_heartbeat_at__gte=recent
-    ).count()
+    """Counts per queue and status, oldest due job's wait, dead letters by reason, live workers."""
+    view = snapshot(using)
     return {
-        "queues": {name: queues[name] for name in sorted(queues)},
-        "oldest_queued_seconds": {name: round(oldest[name], 3) for name in sorted(oldest)},
-        "dead_letters_by_reason": dict(sorted(reasons.items())),
-        "live_workers": workers,
+        "queues": {row.queue: dict(row.cells) for row in view.queues},
+        "oldest_queued_seconds": {
+            row.queue: round(row.oldest_wait.total_seconds(), 3)
+            for row in view.queues if row.oldest_wait is not None
+        },
+        "dead_letters_by_reason": dict(view.dead_letters_by_reason),
+        "live_workers": len(view.live_workers),
     }
