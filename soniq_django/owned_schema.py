@@ -3,9 +3,20 @@
 The columns are additive: format-1 readers ignore them, and every row keeps
 being a valid format-1 row. Genuine old rows start with generation 0, no
 token and no submission identity.
+
+Adding is preceded by the admission checks (``soniq_django.admission``) and
+adopts what already exists in a compatible form. Removing is the controlled
+downgrade: lock, then refuse while anything is still protected, then drop.
 """
 
 from dataclasses import dataclass
+
+from django.core.management import call_command
+from django.db import connections, transaction
+from django.db.migrations.recorder import MigrationRecorder
+
+from . import schema_catalog
+from .errors import ErrorCode, SoniqError
 
 
 @dataclass(frozen=True)
@@ -16,6 +27,7 @@ class OwnedColumn:
     not_null_default: str | None = None  # SQL literal for NOT NULL DEFAULT columns
 
     def ddl(self, vendor: str) -> str:
+        """The column definition, as ``ALTER TABLE … ADD COLUMN`` takes it on ``vendor``."""
         types = {
             "varchar": "varchar(255)",
             "bigint": "bigint",
@@ -23,9 +35,10 @@ class OwnedColumn:
             "integer": "integer",
             "timestamp": "timestamp with time zone" if vendor == "postgresql" else "datetime",
         }
-        suffix = " NULL" if self.not_null_default is None else (
-            f" NOT NULL DEFAULT {self.not_null_default}"
-        )
+        default = self.not_null_default
+        if default is not None and vendor != "postgresql":
+            default = {"false": "0", "true": "1"}.get(default, default)  # SQLite booleans
+        suffix = " NULL" if default is None else f" NOT NULL DEFAULT {default}"
         return f'"{self.name}" {types[self.kind]}{suffix}'
 
 
@@ -53,29 +66,57 @@ OWNED_INDEXES = (
     ("soniq_dlq_submission_id_key", "soniq_dead_letter_jobs", 'UNIQUE ("submission_id")'),
 )
 
+#: (table, column, name): each identity column needs one exact, full, unique index.
+UNIQUE_IDENTITIES = tuple(
+    (table, definition.removeprefix('UNIQUE ("').removesuffix('")'), name)
+    for name, table, definition in OWNED_INDEXES
+)
 
-def _sqlite_bool(literal: str) -> str:
-    return {"false": "0", "true": "1"}.get(literal, literal)
+#: (table, name) of the other objects 0003 creates. These are never adopted:
+#: one that already exists under the name refuses admission.
+OWNED_HELPERS = (
+    ("soniq_jobs", "soniq_jobs_active_key_live"),
+    ("soniq_jobs", "soniq_jobs_lease_idx"),
+)
+PG_OWNED_HELPERS = (("soniq_jobs", "soniq_jobs_generation_not_negative"),)
+
+#: The migration that adds the owned metadata, as Django records it.
+OWNED_MIGRATION = ("soniq_django", "0003_owned_queue")
+
+#: The tables that hold protected submissions; the downgrade locks both.
+PROTECTED_TABLES = ("soniq_jobs", "soniq_dead_letter_jobs")
+
+
+def owned_schema_applied(connection) -> bool:
+    """Whether Django records migration 0003 as applied on ``connection``."""
+    recorder = MigrationRecorder(connection)
+    return recorder.has_table() and OWNED_MIGRATION in recorder.applied_migrations()
+
+
+# --------------------------------------------------------------------------
+# Forwards
 
 
 def add_owned_schema(connection) -> None:
-    """Add the owned columns, unique indexes, partial indexes and checks."""
-    vendor = connection.vendor
+    """Add the owned columns, unique indexes, partial indexes and checks that are missing.
+
+    A column or an identity index that already exists is adopted as it is:
+    call this only after ``admit_owned_schema`` has judged it compatible.
+    """
+    vendor, quote = connection.vendor, connection.ops.quote_name
     with connection.cursor() as cursor:
         for column in OWNED_COLUMNS:
-            ddl = column.ddl(vendor)
-            if vendor != "postgresql" and column.not_null_default is not None:
-                ddl = ddl.replace(
-                    f"DEFAULT {column.not_null_default}",
-                    f"DEFAULT {_sqlite_bool(column.not_null_default)}",
-                )
-            cursor.execute(f'ALTER TABLE "{column.table}" ADD COLUMN {ddl}')
-        for name, table, definition in OWNED_INDEXES:
+            if schema_catalog.column_facts(connection, column.table, column.name) is None:
+                cursor.execute(f"ALTER TABLE {quote(column.table)} ADD COLUMN {column.ddl(vendor)}")
+        for table, column_name, name in UNIQUE_IDENTITIES:
+            if schema_catalog.indexes_on(connection, table, column_name):
+                continue  # admitted, hence exact: adopt it under its own name
             if vendor == "postgresql":
-                cursor.execute(f'ALTER TABLE "{table}" ADD CONSTRAINT "{name}" {definition}')
+                cursor.execute(f"ALTER TABLE {quote(table)} ADD CONSTRAINT {quote(name)} "
+                               f"UNIQUE ({quote(column_name)})")
             else:
-                columns = definition.removeprefix("UNIQUE ")
-                cursor.execute(f'CREATE UNIQUE INDEX "{name}" ON "{table}" {columns}')
+                cursor.execute(f"CREATE UNIQUE INDEX {quote(name)} ON {quote(table)} "
+                               f"({quote(column_name)})")
         cursor.execute(
             'CREATE UNIQUE INDEX "soniq_jobs_active_key_live" ON "soniq_jobs" ("active_key") '
             "WHERE \"status\" IN ('queued', 'processing') AND \"active_key\" IS NOT NULL"
@@ -92,22 +133,143 @@ def add_owned_schema(connection) -> None:
 
 
 def migrate_forward(apps, schema_editor) -> None:
-    """Migration 0003 forwards: add the owned metadata."""
+    """Migration 0003 forwards: admit what exists, then add the owned metadata.
+
+    Raises ``SchemaAdmissionError`` before any change when what exists is
+    incompatible.
+    """
+    # Imported here: admission reads this module's column table.
+    from .admission import admit_owned_schema
+
+    admit_owned_schema(schema_editor.connection, applied=False)
     add_owned_schema(schema_editor.connection)
 
 
+# --------------------------------------------------------------------------
+# Backwards: the controlled downgrade
+
+
+@dataclass(frozen=True)
+class Retained:
+    """What still stands in the way of a downgrade, as counts (never ids)."""
+
+    protected_jobs: int
+    protected_dead_letters: int
+    active_claims: int
+
+    def __bool__(self) -> bool:
+        return bool(self.protected_jobs or self.protected_dead_letters or self.active_claims)
+
+
+class DowngradeRefused(SoniqError):
+    """Protected submissions or live owned claims remain; nothing was changed.
+
+    ``code`` is ``QUEUE_SUBMISSION_CONFLICT``; ``retained`` holds the counts.
+    The reason names counts and tables only, never ids, tokens or payloads.
+    """
+
+    def __init__(self, retained: Retained):
+        self.retained = retained
+        super().__init__(
+            ErrorCode.QUEUE_SUBMISSION_CONFLICT,
+            f"downgrade refused: protected submissions in soniq_jobs {retained.protected_jobs}, "
+            f"in soniq_dead_letter_jobs {retained.protected_dead_letters}; active owned claims "
+            f"{retained.active_claims}. Retire or finish them first.",
+        )
+
+
+def lock_owned_tables(connection) -> None:
+    """Keep every other writer out of the job tables until the transaction ends.
+
+    Call inside a transaction. PostgreSQL: an ACCESS EXCLUSIVE table lock.
+    SQLite: a write that changes nothing, which takes the database's write
+    lock even when the transaction began deferred.
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("LOCK TABLE soniq_jobs, soniq_dead_letter_jobs IN ACCESS EXCLUSIVE MODE")
+        else:
+            cursor.execute('UPDATE "soniq_jobs" SET "id" = "id" WHERE 0')
+
+
+def retained_protection(connection) -> Retained:
+    """Count protected submissions (both tables) and live claims that hold a token."""
+    with connection.cursor() as cursor:
+        counts = []
+        for table in PROTECTED_TABLES:
+            cursor.execute(f'SELECT count(*) FROM "{table}" '
+                           'WHERE "submission_id" IS NOT NULL OR "fence_required"')
+            counts.append(cursor.fetchone()[0])
+        # Owned claims of legacy rows count too: they hold a token, not a submission.
+        cursor.execute('SELECT count(*) FROM "soniq_jobs" '
+                       "WHERE \"status\" = 'processing' AND \"claim_token\" IS NOT NULL")
+        counts.append(cursor.fetchone()[0])
+    return Retained(*counts)
+
+
+def lock_and_refuse_if_protected(connection) -> None:
+    """Lock the job tables, then raise ``DowngradeRefused`` if anything is protected."""
+    lock_owned_tables(connection)  # first: a writer racing the check must finish before it
+    retained = retained_protection(connection)
+    if retained:
+        raise DowngradeRefused(retained)
+
+
+def controlled_downgrade(connection) -> None:
+    """Remove the owned metadata, leaving the format-1 schema; the reverse of 0003.
+
+    Raises ``DowngradeRefused`` (and changes nothing) while a protected
+    submission is retained or a claim with a token is active.
+    """
+    with transaction.atomic(using=connection.alias):
+        lock_and_refuse_if_protected(connection)
+        drop_owned_schema(connection)
+
+
 def migrate_backward(apps, schema_editor) -> None:
-    """Migration 0003 backwards: remove the owned metadata."""
-    drop_owned_schema(schema_editor.connection)
+    """Migration 0003 backwards: the controlled downgrade."""
+    controlled_downgrade(schema_editor.connection)
 
 
 def drop_owned_schema(connection) -> None:
-    """Drop every owned column and index, leaving the format-1 schema."""
+    """Drop every owned column that exists, with every index that uses one."""
+    quote = connection.ops.quote_name
     with connection.cursor() as cursor:
-        for name in ("soniq_jobs_active_key_live", "soniq_jobs_lease_idx"):
-            cursor.execute(f'DROP INDEX IF EXISTS "{name}"')
-        if connection.vendor != "postgresql":
-            for name, _table, _definition in OWNED_INDEXES:
-                cursor.execute(f'DROP INDEX IF EXISTS "{name}"')
+        for _table, name in OWNED_HELPERS:
+            cursor.execute(f"DROP INDEX IF EXISTS {quote(name)}")
         for column in reversed(OWNED_COLUMNS):
-            cursor.execute(f'ALTER TABLE "{column.table}" DROP COLUMN "{column.name}"')
+            if schema_catalog.column_facts(connection, column.table, column.name) is None:
+                continue
+            if connection.vendor != "postgresql":
+                # SQLite refuses to drop an indexed column; PostgreSQL drops the
+                # column's indexes and constraints with it.
+                for index in schema_catalog.indexes_on(connection, column.table, column.name):
+                    cursor.execute(f"DROP INDEX IF EXISTS {quote(index.name)}")
+            cursor.execute(f"ALTER TABLE {quote(column.table)} DROP COLUMN {quote(column.name)}")
+
+
+def downgrade_to_format1(using: str = "default") -> bool:
+    """Unapply migration 0003 (and whatever soniq migration sits above it) in one transaction.
+
+    The lock is taken and the check made before any migration is reversed,
+    and everything rolls back together on refusal. Returns False when 0003
+    is not applied (nothing to do), True after the downgrade. Raises
+    ``DowngradeRefused``.
+    """
+    connection = connections[using]
+    if not owned_schema_applied(connection):
+        return False
+    # SQLite's schema editor needs foreign-key checks off, which SQLite only
+    # allows outside a transaction.
+    sqlite = connection.vendor == "sqlite"
+    if sqlite:
+        connection.disable_constraint_checking()
+    try:
+        with transaction.atomic(using=using):
+            lock_and_refuse_if_protected(connection)
+            call_command("migrate", OWNED_MIGRATION[0], "0002", database=using,
+                         interactive=False, verbosity=0)
+    finally:
+        if sqlite:
+            connection.enable_constraint_checking()
+    return True

@@ -1,0 +1,25 @@
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from soniq_django.admission import check_report
+
+
+class Command(BaseCommand):
+    help = (
+        "Check the owned-queue schema (migration 0003) against the admission rules: before "
+        "0003, what already exists; after it, that everything is exactly as required."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--database", default=DEFAULT_DB_ALIAS, help="Database alias (default: %(default)s)."
+        )
+
+    def handle(self, *args, **options):
+        lines, problems = check_report(connections[options["database"]])
+        for line in lines:
+            self.stdout.write(line)
+        if problems:
+            raise CommandError(
+                f"{len(problems)} problem(s):\n" + "\n".join(p.message for p in problems)
+            )

@@ -1,0 +1,47 @@
+from datetime import timedelta
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS
+
+from soniq_django.retirement import count_retirable, cutoff_for, retire_submissions
+
+
+class Command(BaseCommand):
+    help = (
+        "Retire the identity of protected owned submissions on terminal rows (done, cancelled, "
+        "dead letters) last changed more than DAYS ago. A dry run unless --confirm is given."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--older-than", type=int, required=True, metavar="DAYS",
+                            help="Only rows last changed more than DAYS days ago.")
+        parser.add_argument("--confirm", action="store_true",
+                            help="Retire them; without it, only count what would be retired.")
+        parser.add_argument(
+            "--database", default=DEFAULT_DB_ALIAS, help="Database alias (default: %(default)s)."
+        )
+
+    def handle(self, *args, **options):
+        try:
+            cutoff = cutoff_for(timedelta(days=options["older_than"]))
+        except ValueError as error:
+            raise CommandError(f"--older-than: {error}") from None
+        using = options["database"]
+        self.stdout.write(f"cut-off: last changed before {cutoff:%Y-%m-%d %H:%M:%S} UTC")
+        if not options["confirm"]:
+            for group in count_retirable(cutoff, using=using):
+                verdict = "would be retired" if group.eligible else "live, never retired"
+                self.stdout.write(f"{group.table} {group.status}: {group.rows} {verdict}")
+            self.stdout.write("dry run: nothing changed; add --confirm to retire")
+            return
+        for group in retire_submissions(cutoff, using=using, progress=self._progress):
+            self.stdout.write(f"{group.table} {group.status}: {group.rows} retired")
+
+    def _progress(self, table, status, done, total):
+        # A terminal gets one line rewritten in place; a pipe or file gets plain lines.
+        if self.stdout.isatty():
+            self.stdout.write(f"\r{table} {status}: {done}/{total}", ending="")
+            if done >= total:
+                self.stdout.write("")
+        else:
+            self.stdout.write(f"{table} {status}: {done}/{total}")
