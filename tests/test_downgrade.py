@@ -129,7 +129,13 @@ def test_the_migration_reverse_refuses_too(at_latest_afterwards):
     assert refused.value.code == ErrorCode.QUEUE_SUBMISSION_CONFLICT
     assert refused.value.retained.protected_jobs == 1
     assert "0003_owned_queue" in applied_soniq_migrations()
+    # 0004's reverse refuses first too, so the protection trigger survives.
+    assert "0004_claim_protocol" in applied_soniq_migrations()
     assert owned_schema_applied(connection)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'soniq_protect_owned'")
+            assert cursor.fetchone() == (1,)
 
 
 def test_retiring_then_downgrading_succeeds(at_latest_afterwards):
