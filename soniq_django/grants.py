@@ -12,6 +12,15 @@ PRODUCER_FUNCTIONS = (
 )
 
 
+def _quote_identifier(name: str) -> str:
+    """``name`` as a PostgreSQL quoted identifier, embedded double quotes doubled.
+
+    (Django's ``quote_name`` does not escape them, so a role name holding a
+    ``"`` would end the identifier early and the rest would run as SQL.)
+    """
+    return '"' + name.replace('"', '""') + '"'
+
+
 def grant_producer(role: str, *, using: str = "default") -> list[str]:
     """Grant ``role`` USAGE on the soniq schema and EXECUTE on the producer functions.
 
@@ -22,9 +31,8 @@ def grant_producer(role: str, *, using: str = "default") -> list[str]:
     connection = connections[using]
     if connection.vendor != "postgresql":
         raise ValueError("the SQL API exists on PostgreSQL only")
-    quote = connection.ops.quote_name
-    schema = quote(table_schema(connection))
-    grantee = quote(role)
+    schema = _quote_identifier(table_schema(connection))
+    grantee = _quote_identifier(role)
     statements = [f"GRANT USAGE ON SCHEMA {schema} TO {grantee}"] + [
         f"GRANT EXECUTE ON FUNCTION {schema}.{function} TO {grantee}"
         for function in PRODUCER_FUNCTIONS

@@ -1,0 +1,83 @@
+"""The migrations that install the SQL files: each file loaded once; reversible."""
+
+import collections
+import io
+
+import pytest
+from django.core.management import call_command
+from django.db import migrations
+from django.db.migrations.loader import MigrationLoader
+
+from soniq_django.sql import SQL_DIR
+
+from .test_sql_support import PUBLIC_FUNCTIONS, Roles, fetch, producer_api_functions
+
+pytestmark = [pytest.mark.postgresql_only]
+
+
+def _run_python_callables(operations):
+    for operation in operations:
+        if isinstance(operation, migrations.SeparateDatabaseAndState):
+            yield from _run_python_callables(operation.database_operations)
+        elif isinstance(operation, migrations.RunPython):
+            yield operation.code
+            if operation.reverse_code is not None:
+                yield operation.reverse_code
+
+
+def test_every_sql_file_is_loaded_by_exactly_one_migration():
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    loaded = collections.Counter()
+    for (app, _name), migration in loader.disk_migrations.items():
+        if app != "soniq_django":
+            continue
+        for function in _run_python_callables(migration.operations):
+            if hasattr(function, "sql_file"):
+                loaded[function.sql_file] += 1
+    on_disk = {path.relative_to(SQL_DIR).as_posix() for path in SQL_DIR.rglob("*.sql")}
+    assert {"producer_api_v1.sql", "producer_api_v1.down.sql"} <= on_disk
+    assert set(loaded) == on_disk
+    assert {name: count for name, count in loaded.items() if count != 1} == {}
+
+
+def _installed() -> dict[str, bool]:
+    """The producer API functions present in the soniq schema -> whether PUBLIC may run them."""
+    rows = fetch(
+        "SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') FROM pg_proc AS p "
+        "WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = ANY(%s)",
+        [producer_api_functions()],
+    )
+    return dict(rows)
+
+
+def _may_enqueue(role) -> bool:
+    return fetch("SELECT has_function_privilege(%s, 'soniq_enqueue'::regproc, 'EXECUTE')",
+                 [role])[0][0]
+
+
+@pytest.fixture
+def roles():
+    made = Roles()
+    yield made
+    made.drop_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_the_migration_drops_the_functions_and_reapplying_creates_them(roles):
+    names = producer_api_functions()
+    assert _installed() == dict.fromkeys(names, False)
+    producer = roles.create("soniq_producer")
+    call_command("soniq_grant", producer, stdout=io.StringIO())
+    assert _may_enqueue(producer)
+    try:
+        call_command("migrate", "soniq_django", "0001", verbosity=0)
+        assert _installed() == {}
+        assert fetch("SELECT to_regclass('soniq_jobs') IS NOT NULL") == [(True,)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _installed() == dict.fromkeys(names, False)
+    # The grants went with the dropped functions (docs/sql-api.md says to grant again).
+    assert not _may_enqueue(producer)
+    job_id = fetch("SELECT soniq_enqueue('migrated.again', '{\"n\": 1}', unique_job => true)")[0][0]
+    assert fetch("SELECT job_name FROM soniq_get_job(%s)", [job_id]) == [("migrated.again",)]
+    assert set(PUBLIC_FUNCTIONS) <= set(names)

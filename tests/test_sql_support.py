@@ -1,0 +1,184 @@
+"""Helpers shared by the tests/test_sql_*.py files. This module holds no tests.
+
+The SQL API tests talk to PostgreSQL in two ways:
+
+- through Django's connection, inside the test's transaction (fast; rolled
+  back afterwards). A statement that fails there is wrapped in a savepoint by
+  :func:`fails` so the transaction stays usable;
+- through raw psycopg connections to the same test database (:func:`raw`),
+  for real concurrency, LISTEN/NOTIFY and other roles. What those commit is
+  removed by the :func:`committed_db` fixture (or, for tests that also need
+  Django's connection outside a transaction, by ``django_db(transaction=True)``).
+"""
+
+import contextlib
+import re
+import secrets
+import uuid
+
+import psycopg
+import pytest
+from django.db import DatabaseError, connection, transaction
+
+from soniq_django.sql import SQL_DIR
+
+#: The three functions a producer is granted, by name.
+PUBLIC_FUNCTIONS = ("soniq_enqueue", "soniq_get_job", "soniq_args_hash")
+
+#: The columns soniq_get_job returns, in the seed's order.
+GET_JOB_COLUMNS = (
+    "id", "job_name", "status", "queue", "attempts", "max_attempts", "result", "last_error",
+    "dead_letter_reason", "scheduled_at", "created_at", "updated_at",
+)
+
+
+def producer_api_functions() -> list[str]:
+    """Names of every function ``producer_api_v1.sql`` creates, in file order."""
+    text = (SQL_DIR / "producer_api_v1.sql").read_text(encoding="utf-8")
+    return re.findall(r"^CREATE FUNCTION \{schema\}\.(\w+)\(", text, flags=re.MULTILINE)
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def schema() -> str:
+    """The schema holding the soniq tables and functions (unquoted)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_schema()")
+        return cursor.fetchone()[0]
+
+
+def conninfo(**overrides) -> dict:
+    """psycopg connection parameters for the test database (Django's settings)."""
+    settings = connection.settings_dict
+    params = {
+        "host": settings.get("HOST") or None,
+        "port": str(settings["PORT"]) if settings.get("PORT") else None,
+        "user": settings.get("USER") or None,
+        "password": settings.get("PASSWORD") or None,
+        "dbname": settings["NAME"],
+        "application_name": "soniq-tests",
+    }
+    params.update(overrides)
+    return {key: value for key, value in params.items() if value is not None}
+
+
+@contextlib.contextmanager
+def raw(*, autocommit: bool = True, **overrides):
+    """A psycopg connection of its own to the test database, closed afterwards."""
+    conn = psycopg.connect(autocommit=autocommit, **conninfo(**overrides))
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def committed_db(django_db_setup):
+    """The test database, for raw connections that commit; emptied of jobs before and after.
+
+    Cheaper than ``django_db(transaction=True)``, which flushes every table. Mark
+    the test ``django_db`` as well: pytest-django sets the database up only for
+    tests that carry that marker.
+    """
+
+    def empty():
+        with raw() as conn:
+            conn.execute("DELETE FROM soniq_jobs")
+            conn.execute("DELETE FROM soniq_dead_letter_jobs")
+
+    empty()
+    yield
+    empty()
+
+
+def pg_error(exc: BaseException) -> psycopg.Error:
+    """The psycopg error behind ``exc`` (Django wraps it; raw connections do not)."""
+    error = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    assert isinstance(error, psycopg.Error), f"not a PostgreSQL error: {exc!r}"
+    return error
+
+
+def state_and_hint(exc: BaseException) -> tuple[str, str | None]:
+    error = pg_error(exc)
+    return error.sqlstate, error.diag.message_hint
+
+
+def fetch(sql: str, params=()) -> list[tuple]:
+    """Rows of one statement on Django's connection."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def value(sql: str, params=()):
+    rows = fetch(sql, params)
+    assert len(rows) == 1 and len(rows[0]) == 1, rows
+    return rows[0][0]
+
+
+def fails(sql: str, params=()) -> psycopg.Error:
+    """Run ``sql`` on Django's connection, expect it to fail, return the psycopg error.
+
+    A savepoint keeps the test's transaction usable afterwards.
+    """
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+    except DatabaseError as exc:
+        return pg_error(exc)
+    raise AssertionError(f"expected {sql!r} to fail, and it succeeded")
+
+
+def raw_fails(conn: psycopg.Connection, sql: str, params=()) -> psycopg.Error:
+    """Like :func:`fails`, on a raw autocommit connection."""
+    try:
+        conn.execute(sql, params)
+    except psycopg.Error as exc:
+        return exc
+    raise AssertionError(f"expected {sql!r} to fail, and it succeeded")
+
+
+def job_count() -> int:
+    return value("SELECT count(*) FROM soniq_jobs")
+
+
+def unique_name(prefix: str) -> str:
+    """A lowercase identifier no other test run uses (roles are cluster-wide)."""
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+class Roles:
+    """Creates LOGIN roles for one test and drops them (and what they own) afterwards."""
+
+    def __init__(self):
+        self.created: list[str] = []
+        self._passwords: dict[str, str] = {}
+
+    def create(self, prefix: str = "soniq_t", *, name: str | None = None) -> str:
+        role = name or unique_name(prefix)
+        password = secrets.token_hex(16)  # works whatever the server's auth method
+        with raw() as admin:
+            admin.execute(f"CREATE ROLE {quote_ident(role)} LOGIN PASSWORD '{password}'")
+        self.created.append(role)
+        self._passwords[role] = password
+        return role
+
+    def connect(self, role: str, *, autocommit: bool = True, **overrides) -> psycopg.Connection:
+        return psycopg.connect(
+            autocommit=autocommit,
+            **conninfo(user=role, password=self._passwords[role], **overrides),
+        )
+
+    def drop_all(self):
+        with raw() as admin:
+            for role in reversed(self.created):
+                quoted = quote_ident(role)
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                    [role],
+                )
+                admin.execute(f"DROP OWNED BY {quoted} CASCADE")
+                admin.execute(f"DROP ROLE {quoted}")
+        self.created.clear()
