@@ -17,6 +17,7 @@ the database answers (or the lease is certainly gone).
 """
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -38,6 +39,10 @@ from .execution import Outcome, execute
 from .wakeup import Listener
 
 logger = logging.getLogger("soniq_django.worker")
+
+# _claim's answer when the database failed and recovery could not say whether
+# the claim happened: not "nothing is eligible" (a burst worker must not exit).
+_UNKNOWN = object()
 
 
 @dataclass
@@ -156,7 +161,13 @@ class Worker:
                 return
             if not self.slots.acquire(timeout=0.5):
                 continue
+            if self.stopping.is_set():  # the stop may have come while we waited for a slot
+                self.slots.release()
+                return
             claimed = self._claim()
+            if claimed is _UNKNOWN:
+                self.slots.release()
+                continue
             if claimed is None:
                 self.slots.release()
                 if self.burst:
@@ -172,9 +183,13 @@ class Worker:
                 attempts=claimed.attempts, max_attempts=claimed.max_attempts))
             with self.lock:
                 self.inflight[flight.context.job_id] = flight
+            # Here, on the claiming thread's open connection: a job thread may
+            # have to connect first, which would delay the handler's start.
+            self._record_pid(flight)
             pool.submit(self._run_job, flight)
 
-    def _claim(self) -> ClaimedJob | None:
+    def _claim(self):
+        """The claimed job, None when nothing is eligible, or _UNKNOWN after a failure."""
         token = secrets.token_hex(16)  # known and kept before the claim is sent
         try:
             return self.source.claim_next_owned(self.worker_id, claim_token=token,
@@ -185,10 +200,12 @@ class Worker:
         # The claim may or may not have committed: only recovery may tell.
         logger.warning("claim outcome unknown (database unavailable); recovering")
         deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
-        return _retrying(
+        recovered = _retrying(
             lambda: self.source.recover_owned_claim(self.worker_id, claim_token=token),
             deadline, self.aborted,
         )
+        # None here proves nothing about the queue: try again rather than idle.
+        return _UNKNOWN if recovered is None else recovered
 
     def _idle(self) -> bool:
         with self.lock:
@@ -231,13 +248,34 @@ class Worker:
             self.wake.set()
             close_old_connections()
 
+    def _record_pid(self, flight: InFlight) -> None:
+        """Record this process's id on the job (``set_pid_owned``); never fatal."""
+        try:
+            self.source.set_pid_owned(flight.claimed.claim_fence, os.getpid())
+        except SoniqError:
+            logger.warning("%s %s: could not record the pid", flight.claimed.job_name,
+                           flight.claimed.job_id)
+            close_old_connections()
+
     def _settle(self, flight: InFlight, outcome: Outcome) -> None:
-        """Make the job's one final fenced write (unless the timeout already made it)."""
+        """Make the job's one final fenced write (unless the timeout already made it).
+
+        The lock is held through the write: whichever of the job thread and the
+        heartbeat (timeout) comes second waits until the first one's write is
+        over, so a job is never seen finished while its outcome is still unwritten.
+        """
         with flight.settled:
             if flight.done:
                 return
             flight.done = True
+            self._write_outcome(flight, outcome)
+
+    def _write_outcome(self, flight: InFlight, outcome: Outcome) -> None:
         claimed = flight.claimed
+        if flight.lost:  # the heartbeat saw the claim go: it is not ours to write
+            logger.warning("%s %s: %s not recorded; the lease was lost", claimed.job_name,
+                           claimed.job_id, _verb(outcome))
+            return
         fence = claimed.claim_fence
         handler = get_handler(claimed.job_name)
         default_max = handler.max_attempts if handler else soniq_settings.DEFAULT_MAX_ATTEMPTS
@@ -266,8 +304,8 @@ class Worker:
             logger.info("%s %s %s after %.3fs (attempt %s)", claimed.job_name, claimed.job_id,
                         verb, elapsed, claimed.attempts)
             return
-        if outcome.kind == "done" and self._cancel_pending(fence):
-            # A cancel arrived after the handler finished: honour it.
+        if outcome.kind != "cancelled" and self._cancel_pending(fence):
+            # A cancel arrived while the handler was finishing: honour it.
             if _retrying(lambda: self.source.acknowledge_cancel_owned(fence), deadline,
                          self.aborted):
                 logger.info("%s %s cancelled after %.3fs", claimed.job_name, claimed.job_id,
@@ -299,7 +337,12 @@ class Worker:
             with self.lock:
                 flights = list(self.inflight.values())
             for flight in flights:
-                self._beat(flight)
+                try:
+                    self._beat(flight)
+                except Exception:  # one job's trouble must not stop every lease's renewal
+                    logger.exception("heartbeat of %s %s failed", flight.claimed.job_name,
+                                     flight.claimed.job_id)
+                    close_old_connections()
             close_old_connections()
             if self.stopping.is_set():
                 time.sleep(self._beat_interval())
@@ -324,6 +367,8 @@ class Worker:
                 self._settle(flight, Outcome("retry", error=f"timed out after {timeout} s"))
                 return
             if not self.source.heartbeat_owned(fence):
+                if flight.done:  # its final write ended the claim meanwhile: not a loss
+                    return
                 flight.lost = True
                 flight.context._cancel.set()
                 logger.warning("%s %s: lease lost; this worker will not write it again",

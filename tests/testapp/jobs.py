@@ -21,3 +21,144 @@ def flexible(first, *rest, **extra):
 @job(name="tests.positional_only")
 def positional_only(a, /, b):
     return a + b
+
+
+# --- Handlers for the worker tests (tests/test_worker*.py) ------------------
+#
+# Worker processes are separate, so handlers leave their traces where every
+# process can see them: the job row (attempts, result) and, when the
+# SONIQ_TEST_RUN_LOG environment variable names a file, one appended line per
+# event ("<event> <job_id> <attempt> <pid> <unix time>"). Lines are written
+# with one O_APPEND write each, so concurrent processes never interleave.
+
+import asyncio  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+from soniq_django.errors import JobCancelled, PermanentFailure  # noqa: E402
+from soniq_django.worker import current_job  # noqa: E402
+
+
+def record(event: str) -> None:
+    """Append one event of the current job to the run log, if one is configured."""
+    path = os.environ.get("SONIQ_TEST_RUN_LOG")
+    context = current_job()
+    if not path or context is None:
+        return
+    line = f"{event} {context.job_id} {context.attempts} {os.getpid()} {time.time():.6f}\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _trace(**extra) -> dict:
+    context = current_job()
+    return {"job": context.job_id, "attempt": context.attempts, "pid": os.getpid(), **extra}
+
+
+@job(name="tests.worker.ok")
+def worker_ok(n: int = 0) -> dict:
+    """Succeed at once; the result says which run finished the job."""
+    started = time.time()
+    record("start")
+    return _trace(n=n, started=started)
+
+
+@job(name="tests.worker.flaky", retries=5)
+def worker_flaky(fail_times: int) -> dict:
+    """Fail on the first ``fail_times`` attempts (the row's attempts counter), then succeed."""
+    record("start")
+    if current_job().attempts <= fail_times:
+        raise RuntimeError(f"flaky failure on attempt {current_job().attempts}")
+    return _trace()
+
+
+@job(name="tests.worker.always_fails", retries=2)
+def worker_always_fails(message: str = "boom") -> None:
+    record("start")
+    raise ValueError(message)
+
+
+@job(name="tests.worker.null_budget", retries=1)
+def worker_null_budget() -> None:
+    """Always fails; enqueued with max_attempts=None it gets retries + 1 = 2 attempts."""
+    record("start")
+    raise RuntimeError("fails every time")
+
+
+@job(name="tests.worker.permanent")
+def worker_permanent() -> None:
+    record("start")
+    raise PermanentFailure("retrying cannot help")
+
+
+@job(name="tests.worker.not_json")
+def worker_not_json() -> object:
+    record("start")
+    return {"value": {1, 2, 3}}
+
+
+@job(name="tests.worker.sleep")
+def worker_sleep(seconds: float, first_attempt_only: bool = False) -> dict:
+    """Sleep (uncooperatively); with ``first_attempt_only`` later attempts return at once."""
+    record("start")
+    if not first_attempt_only or current_job().attempts == 1:
+        time.sleep(seconds)
+    record("end")
+    return _trace()
+
+
+@job(name="tests.worker.cooperative")
+def worker_cooperative(seconds: float = 30.0) -> dict:
+    """Work in small steps for up to ``seconds``, stopping as soon as a cancel is requested."""
+    record("start")
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            current_job().raise_if_cancelled()
+            time.sleep(0.01)
+    except JobCancelled:
+        record("saw-cancel")
+        raise
+    return _trace()
+
+
+@job(name="tests.worker.async_ok")
+async def worker_async_ok(n: int = 0) -> dict:
+    record("start")
+    await asyncio.sleep(0.01)
+    return _trace(n=n, is_async=True)
+
+
+@job(name="tests.worker.async_sleep")
+async def worker_async_sleep(seconds: float) -> dict:
+    record("start")
+    await asyncio.sleep(seconds)
+    return _trace()
+
+
+@job(name="tests.worker.touch_db")
+def worker_touch_db(seconds: float = 0.0) -> dict:
+    """Use this thread's database connection, then sleep: the connection stays open meanwhile."""
+    from django.db import connection
+
+    record("start")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    time.sleep(seconds)
+    record("end")
+    return _trace()
+
+
+@job(name="tests.worker.wait_for_file")
+def worker_wait_for_file(path: str, limit: float = 30.0) -> dict:
+    """Block until ``path`` exists (the test's go signal, across processes), then succeed."""
+    record("start")
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.005)
+    return _trace()
