@@ -97,7 +97,7 @@ def test_every_text_parameter_is_data_never_sql(name, queue, dedup, producer, pr
 
 @pytest.mark.postgresql_only
 @SETTINGS
-@given(args=st.text(max_size=60) | SQLISH | st.sampled_from(
+@given(args=st.text(max_size=60).filter(lambda t: "\x00" not in t) | SQLISH | st.sampled_from(
     ['{"a": 1e400}', '[1]', '{"a": "\\u0000"}', '{"a": ' * 40 + "1" + "}" * 40, "null",
      '{"a": NaN}', '{"a": "x"}', '{"\\ud800": 1}']))
 def test_sql_enqueue_refuses_with_a_documented_sqlstate(args):
