@@ -388,3 +388,24 @@ def test_the_task_registry_lists_every_handler():
     report = rows["tests.unique_report"]
     assert (report.queue, report.max_attempts, report.unique_job) == ("reports", 3, True)
     assert "fail_times" in flaky.args_model_repr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_purges_expired_rows_but_never_protected_ones():
+    from soniq_django.job_request import JobRequest
+    from soniq_django.owned import OwnedJobSource
+    from soniq_django.worker import Worker
+    from tests.owned_helpers import nonce, rewrite
+
+    source = OwnedJobSource()
+    owned = source.submit_owned(JobRequest("a.owned", {}), submission_id="keep-me")
+    assert source.complete_owned(source.claim_next_owned("w", claim_token=nonce()).claim_fence)
+    expired = enqueue("a.plain")
+    assert source.complete_owned(source.claim_next_owned("w", claim_token=nonce()).claim_fence)
+    past = timezone.now() - dt.timedelta(seconds=1)
+    rewrite(owned, expires_at=past)
+    rewrite(expired, expires_at=past)
+    worker = Worker(burst=True)
+    worker._housekeeping()
+    assert not Job.objects.filter(id=expired).exists()
+    assert Job.objects.filter(id=owned).exists()

@@ -32,6 +32,7 @@ from ..errors import ErrorCode, SoniqError
 from ..owned import OwnedJobSource
 from ..owned_types import ClaimedJob
 from ..registry import get_handler
+from ..housekeeping import purge_expired
 from ..stats import ThroughputCounter
 from . import registration
 from .context import JobContext
@@ -39,6 +40,9 @@ from .execution import Outcome, execute
 from .wakeup import Listener
 
 logger = logging.getLogger("soniq_django.worker")
+
+#: How often a worker purges finished rows whose RESULT_TTL has passed.
+HOUSEKEEPING_SECONDS = 60.0
 
 # _claim's answer when the database failed and recovery could not say whether
 # the claim happened: not "nothing is eligible" (a burst worker must not exit).
@@ -100,6 +104,7 @@ class Worker:
         self.claimed_count = 0
         self.finished = threading.Condition(self.lock)
         self.throughput = ThroughputCounter()
+        self._next_purge = 0.0
 
     # Control ----------------------------------------------------------
 
@@ -332,6 +337,7 @@ class Worker:
                 registration.beat(self.using, self.worker_id,
                                   "stopping" if self.stopping.is_set() else "running")
                 self.throughput.flush(self.using)
+                self._housekeeping()
             except Exception:
                 close_old_connections()
             with self.lock:
@@ -346,6 +352,16 @@ class Worker:
             close_old_connections()
             if self.stopping.is_set():
                 time.sleep(self._beat_interval())
+
+    def _housekeeping(self) -> None:
+        """Purge expired finished rows about once a minute (never protected ones)."""
+        now = time.monotonic()
+        if now < self._next_purge:
+            return
+        self._next_purge = now + HOUSEKEEPING_SECONDS
+        purged = purge_expired(self.using)
+        if purged:
+            logger.info("housekeeping: purged %d expired job rows", purged)
 
     def _busy(self) -> bool:
         with self.lock:
