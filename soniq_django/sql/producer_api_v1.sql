@@ -259,7 +259,9 @@ BEGIN
                  priority, unique_job, dedup_key, scheduled_at, producer_id)
             VALUES (v_id, v_job_name, v_args, v_hash, 'queued', 0, v_max_attempts, v_queue,
                     v_priority, true, NULL, v_run_at, v_producer)
-            ON CONFLICT (job_name, args_hash) WHERE status = 'queued' DO NOTHING
+            -- "AND unique_job" also infers Soniq's own index, whose predicate has it.
+            ON CONFLICT (job_name, args_hash) WHERE status = 'queued' AND unique_job = true
+            DO NOTHING
             RETURNING j.id INTO v_found;
         ELSE
             -- Unique and deduplicated: ON CONFLICT takes one arbiter, so a
@@ -274,7 +276,9 @@ BEGIN
                 RETURNING j.id INTO v_found;
             EXCEPTION WHEN unique_violation THEN
                 GET STACKED DIAGNOSTICS v_constraint = CONSTRAINT_NAME;
-                IF v_constraint IS DISTINCT FROM 'soniq_jobs_unique_queued' THEN
+                -- Ours, or the same index as Soniq itself names it.
+                IF v_constraint IS NULL OR v_constraint NOT IN
+                   ('soniq_jobs_unique_queued', 'idx_soniq_jobs_unique_queued') THEN
                     RAISE;
                 END IF;
             END;
