@@ -2,45 +2,20 @@
 
 import threading
 import time
-import uuid
 
 import pytest
 from django.db import connection, connections
 from django.test import override_settings
-from django.utils import timezone
 
 from soniq_django import bulk_enqueue, enqueue
 from soniq_django.errors import ErrorCode, SoniqError
 from soniq_django.job_request import JobRequest
 from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
+from tests.concurrency import run_threads
 from tests.owned_helpers import nonce
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def run_threads(target, count):
-    """Run ``target(index)`` in ``count`` threads at once; return results, re-raise errors."""
-    barrier = threading.Barrier(count)
-    results, errors = [None] * count, []
-
-    def body(index):
-        try:
-            barrier.wait()
-            results[index] = target(index)
-        except BaseException as error:  # reported in the main thread
-            errors.append(error)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    if errors:
-        raise errors[0]
-    return results
 
 
 def test_concurrent_workers_never_hold_the_same_live_claim():

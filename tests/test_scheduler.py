@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
-from django.db import OperationalError, connection, connections
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 from soniq_django import job, periodic, registry, schedules
 from soniq_django.models import Job, RecurringJob
 from soniq_django.scheduler import Scheduler, tick_dedup_key
+from tests.concurrency import run_threads
 
 T0 = dt.datetime(2030, 1, 1, 10, 0, tzinfo=dt.UTC)
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,30 +64,6 @@ def insert_by_hand(job_name, kind, value, kwargs_json="{}"):
 
 def jobs_of(job_name):
     return list(Job.objects.filter(job_name=job_name).order_by("created_at"))
-
-
-def run_threads(target, count):
-    """Run ``target(index)`` in ``count`` threads released together; return results."""
-    barrier = threading.Barrier(count)
-    results, errors = [None] * count, []
-
-    def body(index):
-        try:
-            barrier.wait()
-            results[index] = target(index)
-        except BaseException as error:  # reported in the main thread
-            errors.append(error)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    if errors:
-        raise errors[0]
-    return results
 
 
 # -- @periodic ---------------------------------------------------------------
