@@ -128,10 +128,12 @@ def check_database(app_configs=None, databases=None, **kwargs) -> list[checks.Ch
         executor = MigrationExecutor(connection)
         targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "soniq_django"]
         if executor.migration_plan(targets):
-            messages.append(checks.Error(
+            # A warning, not an error: `migrate` itself runs the database
+            # checks before it applies anything, and must not be stopped.
+            messages.append(checks.Warning(
                 f"soniq_django migrations are not all applied on database {alias!r}.",
                 hint=f"Run: python manage.py migrate soniq_django --database {alias}",
-                id="soniq.E006"))
+                id="soniq.W004"))
             continue
         if connection.vendor == "postgresql":
             messages += _pattern_messages(alias)
