@@ -27,3 +27,21 @@ demo: venv
 clean:
 	rm -rf .venv .test-results
 	find example_project -name '*.sqlite3' -type f -delete
+
+# Benchmarks (not tests; see docs/performance.md). They use the local
+# PostgreSQL (127.0.0.1:5432, or BENCH_DATABASE_URL), create their own
+# soniq_bench_<pid>_* databases and drop them at the end. The peers go into
+# bench/.venv-peers. BENCH_ARGS passes options to `python -m bench.run`.
+#   make bench              full run (~15 min on 2 cores), medians of 3
+#   make bench-quick        smaller N, one repetition (~3 min)
+BENCH_ARGS ?=
+
+.PHONY: bench bench-quick
+
+bench: venv
+	@bash bench/peers-venv.sh
+	$(PYTHON_VENV) -m bench.run $(BENCH_ARGS)
+
+bench-quick: venv
+	@bash bench/peers-venv.sh
+	$(PYTHON_VENV) -m bench.run --quick $(BENCH_ARGS)

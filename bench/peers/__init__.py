@@ -1,0 +1,1 @@
+"""The peers' side of the benchmark; runs in bench/.venv-peers only."""

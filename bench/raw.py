@@ -1,0 +1,165 @@
+"""The raw-SQL ceiling, and soniq's claim protocol driven without the worker.
+
+Runs inside the orchestrator (project .venv) with psycopg: one connection per
+thread, autocommit (one transaction per statement), prepared statements.
+
+The ceiling table is ``raw_jobs``: ``CREATE TABLE raw_jobs (LIKE soniq_jobs
+INCLUDING ALL)`` in a database migrated like soniq's, so it has soniq_jobs'
+columns, defaults, CHECKs and every index (the partial claim indexes
+included), but no trigger and no functions in the path.
+"""
+
+import json
+import secrets
+import threading
+import time
+import uuid
+
+from bench.common import connect
+
+RAW_TABLE_DDL = "CREATE TABLE raw_jobs (LIKE soniq_jobs INCLUDING ALL)"
+
+RAW_INSERT = (
+    "INSERT INTO raw_jobs (id, job_name, args) VALUES (gen_random_uuid(), %s, %s::jsonb)"
+)
+RAW_CLAIM = (
+    "UPDATE raw_jobs SET status = 'processing', attempts = attempts + 1, updated_at = now() "
+    "WHERE id = (SELECT id FROM raw_jobs WHERE status = 'queued' "
+    "ORDER BY priority, created_at LIMIT 1 FOR UPDATE SKIP LOCKED) "
+    "RETURNING id, job_name, args"
+)
+RAW_COMPLETE = "UPDATE raw_jobs SET status = 'done', updated_at = now() WHERE id = %s"
+
+SONIQ_ENQUEUE = "SELECT soniq_enqueue(%s, %s::jsonb)"
+SONIQ_CLAIM = "SELECT job_id, queue, generation FROM soniq_claim(%s, %s)"
+SONIQ_COMPLETE = "SELECT soniq_complete(%s, %s, %s, %s, %s, NULL, 300)"
+
+
+def create_raw_table(dbname: str) -> None:
+    with connect(dbname) as conn:
+        conn.execute(RAW_TABLE_DDL)
+
+
+def reset_raw(dbname: str) -> None:
+    with connect(dbname) as conn:
+        conn.execute("TRUNCATE raw_jobs")
+
+
+def copy_rows(dbname: str, count: int) -> float:
+    """COPY ``count`` queued rows into raw_jobs in one transaction; return rows/s."""
+    with connect(dbname) as conn:
+        started = time.perf_counter()
+        with conn.transaction(), conn.cursor() as cur:
+            with cur.copy("COPY raw_jobs (id, job_name, args) FROM STDIN") as copy:
+                for i in range(count):
+                    copy.write_row((uuid.uuid4(), "bench.noop", json.dumps({"i": i})))
+        return count / (time.perf_counter() - started)
+
+
+def insert_loop(dbname: str, count: int, sql: str = RAW_INSERT) -> float:
+    """``count`` single-row inserts, one transaction each; return rows/s."""
+    with connect(dbname) as conn:
+        conn.execute(sql, ["bench.noop", '{"i": -1}'], prepare=True)  # prepare, warm up
+        started = time.perf_counter()
+        for i in range(count):
+            conn.execute(sql, ["bench.noop", '{"i": %d}' % i], prepare=True)
+        return count / (time.perf_counter() - started)
+
+
+def insert_threads(dbname: str, connections: int, count: int, sql: str = RAW_INSERT) -> float:
+    """``count`` single-row inserts spread over ``connections`` threads; rows/s."""
+    conns = [connect(dbname) for _ in range(connections)]
+    for conn in conns:
+        conn.execute(sql, ["bench.noop", '{"i": -1}'], prepare=True)
+    gate = threading.Barrier(connections + 1)
+    share = count // connections
+
+    def run(conn) -> None:
+        gate.wait()
+        for i in range(share):
+            conn.execute(sql, ["bench.noop", '{"i": %d}' % i], prepare=True)
+
+    threads = [threading.Thread(target=run, args=(conn,)) for conn in conns]
+    for thread in threads:
+        thread.start()
+    gate.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    for conn in conns:
+        conn.close()
+    return share * connections / elapsed
+
+
+def _drain_threads(dbname: str, connections: int, window: float | None, one_job) -> dict:
+    """Run ``one_job(conn)`` on ``connections`` threads until the queue is empty or
+    ``window`` seconds pass; return jobs/s from the first claim to the last completion."""
+    conns = [connect(dbname) for _ in range(connections)]
+    stop = threading.Event()
+    start_gate = threading.Barrier(connections + 1)
+    done = [0] * connections
+    last = [0.0] * connections
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        conn = conns[index]
+        try:
+            start_gate.wait()
+            while not stop.is_set():
+                if not one_job(conn):
+                    return
+                done[index] += 1
+                last[index] = time.perf_counter()
+        except BaseException as error:  # reported by the caller
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(connections)]
+    for thread in threads:
+        thread.start()
+    start_gate.wait()
+    started = time.perf_counter()
+    if window:
+        deadline = started + window
+        while any(t.is_alive() for t in threads) and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        stop.set()
+    for thread in threads:
+        thread.join()
+    for conn in conns:
+        conn.close()
+    if errors:
+        raise errors[0]
+    total = sum(done)
+    return {"rate": total / (max(last) - started), "jobs": total}
+
+
+def raw_drain(dbname: str, connections: int, window: float | None) -> dict:
+    def one_job(conn) -> bool:
+        row = conn.execute(RAW_CLAIM, prepare=True).fetchone()
+        if row is None:
+            return False
+        conn.execute(RAW_COMPLETE, [row[0]], prepare=True)
+        return True
+
+    return _drain_threads(dbname, connections, window, one_job)
+
+
+def protocol_drain(dbname: str, connections: int, window: float | None) -> dict:
+    """soniq_claim + soniq_complete per job, straight from psycopg: the fenced SQL
+    protocol's own cost, without the Python worker around it."""
+    owner = str(uuid.uuid4())
+
+    def one_job(conn) -> bool:
+        token = secrets.token_hex(16)
+        row = conn.execute(SONIQ_CLAIM, [owner, token], prepare=True).fetchone()
+        if row is None:
+            return False
+        job_id, queue, generation = row
+        (ok,) = conn.execute(
+            SONIQ_COMPLETE, [str(job_id), owner, generation, token, queue], prepare=True
+        ).fetchone()
+        assert ok, "soniq_complete refused a live claim"
+        return True
+
+    return _drain_threads(dbname, connections, window, one_job)

@@ -1,0 +1,112 @@
+"""soniq_django's side of the benchmark, one action per process (project .venv).
+
+    python -m bench.soniq_tasks ACTION [COUNT]
+
+with DJANGO_SETTINGS_MODULE=bench.soniq_settings and BENCH_DB_NAME set.
+Actions: migrate, bulk N, latency N, callcost N (for --profile). Each prints
+one BENCH_RESULT line (bench/common.py). enqueue() one job per transaction is
+measured in the orchestrator itself, interleaved with the ceiling.
+"""
+
+import os
+import random
+import sys
+import time
+
+import django
+
+
+def main(argv: list[str]) -> None:
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    from soniq_django import bulk_enqueue, enqueue
+    from soniq_django.job_request import JobRequest
+
+    from bench.common import emit
+
+    action = argv[0]
+    count = int(argv[1]) if len(argv) > 1 else 0
+
+    if action == "migrate":
+        # --skip-checks: soniq.E006 ("migrations are not all applied") would
+        # otherwise stop the very command that applies them.
+        call_command("migrate", verbosity=0, skip_checks=True)
+        emit(ok=True)
+    elif action == "bulk":
+        enqueue("bench.noop", {"i": -1})
+        started = time.perf_counter()
+        ids = bulk_enqueue(JobRequest("bench.noop", {"i": i}) for i in range(count))
+        elapsed = time.perf_counter() - started
+        assert len(ids) == count
+        emit(rate=count / elapsed)
+    elif action == "latency":
+        # An idle, LISTENing worker is running; space the jobs out so that each
+        # one finds it idle. The enqueue time is taken when enqueue() returns,
+        # i.e. once the commit (and so the NOTIFY) is acknowledged.
+        gap = float(os.environ.get("BENCH_LATENCY_GAP", "0.02"))
+        enqueue("bench.noop", {"i": -1})
+        sent = {}
+        for i in range(count):
+            before = time.time()
+            enqueue("bench.latency", {"i": i})
+            sent[i] = (before, time.time())
+            time.sleep(gap * (0.5 + random.random()))
+        emit(sent=sent)
+    elif action == "callcost":
+        emit(**_call_costs(count))
+    else:
+        raise SystemExit(f"unknown action {action!r}")
+    connection.close()
+
+
+def _call_costs(count: int) -> dict:
+    """Mean ms per call of what a job costs through Django (for --profile)."""
+    import secrets
+    import uuid
+
+    from django.db import close_old_connections, connection
+
+    from soniq_django import bulk_enqueue, enqueue
+    from soniq_django.job_request import JobRequest
+    from soniq_django.owned import OwnedJobSource
+
+    def mean_ms(body) -> float:
+        started = time.perf_counter()
+        for i in range(count):
+            body(i)
+        return (time.perf_counter() - started) / count * 1000
+
+    found = {}
+    found["enqueue() (autocommit)"] = mean_ms(lambda i: enqueue("bench.noop", {"i": i}))
+
+    def reopen(i):
+        connection.close()
+        connection.ensure_connection()
+
+    found["Django: close + open the connection"] = mean_ms(reopen)
+    bulk_enqueue(JobRequest("bench.noop", {"i": i}) for i in range(count * 2))
+    source = OwnedJobSource()
+    owner = str(uuid.uuid4())
+    claimed = []
+    found["OwnedJobSource.claim_next_owned()"] = mean_ms(lambda i: claimed.append(
+        source.claim_next_owned(owner, claim_token=secrets.token_hex(16))))
+    found["OwnedJobSource.set_pid_owned()"] = mean_ms(
+        lambda i: source.set_pid_owned(claimed[i].claim_fence, 4242))
+    found["OwnedJobSource.complete_owned()"] = mean_ms(
+        lambda i: source.complete_owned(claimed[i].claim_fence, None))
+    claimed.clear()
+    for _ in range(count):
+        claimed.append(source.claim_next_owned(owner, claim_token=secrets.token_hex(16)))
+
+    def after_close(i):
+        close_old_connections()  # what the worker's job thread does after every job
+        source.complete_owned(claimed[i].claim_fence, None)
+
+    found["close_old_connections() + complete_owned()"] = mean_ms(after_close)
+    return found
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
