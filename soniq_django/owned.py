@@ -136,27 +136,30 @@ class OwnedJobSource:
     # Claims -----------------------------------------------------------
 
     def claim_next_owned(self, worker_id: str, *, claim_token: str,
-                         queues: list[str] | None = None) -> ClaimedJob | None:
+                         queues: list[str] | None = None, pid: int | None = None
+                         ) -> ClaimedJob | None:
         """Claim the next eligible job with a fresh nonce; None when nothing is eligible.
 
-        A nonce used before raises SoniqError(QUEUE_CLAIM_CONFLICT); after a
-        QUEUE_PERSISTENCE_FAILED, call ``recover_owned_claim`` with the same
-        worker id and nonce instead of claiming again.
+        ``pid`` (optional) is recorded with the claim, saving a separate
+        ``set_pid_owned``. A nonce used before raises
+        SoniqError(QUEUE_CLAIM_CONFLICT); after a QUEUE_PERSISTENCE_FAILED,
+        call ``recover_owned_claim`` with the same worker id and nonce
+        instead of claiming again.
         """
-        args = (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"),
-                _queues(queues))
-        return self._claim(*args)
+        return self._claim(*_claim_args(worker_id, claim_token, queues, pid))
 
-    def _claim(self, worker_id: str, claim_token: str, queues: list[str] | None):
+    def _claim(self, worker_id: str, claim_token: str, queues: list[str] | None,
+               pid: int | None):
         row = self._claims.claim(
-            worker_id, claim_token, queues, _seconds("LEASE_SECONDS"), _seconds("RESULT_TTL")
+            worker_id, claim_token, queues, _seconds("LEASE_SECONDS"), _seconds("RESULT_TTL"),
+            pid,
         )
         return _claimed(row)
 
     async def aclaim_next_owned(self, worker_id: str, *, claim_token: str,
-                                queues: list[str] | None = None) -> ClaimedJob | None:
-        args = (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"),
-                _queues(queues))
+                                queues: list[str] | None = None, pid: int | None = None
+                                ) -> ClaimedJob | None:
+        args = _claim_args(worker_id, claim_token, queues, pid)
         return await sync_to_async(self._claim)(*args)
 
     def recover_owned_claim(self, worker_id: str, *, claim_token: str) -> ClaimedJob | None:
@@ -275,6 +278,11 @@ class OwnedJobSource:
 
     async def arequest_cancel(self, job_id: uuid.UUID | str) -> bool:
         return await sync_to_async(self._request_cancel)(coerce_job_id(job_id))
+
+
+def _claim_args(worker_id, claim_token, queues, pid) -> tuple:
+    return (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"),
+            _queues(queues), None if pid is None else positive_int(pid, "pid", INT32_MAX))
 
 
 def _result(result: Any) -> Any:

@@ -107,10 +107,10 @@ class PostgresClaims:
         return [f.job_id, f.worker_id, f.generation, f.claim_token, f.queue]
 
     def claim(self, owner: str, token: str, queues: list[str] | None, lease: float,
-              ttl: float) -> dict | None:
+              ttl: float, pid: int | None = None) -> dict | None:
         return self._claim_row(
-            "SELECT * FROM soniq_claim(%s, %s, %s::text[], %s, %s)",
-            [owner, token, queues, lease, ttl],
+            "SELECT * FROM soniq_claim(%s, %s, %s::text[], %s, %s, %s)",
+            [owner, token, queues, lease, ttl, pid],
         )
 
     def recover(self, owner: str, token: str) -> dict | None:
@@ -251,7 +251,7 @@ class SqliteClaims:
         }
 
     def claim(self, owner: str, token: str, queues: list[str] | None, lease: float,
-              ttl: float) -> dict | None:
+              ttl: float, pid: int | None = None) -> dict | None:
         with self._locked() as now:
             if self._jobs().filter(claim_token=token).exists():
                 raise claim_conflict("nonce_reused")
@@ -274,7 +274,7 @@ class SqliteClaims:
                 status=JobStatus.PROCESSING, attempts=models_F("attempts") + 1,
                 claim_generation=generation + 1, claim_owner=owner, claim_token=token,
                 worker_id=worker_uuid, lease_expires_at=now + dt.timedelta(seconds=lease),
-                cancel_requested=False, pid=None, updated_at=now,
+                cancel_requested=False, pid=pid, updated_at=now,
             )
             row = self._jobs().get(id=job_id)
             if (row.claim_owner, row.claim_token, row.claim_generation) != (

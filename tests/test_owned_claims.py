@@ -462,3 +462,12 @@ async def _async_twins(source):
     assert await source.afail_owned(fence, "x", retry=False) is True
     assert await sync_to_async(DeadLetterJob.objects.filter(id=third).exists)()
     await sync_to_async(connections.close_all)()  # the bridge thread's connection
+
+
+def test_a_claim_can_record_the_pid(source):
+    enqueue("a.one")
+    claimed = source.claim_next_owned("w", claim_token=nonce(), pid=4321)
+    assert source.get_owned_state(claimed.claim_fence) == OwnedJobState(False, 4321)
+    for bad in (0, -5, True, "1"):
+        with pytest.raises(ConfigValidationError):
+            source.claim_next_owned("w", claim_token=nonce(), pid=bad)

@@ -9,7 +9,7 @@ DROP FUNCTION {schema}.soniq_complete(text, text, bigint, text, text, jsonb, dou
 DROP FUNCTION {schema}.soniq_heartbeat(text, text, bigint, text, text, double precision);
 DROP FUNCTION {schema}.soniq_lock_fence_v1(text, text, bigint, text, text);
 DROP FUNCTION {schema}.soniq_recover_claim(text, text);
-DROP FUNCTION {schema}.soniq_claim(text, text, text[], double precision, double precision);
+DROP FUNCTION {schema}.soniq_claim(text, text, text[], double precision, double precision, integer);
 DROP FUNCTION {schema}.soniq_reap_lapsed_v1(integer, double precision);
 DROP FUNCTION {schema}.soniq_move_to_dead_letter_v1(uuid, text, text, text);
 DROP FUNCTION {schema}.soniq_protect_owned_v1();

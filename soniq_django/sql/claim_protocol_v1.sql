@@ -106,7 +106,6 @@ DECLARE
     v_now timestamptz;
     v_count integer := 0;
 BEGIN
-    PERFORM {schema}.soniq_fenced_write_v1(true);
     FOR r IN
         SELECT j.* FROM {schema}.soniq_jobs AS j
          WHERE j.status = 'processing' AND j.lease_expires_at <= pg_catalog.clock_timestamp()
@@ -114,6 +113,10 @@ BEGIN
          LIMIT batch
            FOR UPDATE SKIP LOCKED
     LOOP
+        IF v_count = 0 THEN
+            -- Only now: in the common case nothing lapsed and nothing is written.
+            PERFORM {schema}.soniq_fenced_write_v1(true);
+        END IF;
         v_now := pg_catalog.clock_timestamp();
         IF r.cancel_requested THEN
             UPDATE {schema}.soniq_jobs AS j
@@ -133,7 +136,9 @@ BEGIN
         END IF;
         v_count := v_count + 1;
     END LOOP;
-    PERFORM {schema}.soniq_fenced_write_v1(false);
+    IF v_count > 0 THEN
+        PERFORM {schema}.soniq_fenced_write_v1(false);
+    END IF;
     RETURN v_count;
 END
 $fn$;
@@ -179,13 +184,15 @@ $fn$;
 -- Claim the next eligible job for worker_id with the fresh nonce
 -- claim_token: the first queued, due job by (priority, created_at) in the
 -- given queues (NULL: any queue). Returns one row, or none when nothing is
--- eligible. generation rises by one on every claim, attempts too.
+-- eligible. generation rises by one on every claim, attempts too. pid, if
+-- given, is recorded in the same write (the worker's process id).
 CREATE FUNCTION {schema}.soniq_claim(
     worker_id text,
     claim_token text,
     queues text[] DEFAULT NULL,
     lease_seconds double precision DEFAULT 30,
-    result_ttl_seconds double precision DEFAULT 300
+    result_ttl_seconds double precision DEFAULT 300,
+    pid integer DEFAULT NULL
 ) RETURNS TABLE (
     job_id uuid, job_name text, args jsonb, queue text, priority integer, attempts integer,
     max_attempts integer, lease_expires_at timestamptz, generation bigint,
@@ -208,6 +215,9 @@ BEGIN
     PERFORM {schema}.soniq_check_identity_v1(p_token, 'claim_token');
     PERFORM {schema}.soniq_check_seconds_v1(lease_seconds, 'lease_seconds', false);
     PERFORM {schema}.soniq_check_seconds_v1(result_ttl_seconds, 'result_ttl_seconds', true);
+    IF soniq_claim.pid IS NOT NULL AND soniq_claim.pid < 1 THEN
+        RAISE EXCEPTION 'pid must be a positive integer' USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
     IF EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j WHERE j.claim_token = p_token) THEN
         RAISE EXCEPTION 'claim token was used before' USING ERRCODE = 'P0001',
             HINT = 'QUEUE_CLAIM_CONFLICT', DETAIL = 'nonce_reused';
@@ -249,7 +259,7 @@ BEGIN
                            AND w.id = p_owner::uuid),
            lease_expires_at = v_now + pg_catalog.make_interval(secs => lease_seconds),
            cancel_requested = false,
-           pid = NULL,
+           pid = soniq_claim.pid,
            updated_at = v_now
      WHERE j.id = v_id
     RETURNING j.* INTO r;
@@ -645,7 +655,7 @@ REVOKE ALL ON FUNCTION {schema}.soniq_fenced_write_v1(boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_protect_owned_v1() FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_reap_lapsed_v1(integer, double precision) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_move_to_dead_letter_v1(uuid, text, text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION {schema}.soniq_claim(text, text, text[], double precision, double precision) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.soniq_claim(text, text, text[], double precision, double precision, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_recover_claim(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_lock_fence_v1(text, text, bigint, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_heartbeat(text, text, bigint, text, text, double precision) FROM PUBLIC;

@@ -19,20 +19,25 @@
 -- Read from the catalog, not current_setting(): a caller's SET or a per-role
 -- setting must not loosen the check for that caller.
 CREATE FUNCTION {schema}.soniq_task_name_pattern_v1() RETURNS text
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-    SELECT coalesce(
-        (SELECT pg_catalog.substr(setting, pg_catalog.length('soniq.task_name_pattern=') + 1)
-           FROM pg_catalog.pg_db_role_setting AS s
-          CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS setting
-          WHERE s.setrole = 0
-            AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database AS d
-                                  WHERE d.datname = pg_catalog.current_database())
-            AND pg_catalog.starts_with(setting, 'soniq.task_name_pattern=')
-          LIMIT 1),
-        E'^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$'
-    )
+-- PL/pgSQL, not SQL: the catalog query's plan is then cached per session
+-- instead of being planned again in every enqueue.
+DECLARE
+    v_pattern text;
+BEGIN
+    SELECT pg_catalog.substr(setting, pg_catalog.length('soniq.task_name_pattern=') + 1)
+      INTO v_pattern
+      FROM pg_catalog.pg_db_role_setting AS s
+     CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS setting
+     WHERE s.setrole = 0
+       AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                             WHERE d.datname = pg_catalog.current_database())
+       AND pg_catalog.starts_with(setting, 'soniq.task_name_pattern=')
+     LIMIT 1;
+    RETURN coalesce(v_pattern, E'^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$');
+END
 $fn$;
 
 -- soniq_check_args_v1 --

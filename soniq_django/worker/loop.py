@@ -104,6 +104,7 @@ class Worker:
         self.claimed_count = 0
         self.finished = threading.Condition(self.lock)
         self.throughput = ThroughputCounter()
+        self.pid = os.getpid()  # recorded with each claim
         self._next_purge = 0.0
 
     # Control ----------------------------------------------------------
@@ -188,16 +189,13 @@ class Worker:
                 attempts=claimed.attempts, max_attempts=claimed.max_attempts))
             with self.lock:
                 self.inflight[flight.context.job_id] = flight
-            # Here, on the claiming thread's open connection: a job thread may
-            # have to connect first, which would delay the handler's start.
-            self._record_pid(flight)
             pool.submit(self._run_job, flight)
 
     def _claim(self):
         """The claimed job, None when nothing is eligible, or _UNKNOWN after a failure."""
         token = secrets.token_hex(16)  # known and kept before the claim is sent
         try:
-            return self.source.claim_next_owned(self.worker_id, claim_token=token,
+            return self.source.claim_next_owned(self.worker_id, claim_token=token, pid=self.pid,
                                                 queues=self.queues)
         except SoniqError as error:
             if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
@@ -251,16 +249,7 @@ class Worker:
                 self.finished.notify_all()
             self.slots.release()
             self.wake.set()
-            close_old_connections()
-
-    def _record_pid(self, flight: InFlight) -> None:
-        """Record this process's id on the job (``set_pid_owned``); never fatal."""
-        try:
-            self.source.set_pid_owned(flight.claimed.claim_fence, os.getpid())
-        except SoniqError:
-            logger.warning("%s %s: could not record the pid", flight.claimed.job_name,
-                           flight.claimed.job_id)
-            close_old_connections()
+            keep_healthy_connections()
 
     def _settle(self, flight: InFlight, outcome: Outcome) -> None:
         """Make the job's one final fenced write (unless the timeout already made it).
@@ -349,7 +338,7 @@ class Worker:
                     logger.exception("heartbeat of %s %s failed", flight.claimed.job_name,
                                      flight.claimed.job_id)
                     close_old_connections()
-            close_old_connections()
+            keep_healthy_connections()
             if self.stopping.is_set():
                 time.sleep(self._beat_interval())
 
@@ -398,6 +387,30 @@ class Worker:
                 raise
             logger.warning("heartbeat failed (database unavailable); retrying")
             close_old_connections()
+
+
+def keep_healthy_connections() -> None:
+    """Between jobs: close broken connections, keep healthy ones open.
+
+    ``close_old_connections()`` treats each job like a web request: with the
+    default ``CONN_MAX_AGE=0`` it closes every connection, and the next
+    fenced write pays for a new backend and a cold PL/pgSQL session (about
+    9 ms a job, measured in bench/). A worker is one long "request", so it
+    keeps healthy connections; a positive ``CONN_MAX_AGE`` still recycles
+    them, and a connection that failed is closed and reopened on next use.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        max_age = conn.settings_dict["CONN_MAX_AGE"]
+        if (
+            conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]
+            or (conn.errors_occurred and not conn.is_usable())
+            or (max_age and conn.close_at is not None and time.monotonic() >= conn.close_at)
+        ):
+            conn.close()
+        else:
+            conn.errors_occurred = False
 
 
 def _verb(outcome: Outcome) -> str:
