@@ -52,7 +52,7 @@ and DELETE of ``soniq_jobs``). On SQLite each job holds the write lock.
 
 import datetime as dt
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
@@ -115,12 +115,15 @@ class _Tally:
 
 def replay_dead_letters(using: str = DEFAULT_DB_ALIAS, *, ids: Iterable | None = None,
                         reason: str | None = None, all: bool = False,  # noqa: A002
-                        dry_run: bool = False, now: dt.datetime | None = None) -> ReplayReport:
+                        dry_run: bool = False, now: dt.datetime | None = None,
+                        progress: Callable[[int], None] | None = None) -> ReplayReport:
     """Re-queue dead-lettered jobs chosen by ``ids``, by ``reason``, or ``all``.
 
     Exactly one selector must be given. ``dry_run`` classifies without
     writing or locking. ``now`` replaces the clock for ``scheduled_at`` and
-    ``last_resurrection_at``. Returns a ReplayReport. Raises ValueError for a
+    ``last_resurrection_at``. ``progress`` (optional) is called with the
+    number of dead letters handled so far, every 100 and at the end.
+    Returns a ReplayReport. Raises ValueError for a
     missing or doubled selector, an id that is not a UUID, an empty reason or
     a naive ``now``; SoniqError(QUEUE_PERSISTENCE_FAILED) when the database
     fails (jobs already replayed stay replayed).
@@ -135,9 +138,15 @@ def replay_dead_letters(using: str = DEFAULT_DB_ALIAS, *, ids: Iterable | None =
         candidates: Iterable[uuid.UUID] = [i for i in selected if i in found]
     else:
         candidates = _pages(using, selected)
+    handled = 0
     for job_id in candidates:
         outcome = _classify(using, job_id) if dry_run else _replay_one(using, job_id, now)
         tally.outcomes[outcome].append(job_id)
+        handled += 1
+        if progress is not None and handled % 100 == 0:
+            progress(handled)
+    if progress is not None and handled % 100:
+        progress(handled)
     return tally.report(dry_run)
 
 

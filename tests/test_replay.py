@@ -335,6 +335,7 @@ def test_replay_command_by_id_prints_counts_never_args():
     call_command("soniq_replay", str(dead.id), str(unknown), stdout=out)
     text = out.getvalue()
     assert text.splitlines() == [
+        "... 1 dead letters handled",
         "Replayed 1 dead-lettered jobs.",
         "Skipped 0 already in the queue, 0 replayed and not failed since, "
         "0 refused by a constraint; 1 ids not found.",
@@ -348,16 +349,17 @@ def test_replay_command_reason_all_and_dry_run():
     dead_letter("max_retries_exceeded")
     out = io.StringIO()
     call_command("soniq_replay", "--all", "--dry-run", stdout=out)
-    assert out.getvalue().startswith("Would replay 2 dead-lettered jobs.\n")
+    assert "\nWould replay 2 dead-lettered jobs.\n" in out.getvalue()
     assert not Job.objects.exists()
 
     out = io.StringIO()
     call_command("soniq_replay", "--reason", "max_retries_exceeded", stdout=out)
-    assert out.getvalue().startswith("Replayed 1 dead-lettered jobs.\n")
+    assert "\nReplayed 1 dead-lettered jobs.\n" in out.getvalue()
 
     out = io.StringIO()
     call_command("soniq_replay", "--all", stdout=out)
     assert out.getvalue().splitlines() == [
+        "... 2 dead letters handled",
         "Replayed 1 dead-lettered jobs.",
         "Skipped 1 already in the queue, 0 replayed and not failed since, "
         "0 refused by a constraint; 0 ids not found.",
@@ -371,3 +373,18 @@ def test_replay_command_reason_all_and_dry_run():
 def test_replay_command_failures_are_command_errors(argv):
     with pytest.raises(CommandError):
         call_command("soniq_replay", *argv, stdout=io.StringIO())
+
+
+def test_replay_reports_progress_as_plain_lines_when_not_a_terminal():
+    import io
+
+    from django.core.management import call_command
+
+    for _ in range(3):
+        DeadLetterJob.objects.create(id=uuid.uuid4(), job_name="a.dead", args={},
+                                     dead_letter_reason="permanent_failure")
+    out = io.StringIO()
+    call_command("soniq_replay", "--all", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert "... 3 dead letters handled" in lines
+    assert any(line.startswith("Replayed 3") for line in lines)

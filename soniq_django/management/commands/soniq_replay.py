@@ -23,8 +23,10 @@ class Command(BaseCommand):
         try:
             report = replay_dead_letters(
                 options["database"], ids=options["ids"] or None, reason=options["reason"],
-                all=options["all"], dry_run=options["dry_run"],
+                all=options["all"], dry_run=options["dry_run"], progress=self._progress,
             )
+            if self.stdout.isatty():
+                self.stdout.write("")  # end the progress line
         except (ValueError, SoniqError, ConnectionDoesNotExist) as error:
             raise CommandError(f"Replay failed: {error}") from None
         verb = "Would replay" if report.dry_run else "Replayed"
@@ -34,3 +36,11 @@ class Command(BaseCommand):
             f"replayed and not failed since, {len(report.conflicts)} refused by a constraint; "
             f"{len(report.missing)} ids not found."
         )
+
+    def _progress(self, handled: int) -> None:
+        # On a terminal one line is rewritten; in a log every step is a line.
+        if self.stdout.isatty():
+            self.stdout.write(f"\r... {handled} dead letters handled", ending="")
+            self.stdout.flush()
+        else:
+            self.stdout.write(f"... {handled} dead letters handled")
