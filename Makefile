@@ -45,3 +45,15 @@ bench: venv
 bench-quick: venv
 	@bash bench/peers-venv.sh
 	$(PYTHON_VENV) -m bench.run --quick $(BENCH_ARGS)
+
+# Chaos suite (tests/chaos/; see docs/reliability.md). Starts its own
+# throwaway PostgreSQL cluster (initdb/pg_ctl, a free port under /tmp),
+# restarts it on purpose and deletes it at the end. A short version runs in
+# `make test`. CHAOS_ARGS passes options, e.g. CHAOS_ARGS="--seed 42".
+#   make chaos              5,000 jobs, 4 workers, kills and restarts (~3 min)
+CHAOS_ARGS ?=
+
+.PHONY: chaos
+
+chaos: venv
+	$(PYTHON_VENV) -m tests.chaos $(CHAOS_ARGS)

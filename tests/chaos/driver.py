@@ -1,0 +1,474 @@
+"""The chaos driver: real workers drain jobs while workers die and PostgreSQL restarts.
+
+1. Start a private PostgreSQL cluster (tests/chaos/cluster.py).
+2. Migrate it, add the chaos tables, enqueue the jobs (tests/chaos/prepare.py).
+3. Start ``workers`` processes of ``manage.py soniq_worker --concurrency N``
+   with a short lease, fast heartbeats and short retry backoffs.
+4. At random points of the drain (random fractions of the jobs finished,
+   plus a random delay), SIGKILL a random worker and start a replacement,
+   or restart PostgreSQL with a fast or an immediate shutdown and a random
+   downtime (sometimes killing a worker while it is down).
+5. When every job has finished, SIGTERM the workers (each must exit 0), run
+   the checker (tests/chaos/checker.py), and always delete the cluster.
+
+``run(Config(...))`` returns the facts and the checker's report;
+``python -m tests.chaos`` is the command-line entry point.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from .checker import Report, check
+from .cluster import Cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Config:
+    jobs: int = 5000
+    workers: int = 4
+    concurrency: int = 2
+    kills: int = 8
+    fast_restarts: int = 3
+    immediate_restarts: int = 3
+    lease: float = 2.0
+    heartbeat: float = 0.5
+    poll: float = 0.5
+    retry_base: float = 0.05
+    retry_max: float = 0.5
+    job_seconds: tuple[float, float] = (0.02, 0.25)  # most jobs
+    long_seconds: tuple[float, float] = (1.5, 3.5)   # longer than the lease: heartbeats matter
+    long_fraction: float = 0.03
+    flaky_fraction: float = 0.02                      # fail their first attempt on purpose
+    downtime: tuple[float, float] = (0.2, 3.0)        # seconds the database stays down
+    long_outages: int = 1                             # restarts that stay down long_downtime:
+    long_downtime: tuple[float, float] = (7.0, 9.0)   # past 3 leases, when workers give up
+    kill_while_down: float = 0.4                      # chance of an extra kill during a restart
+    window: tuple[float, float] = (0.05, 0.75)        # drain fractions where events happen
+    drain_timeout: float = 900.0
+    stall_timeout: float = 120.0                      # no job finishing for this long: fail
+    seed: int | None = None
+    log_dir: Path | None = None                       # default: a temporary directory
+
+
+@dataclass
+class Facts:
+    seed: int = 0
+    kills: int = 0
+    kills_while_down: int = 0
+    restarts_fast: int = 0
+    restarts_immediate: int = 0
+    restarts: list[dict] = field(default_factory=list)
+    unexpected_exits: list[str] = field(default_factory=list)
+    bad_stops: list[str] = field(default_factory=list)
+    worker_errors: list[str] = field(default_factory=list)
+    drained: bool = False
+    writes_refused: int = 0      # final writes the database answered False (stale fence)
+    writes_withheld: int = 0     # final writes the worker did not send: it knew the lease was lost
+    drain_seconds: float = 0.0
+    total_seconds: float = 0.0
+    log_dir: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def restarts_total(self) -> int:
+        return self.restarts_fast + self.restarts_immediate
+
+
+class Db:
+    """A monitoring connection that reconnects through restarts."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.conn = None
+
+    def value(self, sql: str, params=None, timeout: float = 120.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.conn is None or self.conn.closed:
+                    self.conn = psycopg.connect(self.url, autocommit=True, connect_timeout=3)
+                row = self.conn.execute(sql, params).fetchone()
+                return None if row is None else row[0]
+            except psycopg.Error:
+                self.close()
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
+        self.conn = None
+
+
+class Proc:
+    """One ``manage.py soniq_worker`` process."""
+
+    def __init__(self, popen: subprocess.Popen, log: Path, index: int):
+        self.popen, self.log, self.index = popen, log, index
+        self.started = time.time()
+        self.ended: float | None = None
+        self.worker_id: str | None = None
+        self.killed = False
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, chars: int = 2500) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+class Chaos:
+    def __init__(self, config: Config, cluster: Cluster, log_dir: Path, say):
+        self.config = config
+        self.cluster = cluster
+        self.log_dir = log_dir
+        self.say = say
+        self.facts = Facts()
+        self.facts.seed = config.seed if config.seed is not None else random.randrange(10**9)
+        self.rng = random.Random(self.facts.seed)
+        self.procs: list[Proc] = []
+        self.db = Db(cluster.url())
+        self.url = cluster.url()
+        self.stalled = False
+
+    # Workers -----------------------------------------------------------------
+
+    def _env(self) -> dict:
+        c = self.config
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SONIQ_")}
+        env.update({
+            "DJANGO_SETTINGS_MODULE": "tests.chaos.settings",
+            "SONIQ_WORKER_DATABASE_URL": self.url,
+            "PYTHONUNBUFFERED": "1",
+            "SONIQ_LEASE_SECONDS": json.dumps(c.lease),
+            "SONIQ_HEARTBEAT_SECONDS": json.dumps(c.heartbeat),
+            "SONIQ_POLL_INTERVAL": json.dumps(c.poll),
+            "SONIQ_RETRY_BASE_SECONDS": json.dumps(c.retry_base),
+            "SONIQ_RETRY_MAX_SECONDS": json.dumps(c.retry_max),
+            "SONIQ_RESULT_TTL": json.dumps(7 * 86400),  # housekeeping must not purge the proof
+        })
+        return env
+
+    def start_worker(self) -> Proc:
+        env = self._env()
+        # Both connection modes of Django: per-job connections and persistent ones.
+        env["SONIQ_TEST_CONN_MAX_AGE"] = self.rng.choice(["0", "null"])
+        index = len(self.procs)
+        log = self.log_dir / f"worker-{index}.log"
+        with open(log, "wb") as sink:
+            popen = subprocess.Popen(
+                [sys.executable, "manage.py", "soniq_worker",
+                 "--concurrency", str(self.config.concurrency)],
+                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=sink,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        proc = Proc(popen, log, index)
+        self.procs.append(proc)
+        return proc
+
+    def wait_registered(self, proc: Proc, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                return  # reported by check_health
+            worker_id = self.db.value(
+                "SELECT id::text FROM soniq_workers WHERE pid = %s "
+                "ORDER BY started_at DESC LIMIT 1", (proc.pid,))
+            if worker_id:
+                proc.worker_id = worker_id
+                return
+            time.sleep(0.1)
+        self.facts.problems.append(f"worker {proc.index} (pid {proc.pid}) did not register "
+                                   f"within {timeout} s:\n{proc.tail()}")
+
+    def live(self) -> list[Proc]:
+        return [p for p in self.procs if not p.killed and p.ended is None and p.alive()]
+
+    def check_health(self) -> None:
+        """A worker that exited without being killed is a failure; replace it to go on."""
+        for proc in self.procs:
+            if proc.killed or proc.ended is not None or proc.alive():
+                continue
+            proc.ended = time.time()
+            self.facts.unexpected_exits.append(
+                f"worker {proc.index} (pid {proc.pid}) exited by itself with "
+                f"{proc.popen.returncode}:\n{proc.tail()}")
+            self.say(f"  !! worker {proc.index} exited by itself ({proc.popen.returncode})")
+            self.wait_registered(self.start_worker())
+
+    def kill_one(self) -> Proc | None:
+        candidates = self.live()
+        if not candidates:
+            return None
+        victim = self.rng.choice(candidates)
+        victim.killed = True
+        victim.popen.send_signal(signal.SIGKILL)
+        victim.popen.wait(10)
+        victim.ended = time.time()
+        self.facts.kills += 1
+        return victim
+
+    # Events --------------------------------------------------------------------
+
+    def finished(self) -> int:
+        return self.db.value(
+            "SELECT (SELECT count(*) FROM soniq_jobs WHERE status IN ('done', 'cancelled'))"
+            " + (SELECT count(*) FROM soniq_dead_letter_jobs)")
+
+    def wait_progress(self, target: int, deadline: float) -> int:
+        last, since = None, time.monotonic()
+        while True:
+            self.check_health()
+            done = self.finished()
+            if done != last:
+                last, since = done, time.monotonic()
+            if done >= target or time.monotonic() >= deadline:
+                return done
+            if time.monotonic() - since > self.config.stall_timeout:
+                self.stalled = True
+                return done
+            time.sleep(0.1)
+
+    def event_kill(self, done: int) -> None:
+        victim = self.kill_one()
+        if victim is None:
+            return
+        replacement = self.start_worker()
+        self.say(f"  [{done:>5}/{self.config.jobs}] SIGKILL worker {victim.index} "
+                 f"(pid {victim.pid}); started worker {replacement.index}")
+        self.wait_registered(replacement)
+
+    def event_restart(self, mode: str, done: int, long: bool = False) -> None:
+        c = self.config
+        downtime = self.rng.uniform(*(c.long_downtime if long else c.downtime))
+        down = time.time()
+        self.db.close()
+        self.cluster.stop(mode)
+        victim = None
+        if self.rng.random() < self.config.kill_while_down:
+            victim = self.kill_one()
+            if victim is not None:
+                self.facts.kills_while_down += 1
+        time.sleep(downtime)
+        self.cluster.start()
+        up = time.time()
+        self.facts.restarts.append({"mode": mode, "down": down, "up": up})
+        if mode == "fast":
+            self.facts.restarts_fast += 1
+        else:
+            self.facts.restarts_immediate += 1
+        note = f"; SIGKILLed worker {victim.index} while down" if victim else ""
+        self.say(f"  [{done:>5}/{self.config.jobs}] PostgreSQL {mode} shutdown, down "
+                 f"{up - down:.1f} s{note}")
+        if victim is not None:
+            self.wait_registered(self.start_worker())
+
+    # The run ------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        c = self.config
+        specs = []
+        for n in range(c.jobs):
+            long = self.rng.random() < c.long_fraction
+            seconds = self.rng.uniform(*(c.long_seconds if long else c.job_seconds))
+            spec = {"n": n, "seconds": round(seconds, 3)}
+            if self.rng.random() < c.flaky_fraction:
+                spec["fail_first"] = True
+            specs.append(spec)
+        spec_path = self.log_dir / "jobs.json"
+        spec_path.write_text(json.dumps(specs))
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.chaos.prepare", str(spec_path)], cwd=ROOT,
+            env=self._env(), capture_output=True, text=True, timeout=600,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"preparing the chaos database failed:\n{result.stdout}\n"
+                               f"{result.stderr[-4000:]}")
+
+    def run(self) -> Facts:
+        c = self.config
+        started = time.monotonic()
+        self.prepare()
+        for _ in range(c.workers):
+            self.start_worker()
+        for proc in list(self.procs):
+            self.wait_registered(proc)
+
+        events = (["kill"] * c.kills + ["fast"] * c.fast_restarts
+                  + ["immediate"] * c.immediate_restarts)
+        self.rng.shuffle(events)
+        restarts = [i for i, event in enumerate(events) if event != "kill"]
+        long_ones = set(self.rng.sample(restarts, min(c.long_outages, len(restarts))))
+        points = sorted(self.rng.uniform(*c.window) for _ in events)
+        drain_started = time.monotonic()
+        deadline = drain_started + c.drain_timeout
+        self.say(f"  draining {c.jobs} jobs with {c.workers} workers x {c.concurrency}; "
+                 f"{len(events)} events planned")
+        for index, (event, point) in enumerate(zip(events, points)):
+            done = self.wait_progress(int(point * c.jobs), deadline)
+            if time.monotonic() >= deadline or self.stalled:
+                break
+            time.sleep(self.rng.uniform(0, 0.5))
+            if event == "kill":
+                self.event_kill(done)
+                time.sleep(self.rng.uniform(0.2, 1.0))
+            else:
+                self.event_restart(event, done, long=index in long_ones)
+                time.sleep(self.rng.uniform(1.0, 2.5))
+        done = self.wait_progress(c.jobs, deadline)
+        self.facts.drained = done >= c.jobs
+        self.facts.drain_seconds = time.monotonic() - drain_started
+        if not self.facts.drained:
+            why = (f"nothing finished for {c.stall_timeout} s" if self.stalled
+                   else f"the drain took over {c.drain_timeout} s")
+            self.facts.problems.append(f"only {done} of {c.jobs} jobs finished: {why}")
+        self.stop_all()
+        self.facts.total_seconds = time.monotonic() - started
+        return self.facts
+
+    def stop_all(self) -> None:
+        """SIGTERM every live worker; each must exit 0 within its grace."""
+        ending = time.time()
+        stopping = self.live()
+        for proc in stopping:
+            proc.popen.send_signal(signal.SIGTERM)
+        for proc in stopping:
+            try:
+                code = proc.popen.wait(60)
+            except subprocess.TimeoutExpired:
+                code = None
+            proc.ended = ending
+            if code != 0:
+                self.facts.bad_stops.append(
+                    f"worker {proc.index} (pid {proc.pid}) answered SIGTERM with "
+                    f"{code}:\n{proc.tail()}")
+        for proc in self.procs:
+            for line in proc.tail(10**8).splitlines():
+                if "worker error while running" in line or "Traceback" in line:
+                    self.facts.worker_errors.append(f"worker {proc.index}: {line.strip()}")
+                elif "is no longer this worker's" in line:
+                    self.facts.writes_refused += 1
+                elif "not recorded; the lease was lost" in line:
+                    self.facts.writes_withheld += 1
+
+    def survivors(self) -> dict[str, tuple[float, float]]:
+        return {p.worker_id: (p.started, p.ended or time.time())
+                for p in self.procs if not p.killed and p.worker_id}
+
+    def cleanup(self) -> None:
+        self.db.close()
+        for proc in self.procs:
+            if proc.alive():
+                proc.popen.kill()
+        for proc in self.procs:
+            try:
+                proc.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@dataclass
+class Outcome:
+    facts: Facts
+    report: Report
+
+    @property
+    def ok(self) -> bool:
+        f = self.facts
+        return (self.report.ok and f.drained and not f.unexpected_exits and not f.bad_stops
+                and not f.worker_errors and not f.problems)
+
+    def failures(self) -> list[str]:
+        f = self.facts
+        return [*f.problems, *f.unexpected_exits, *f.bad_stops, *f.worker_errors[:20],
+                *self.report.violations]
+
+    def summary(self) -> str:
+        f, r = self.facts, self.report
+        lines = [
+            f"chaos run (seed {f.seed}): {r.enqueued} jobs drained in {f.drain_seconds:.1f} s "
+            f"({f.total_seconds:.1f} s in all)",
+            f"  jobs:                    {r.enqueued} enqueued, {r.done} done, "
+            f"{r.dead_lettered} dead-lettered, {r.unfinished} unfinished",
+            f"  kills:                   {f.kills} SIGKILL ({f.kills_while_down} while "
+            "PostgreSQL was down), each replaced",
+            f"  restarts:                {f.restarts_total} (fast {f.restarts_fast} / "
+            f"immediate {f.restarts_immediate})",
+            f"  executions:              {r.executions} recorded; {r.claims} claims, "
+            f"{r.claims_never_run} never reached a handler",
+            f"  duplicate executions:    {r.duplicate_executions} (after a lease lapse "
+            f"{r.reruns_after_lapse}, after a reported failure {r.reruns_after_failure}, "
+            f"unexplained {r.unexplained_duplicates}); earlier generation lower in "
+            f"{r.duplicates_earlier_generation_lower} of {r.duplicate_executions}",
+            f"  leases lapsed:           {r.lease_lapses} (re-queued by the reaper after "
+            "their lease ran out)",
+            f"  late results discarded:  {r.stale_results_refused} (handler finished after "
+            "its claim lapsed; never applied)",
+            f"  stale final writes:      {f.writes_refused} sent and refused by the database's "
+            f"fence, {f.writes_withheld} withheld by a worker that saw its lease go",
+            f"  completions applied:     {r.completions_applied} (jobs completed twice: "
+            f"{r.double_completions})",
+            f"  lost = {r.lost}",
+            f"  stale writes applied = {r.stale_writes_applied}",
+            f"  workers not recovering after a restart: {r.workers_not_recovered}; "
+            f"unexpected exits: {len(f.unexpected_exits)}; bad stops: {len(f.bad_stops)}",
+            f"  verdict: {'PASS' if self.ok else 'FAIL'}",
+        ]
+        return "\n".join(lines)
+
+
+def run(config: Config, say=print, inspect=None) -> Outcome:
+    """One chaos run on a private cluster; the cluster is deleted whatever happens.
+
+    ``inspect(url, outcome)``, if given, runs after the check and before the
+    cluster is deleted (the short test uses it to show the checker failing).
+    """
+    own_logs = config.log_dir is None
+    log_dir = Path(tempfile.mkdtemp(prefix="soniq-chaos-logs.")) if own_logs else config.log_dir
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ok = False
+    with Cluster() as cluster:
+        say(f"chaos: private PostgreSQL in {cluster.dir} on 127.0.0.1:{cluster.port}; "
+            f"logs in {log_dir}")
+        chaos = Chaos(config, cluster, log_dir, say)
+        try:
+            facts = chaos.run()
+            facts.log_dir = str(log_dir)
+            with psycopg.connect(cluster.url()) as conn:
+                report = check(conn, restarts=facts.restarts, survivors=chaos.survivors())
+            outcome = Outcome(facts, report)
+            if inspect is not None:
+                inspect(cluster.url(), outcome)
+            ok = outcome.ok
+            if not ok:
+                (log_dir / "server.log").write_text(cluster.log_tail(200_000))
+            return outcome
+        finally:
+            chaos.cleanup()
+            if own_logs and ok:
+                import shutil
+
+                shutil.rmtree(log_dir, ignore_errors=True)

@@ -1,0 +1,43 @@
+"""Prepare the chaos database: migrate, add the chaos tables, enqueue the jobs.
+
+Run by the driver as ``python -m tests.chaos.prepare SPEC.json`` with
+``DJANGO_SETTINGS_MODULE=tests.chaos.settings`` and the cluster's URL in
+``SONIQ_WORKER_DATABASE_URL``. SPEC.json is a list of ``chaos.work`` args.
+The jobs go in with ``bulk_enqueue`` (the public Python API), in the same
+transaction as their ids' copy in ``chaos_enqueued``: what the checker
+counts is exactly what was committed.
+"""
+
+import json
+import sys
+
+
+def main(spec_path: str) -> None:
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection, transaction
+
+    from soniq_django import bulk_enqueue
+    from soniq_django.job_request import JobRequest
+    from tests.chaos.schema import SCHEMA_SQL
+
+    call_command("migrate", interactive=False, verbosity=0)
+    with connection.cursor() as cursor:
+        cursor.execute(SCHEMA_SQL)
+    with open(spec_path) as f:
+        specs = json.load(f)
+    for start in range(0, len(specs), 2000):
+        chunk = specs[start:start + 2000]
+        with transaction.atomic():
+            ids = bulk_enqueue([JobRequest("chaos.work", args, max_attempts=50)
+                                for args in chunk])
+            with connection.cursor() as cursor:
+                cursor.executemany("INSERT INTO chaos_enqueued (job_id) VALUES (%s)",
+                                   [(job_id,) for job_id in ids])
+    print(f"enqueued {len(specs)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

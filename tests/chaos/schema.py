@@ -1,0 +1,93 @@
+"""The chaos run's own tables in its private database, next to Soniq's.
+
+``chaos_executions``: one row per handler execution, inserted by the handler
+itself over its own autocommit connection before it does any work, so the
+row exists even when the job's completion is lost (the worker was killed,
+the lease lapsed, the database went away). ``exec_id`` is made by the
+handler, so re-sending an insert whose acknowledgement was lost adds nothing.
+
+``chaos_writes``: an audit of every write *applied* to soniq_jobs that
+changed a row's status or claim generation, or deleted it, written by
+triggers in the same transaction as the write (a write that did not commit
+leaves no audit row). It carries the generation the write was made for: the
+completion's result and a handler failure's error text both name the
+generation of the execution that produced them.
+"""
+
+SCHEMA_SQL = r"""
+CREATE TABLE chaos_enqueued (
+    job_id uuid PRIMARY KEY
+);
+
+CREATE TABLE chaos_executions (
+    exec_id uuid PRIMARY KEY,
+    job_id uuid NOT NULL,
+    attempt integer NOT NULL,           -- current_job().attempts: the claim's generation
+    pid integer NOT NULL,
+    worker_id text,                     -- the soniq_workers row of this pid
+    row_generation bigint,              -- the job row as the handler found it
+    row_owner text,
+    row_status text,
+    row_lease timestamptz,
+    started_at timestamptz NOT NULL,    -- database clock, the leases' clock
+    finished_at timestamptz             -- set when the handler body ran to its end
+);
+CREATE INDEX ON chaos_executions (job_id);
+
+CREATE TABLE chaos_writes (
+    id bigserial PRIMARY KEY,
+    job_id uuid NOT NULL,
+    op text NOT NULL,
+    old_status text,
+    new_status text,
+    old_generation bigint,
+    new_generation bigint,
+    old_owner text,
+    new_owner text,
+    old_lease timestamptz,
+    result_generation bigint,
+    error_generation bigint,
+    error_tail text,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX ON chaos_writes (job_id);
+
+-- The soniq functions run with search_path = pg_catalog, pg_temp: pin ours.
+CREATE FUNCTION chaos_audit() RETURNS trigger LANGUAGE plpgsql
+SET search_path = public, pg_catalog
+AS $fn$
+DECLARE
+    v_error text;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        -- A move to the dead letters inserts there first: its error is visible here.
+        SELECT d.last_error INTO v_error FROM soniq_dead_letter_jobs AS d WHERE d.id = OLD.id;
+        INSERT INTO chaos_writes (job_id, op, old_status, old_generation, old_owner, old_lease,
+                                  error_generation, error_tail)
+        VALUES (OLD.id, 'delete', OLD.status, OLD.claim_generation, OLD.claim_owner,
+                OLD.lease_expires_at,
+                (substring(v_error from 'chaos-failure gen=([0-9]+)'))::bigint,
+                right(v_error, 160));
+        RETURN OLD;
+    END IF;
+    INSERT INTO chaos_writes (job_id, op, old_status, new_status, old_generation, new_generation,
+                              old_owner, new_owner, old_lease, result_generation,
+                              error_generation, error_tail)
+    VALUES (NEW.id, 'update', OLD.status, NEW.status, OLD.claim_generation,
+            NEW.claim_generation, OLD.claim_owner, NEW.claim_owner, OLD.lease_expires_at,
+            CASE WHEN jsonb_typeof(NEW.result) = 'object'
+                      AND NEW.result ? 'generation'
+                 THEN (NEW.result ->> 'generation')::bigint END,
+            (substring(NEW.last_error from 'chaos-failure gen=([0-9]+)'))::bigint,
+            right(NEW.last_error, 160));
+    RETURN NEW;
+END
+$fn$;
+
+CREATE TRIGGER chaos_audit_update AFTER UPDATE ON soniq_jobs FOR EACH ROW
+    WHEN (OLD.status IS DISTINCT FROM NEW.status
+          OR OLD.claim_generation IS DISTINCT FROM NEW.claim_generation)
+    EXECUTE FUNCTION chaos_audit();
+CREATE TRIGGER chaos_audit_delete AFTER DELETE ON soniq_jobs FOR EACH ROW
+    EXECUTE FUNCTION chaos_audit();
+"""

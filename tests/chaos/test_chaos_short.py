@@ -1,0 +1,118 @@
+"""The short chaos run, inside the test suite (PostgreSQL pass).
+
+1,000 jobs, 4 worker processes x 2 threads, two SIGKILLs and one fast and
+one immediate PostgreSQL restart, on a private cluster this test starts and
+deletes itself (never the suite's server). The checker must find nothing
+lost, nothing completed twice and no stale write applied. Then, on the same
+database and inside transactions that are rolled back, the checker is shown
+bugs of each kind and must report every one: a checker that cannot fail
+proves nothing.
+
+The full run is ``python -m tests.chaos`` (``make chaos``). Under CI=true a
+machine that cannot host the private cluster fails this test; elsewhere it
+is skipped with the reason.
+"""
+
+import dataclasses
+import os
+import time
+
+import psycopg
+import pytest
+
+from tests.chaos.checker import Report, check
+from tests.chaos.cluster import Cluster, ClusterUnavailable
+from tests.chaos.driver import Config, Outcome, run
+
+pytestmark = pytest.mark.postgresql_only
+
+IN_CI = os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+SHORT = Config(
+    jobs=1000, workers=4, concurrency=2, kills=2, fast_restarts=1, immediate_restarts=1,
+    job_seconds=(0.01, 0.12), long_fraction=0.02, downtime=(0.5, 2.5), long_outages=0,
+    window=(0.1, 0.7),
+    drain_timeout=150.0, stall_timeout=60.0,
+)
+
+
+def _require_a_private_cluster() -> None:
+    """Skip (outside CI) or fail (under CI=true) when no private cluster can be started."""
+    try:
+        Cluster()  # finds initdb/pg_ctl and the OS user; creates nothing
+    except ClusterUnavailable as error:
+        message = f"the chaos run cannot start its own PostgreSQL cluster: {error}"
+        if IN_CI:
+            pytest.fail(f"CI=true: {message}")
+        pytest.skip(message)
+
+
+def _checked_after(url: str, *steps) -> Report:
+    """The checker's report on the database with ``steps`` applied, then rolled back."""
+    with psycopg.connect(url) as conn:
+        try:
+            for sql, params in steps:
+                conn.execute(sql, params)
+            return check(conn)
+        finally:
+            conn.rollback()
+
+
+def _show_the_checker_bugs(url: str, outcome: Outcome) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        job_id, generation, exec_id = conn.execute(
+            "SELECT id, claim_generation, (result ->> 'exec')::uuid FROM soniq_jobs "
+            "WHERE status = 'done' ORDER BY claim_generation DESC, id LIMIT 1").fetchone()
+
+    # A job row disappears: lost.
+    lost = _checked_after(url, ("DELETE FROM soniq_jobs WHERE id = %s", (job_id,)))
+    assert lost.lost == 1 and not lost.ok
+
+    # An older execution's result overwrites the job: a second completion, stale.
+    stale = _checked_after(
+        url,
+        ("SELECT set_config('soniq.fenced_write', 'on', true)", None),
+        ("UPDATE soniq_jobs SET status = 'processing' WHERE id = %s", (job_id,)),
+        ("UPDATE soniq_jobs SET status = 'done', result = jsonb_set(result, '{generation}', "
+         "to_jsonb(claim_generation - 1)) WHERE id = %s", (job_id,)),
+    )
+    assert stale.stale_writes_applied >= 2 and stale.double_completions == 1
+
+    # The same claim runs twice.
+    twice = _checked_after(url, (
+        "INSERT INTO chaos_executions SELECT gen_random_uuid(), job_id, attempt, pid, worker_id,"
+        " row_generation, row_owner, row_status, row_lease, started_at + interval '1 ms', "
+        "finished_at FROM chaos_executions WHERE exec_id = %s", (exec_id,)))
+    assert any(f"generation {generation} ran 2 times" in v for v in twice.violations)
+
+    # A job runs again although its claim completed and nothing re-claimed it.
+    rerun = _checked_after(url, (
+        "INSERT INTO chaos_executions (exec_id, job_id, attempt, pid, started_at) "
+        "VALUES (gen_random_uuid(), %s, %s, 1, clock_timestamp())", (job_id, generation + 1)))
+    assert rerun.unexplained_duplicates == 1 and not rerun.ok
+
+    # Untouched, the same database checks clean.
+    assert _checked_after(url).ok
+
+
+def test_short_chaos_run_loses_nothing_and_applies_no_stale_write(tmp_path):
+    _require_a_private_cluster()
+    started = time.monotonic()
+    outcome = run(dataclasses.replace(SHORT, log_dir=tmp_path), say=print,
+                  inspect=_show_the_checker_bugs)
+    elapsed = time.monotonic() - started
+    print(outcome.summary())
+    print(f"short chaos run: {elapsed:.1f} s")
+    assert outcome.ok, "\n".join(outcome.failures()[:40])
+
+    facts, report = outcome.facts, outcome.report
+    assert facts.kills >= 2 and facts.restarts_fast >= 1 and facts.restarts_immediate >= 1
+    assert report.enqueued == SHORT.jobs
+    assert report.done + report.dead_lettered == SHORT.jobs
+    assert report.lost == 0 and report.unfinished == 0
+    assert report.stale_writes_applied == 0 and report.double_completions == 0
+    assert report.completions_applied == report.done
+    assert report.executions >= SHORT.jobs
+    assert report.unexplained_duplicates == 0
+    assert report.duplicate_executions == report.reruns_after_lapse + report.reruns_after_failure
+    assert report.duplicates_earlier_generation_lower == report.duplicate_executions
