@@ -1,6 +1,6 @@
 """What the admin dashboard shows, as plain data.
 
-``snapshot()`` reads the queues in a fixed number of queries (seven, however
+``snapshot()`` reads the queues in a fixed number of queries (eight, however
 many jobs there are) and returns frozen values; ``chart()`` turns the last
 hour's throughput into the geometry of an SVG bar chart, so the template
 only draws. Nothing here writes.
@@ -10,12 +10,12 @@ import datetime as dt
 from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Max, Min, Q
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from .conf import soniq_settings
-from .models import DeadLetterJob, Job, JobStatus, Worker, WorkerState
+from .models import DeadLetterJob, Job, JobStatus, TaskRegistration, Worker, WorkerState
 from .stats import minute_of, per_minute
 
 DEAD_LETTER = "dead_letter"
@@ -46,21 +46,34 @@ class QueueRow:
 
 @dataclass(frozen=True)
 class LiveWorker:
-    """A worker whose heartbeat is recent."""
+    """A worker whose heartbeat is recent: a soniq_django worker or one of Soniq's own."""
 
     id: str
     hostname: str
     pid: int
-    queues: tuple[str, ...] | None  # None: every queue
+    queues: tuple[str, ...] | None  # None: every queue (Soniq writes an empty list for that)
     concurrency: int
     status: str
     started_at: dt.datetime
-    last_heartbeat_at: dt.datetime
+    last_heartbeat: dt.datetime
     heard_ago: dt.timedelta
+    version: str | None  # "soniq_django <version>"; Soniq 0.1.0 leaves it empty
 
     @property
     def heard_ago_text(self) -> str:
         return duration_text(self.heard_ago)
+
+
+@dataclass(frozen=True)
+class RegisteredTask:
+    """One job name of soniq_task_registry, over every worker that registered it."""
+
+    task_name: str
+    live_workers: int  # live workers that registered it
+    workers: int  # rows: every worker, live or gone, that ever registered it
+    last_seen: dt.datetime
+    queue: str | None  # the handler's queue; None when only Soniq's workers registered it
+    max_attempts: int | None
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,7 @@ class Snapshot:
     silent_workers: int  # not stopped, but no heartbeat within the live window
     live_window: dt.timedelta
     throughput: tuple[MinuteCount, ...]  # WINDOW_MINUTES minutes, oldest first
+    tasks: tuple[RegisteredTask, ...]  # by job name
 
 
 def duration_text(span: dt.timedelta) -> str:
@@ -138,7 +152,7 @@ def snapshot(using: str = DEFAULT_DB_ALIAS, now: dt.datetime | None = None) -> S
     return Snapshot(
         now=now, queues=queues, totals=totals, dead_letters_by_reason=tuple(reasons),
         live_workers=live, silent_workers=silent, live_window=window,
-        throughput=_throughput(using, now),
+        throughput=_throughput(using, now), tasks=_tasks(using, live),
     )
 
 
@@ -179,16 +193,40 @@ def _workers(using: str, now: dt.datetime, window: dt.timedelta
     live = tuple(
         LiveWorker(
             id=str(worker.id), hostname=worker.hostname, pid=worker.pid,
-            queues=tuple(worker.queues) if isinstance(worker.queues, list) else None,
+            queues=tuple(worker.queues) if worker.queues else None,
             concurrency=worker.concurrency, status=worker.status,
-            started_at=worker.started_at, last_heartbeat_at=worker.last_heartbeat_at,
-            heard_ago=max(now - worker.last_heartbeat_at, dt.timedelta(0)),
+            started_at=worker.started_at, last_heartbeat=worker.last_heartbeat,
+            heard_ago=max(now - worker.last_heartbeat, dt.timedelta(0)),
+            version=worker.version,
         )
-        for worker in running.filter(last_heartbeat_at__gte=heard_after)
+        for worker in running.filter(last_heartbeat__gte=heard_after)
         .order_by("hostname", "pid")
     )
-    silent = running.filter(last_heartbeat_at__lt=heard_after).count()
+    silent = running.filter(last_heartbeat__lt=heard_after).count()
     return live, silent
+
+
+def _tasks(using: str, live: tuple[LiveWorker, ...]) -> tuple[RegisteredTask, ...]:
+    """soniq_task_registry summed per job name (one GROUP BY query).
+
+    Soniq's composite key gives one row per job name and worker, so a name
+    counts its live workers among the workers that ever registered it.
+    """
+    live_ids = [worker.id for worker in live]
+    rows = (
+        TaskRegistration.objects.using(using).values("task_name")
+        .annotate(workers=Count("worker_id"),
+                  live=Count("worker_id", filter=Q(worker_id__in=live_ids)),
+                  last_seen=Max("last_seen_at"), queue=Max("queue"),
+                  max_attempts=Max("max_attempts"))
+        .order_by("task_name")
+    )
+    return tuple(
+        RegisteredTask(task_name=row["task_name"], live_workers=row["live"],
+                       workers=row["workers"], last_seen=row["last_seen"], queue=row["queue"],
+                       max_attempts=row["max_attempts"])
+        for row in rows
+    )
 
 
 def _throughput(using: str, now: dt.datetime) -> tuple[MinuteCount, ...]:

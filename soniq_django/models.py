@@ -14,6 +14,8 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from .fields import QueueListField
+
 
 class JobStatus(models.TextChoices):
     """States of a row in ``soniq_jobs``. Dead-lettered jobs live in another table."""
@@ -60,14 +62,14 @@ class ScheduleStatus(models.TextChoices):
 
 
 class WorkerState(models.TextChoices):
-    """Life of a row in ``soniq_workers``; only the worker itself moves it."""
+    """Life of a row in ``soniq_workers``, with Soniq's own values; only the worker moves it."""
 
-    RUNNING = "running"
+    ACTIVE = "active"
     """Claiming and running jobs, heartbeating."""
     STOPPING = "stopping"
     """Told to stop: finishing in-flight jobs, claiming no more."""
     STOPPED = "stopped"
-    """Exited cleanly."""
+    """Exited cleanly (or, for Soniq's own sweep, silent for too long)."""
 
 
 class Job(models.Model):
@@ -265,44 +267,77 @@ class RecurringJob(models.Model):
 
 
 class Worker(models.Model):
-    """``soniq_workers``: one row per worker process, kept fresh by its heartbeat."""
+    """``soniq_workers``: one row per worker process, kept fresh by its heartbeat.
+
+    This is Soniq's own table, column for column, so that soniq_django's
+    workers and Soniq's workers register side by side (``soniq_jobs.worker_id``
+    names a row here; Soniq declares that as a foreign key). A process has at
+    most one row: ``(hostname, pid)`` is unique.
+    """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     hostname = models.TextField()
     pid = models.IntegerField()
-    queues = models.JSONField(null=True, blank=True, help_text="Queue names, or null for all.")
+    queues = QueueListField(
+        null=True, blank=True, default=list,
+        help_text="Queue names; empty (or null) for every queue.",
+    )
     concurrency = models.IntegerField(default=1, db_default=1)
     status = models.TextField(
-        choices=WorkerState.choices, default=WorkerState.RUNNING, db_default=WorkerState.RUNNING
+        choices=WorkerState.choices, default=WorkerState.ACTIVE, db_default=WorkerState.ACTIVE
     )
+    last_heartbeat = models.DateTimeField(default=timezone.now, db_default=Now())
     started_at = models.DateTimeField(default=timezone.now, db_default=Now())
-    last_heartbeat_at = models.DateTimeField(default=timezone.now, db_default=Now())
-    stopped_at = models.DateTimeField(null=True, blank=True)
+    version = models.TextField(
+        null=True, blank=True, help_text="Who runs it; soniq_django writes its name and version."
+    )
+    metadata = models.JSONField(null=True, blank=True, default=dict, db_default={})
 
     class Meta:
         db_table = "soniq_workers"
         verbose_name = "worker"
+        # Names are Soniq's. On PostgreSQL the pair is a unique *index*, as
+        # Soniq creates it (a later migration must drop it with DROP INDEX).
+        # The indexes on last_heartbeat and status exist in the database
+        # too, under Soniq's names, which are longer than Django allows an
+        # Index to be named: migration 0006 creates them.
+        constraints = [
+            models.UniqueConstraint(fields=["hostname", "pid"], name="idx_soniq_workers_host_pid"),
+            models.CheckConstraint(
+                condition=Q(status__in=WorkerState.values), name="soniq_workers_status_check"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.hostname}:{self.pid} ({self.status})"
 
 
 class TaskRegistration(models.Model):
-    """``soniq_task_registry``: the handlers workers know, keyed by job name."""
+    """``soniq_task_registry``: which worker handles which job name, for people to read.
 
-    job_name = models.TextField(primary_key=True)
-    queue = models.TextField(default="default", db_default="default")
-    max_attempts = models.IntegerField(null=True, blank=True)
-    unique_job = models.BooleanField(default=False, db_default=False)
+    Soniq's own table: one row per (job name, worker), refreshed when that
+    worker starts. Nothing reads it to route or run a job. soniq_django's
+    workers also fill ``queue``, ``max_attempts`` and ``unique_job``, which
+    stay NULL in rows that Soniq's workers write.
+    """
+
+    pk = models.CompositePrimaryKey("task_name", "worker_id")
+    task_name = models.TextField()
+    worker_id = models.TextField()
+    last_seen_at = models.DateTimeField(default=timezone.now)
     args_model_repr = models.TextField(null=True, blank=True)
-    updated_at = models.DateTimeField(default=timezone.now, db_default=Now())
+    queue = models.TextField(null=True, blank=True)
+    max_attempts = models.IntegerField(null=True, blank=True)
+    unique_job = models.BooleanField(null=True, blank=True)
 
     class Meta:
         db_table = "soniq_task_registry"
         verbose_name = "registered task"
+        # The index on task_name (idx_soniq_task_registry_task_name) is
+        # created by migration 0006 under Soniq's name.
 
     def __str__(self) -> str:
-        return self.job_name
+        return f"{self.task_name} @ {self.worker_id}"
 
 
 class ThroughputMinute(models.Model):

@@ -41,7 +41,7 @@ TRACEBACK = (
     '  File "billing/jobs.py", line 12, in charge\n'
     'ValueError: card declined <script>alert("x")</script>'
 )
-MODELS = ("job", "deadletterjob", "recurringjob", "worker", "taskregistration")
+MODELS = ("job", "deadletterjob", "recurringjob", "worker")
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,12 @@ def rows() -> Rows:
     assert operations.cancel_jobs([cancelled]).cancelled == 1
     dead = enqueue("billing.charge", {"amount": 5}, queue="billing")
     assert source.fail_owned(_claim("billing").claim_fence, TRACEBACK, retry=False)
-    Worker.objects.create(hostname="host-a", pid=4242, queues=["mail", "reports"], concurrency=4)
-    TaskRegistration.objects.create(job_name="shop.send_receipt", queue="mail")
+    worker = Worker.objects.create(hostname="host-a", pid=4242, queues=["mail", "reports"],
+                                   concurrency=4, version="soniq_django 0.1.0")
+    TaskRegistration.objects.create(task_name="shop.send_receipt", worker_id=str(worker.id),
+                                    queue="mail", max_attempts=4, unique_job=False)
+    # As Soniq 0.1.0's worker writes it: no queue, attempts or unique flag.
+    TaskRegistration.objects.create(task_name="shop.send_receipt", worker_id="soniq-run-once")
     RecurringJob.objects.create(job_name="reports.nightly", schedule_type="cron",
                                 schedule_value="0 3 * * *")
     return Rows(queued, later, running, done, cancelled, dead)
@@ -120,8 +124,7 @@ def _all_pages(rows: Rows) -> list[str]:
                                             rows.cancelled)]
     pages += [_change("deadletterjob", rows.dead)]
     pages += [_change(model, obj.pk) for model, obj in (
-        ("worker", Worker.objects.get()), ("taskregistration", TaskRegistration.objects.get()),
-        ("recurringjob", RecurringJob.objects.get()))]
+        ("worker", Worker.objects.get()), ("recurringjob", RecurringJob.objects.get()))]
     pages.append(reverse("admin:soniq_django_job_history", args=[rows.running]))
     return pages
 
@@ -455,12 +458,19 @@ def test_snapshot_counts_waits_dead_letters_workers_and_throughput(settings):
     enqueue("c.job", queue="gamma")
     assert source.fail_owned(_claim("gamma").claim_fence, "gone", retry=False,
                              dead_letter_reason="job_not_found")
-    Worker.objects.create(hostname="live-1", pid=1, queues=["alpha"], concurrency=4,
-                          last_heartbeat_at=now - dt.timedelta(seconds=20))
-    Worker.objects.create(hostname="live-2", pid=2, queues=None, status="stopping",
-                          last_heartbeat_at=now - dt.timedelta(seconds=80))
-    Worker.objects.create(hostname="silent", pid=3, last_heartbeat_at=now - dt.timedelta(minutes=5))
-    Worker.objects.create(hostname="stopped", pid=4, status="stopped", last_heartbeat_at=now)
+    live = Worker.objects.create(hostname="live-1", pid=1, queues=["alpha"], concurrency=4,
+                                 last_heartbeat=now - dt.timedelta(seconds=20),
+                                 version="soniq_django 1.0")
+    # A Soniq 0.1.0 worker: every queue is an empty list, no version.
+    Worker.objects.create(hostname="live-2", pid=2, queues=[], status="stopping",
+                          last_heartbeat=now - dt.timedelta(seconds=80))
+    silent = Worker.objects.create(hostname="silent", pid=3,
+                                   last_heartbeat=now - dt.timedelta(minutes=5))
+    Worker.objects.create(hostname="stopped", pid=4, status="stopped", last_heartbeat=now)
+    for name, worker_id, queue in (("a.job", live.id, "alpha"), ("a.job", silent.id, "alpha"),
+                                   ("a.job", "soniq-run-once", None), ("b.job", silent.id, None)):
+        TaskRegistration.objects.create(task_name=name, worker_id=str(worker_id), queue=queue,
+                                        last_seen_at=now - dt.timedelta(minutes=1))
     counter = ThroughputCounter()
     for kind, count, ago in (("done", 3, 2), ("failed", 1, 2), ("dead_lettered", 2, 10),
                              ("cancelled", 1, 59), ("done", 5, 70)):
@@ -486,7 +496,10 @@ def test_snapshot_counts_waits_dead_letters_workers_and_throughput(settings):
     assert snap.live_window == dt.timedelta(seconds=90)
     assert [(w.hostname, w.queues, w.concurrency) for w in snap.live_workers] == [
         ("live-1", ("alpha",), 4), ("live-2", None, 1)]
+    assert [w.version for w in snap.live_workers] == ["soniq_django 1.0", None]
     assert snap.silent_workers == 1
+    assert [(t.task_name, t.live_workers, t.workers, t.queue) for t in snap.tasks] == [
+        ("a.job", 1, 3, "alpha"), ("b.job", 0, 1, None)]
     assert len(snap.throughput) == 60
     assert snap.throughput[-1].minute == minute_of(now)
     by_minute = {m.minute: m for m in snap.throughput}
@@ -494,6 +507,19 @@ def test_snapshot_counts_waits_dead_letters_workers_and_throughput(settings):
     assert (two_ago.counts["done"], two_ago.counts["failed"], two_ago.total) == (3, 1, 4)
     assert by_minute[minute_of(now - dt.timedelta(minutes=59))].counts["cancelled"] == 1
     assert sum(m.total for m in snap.throughput) == 4 + 2 + 1  # the 70-minute-old row is out
+
+
+def test_status_counts_live_workers_by_what_runs_them():
+    from soniq_django.status import queue_summary
+
+    now = timezone.now()
+    for pid, version in enumerate(["soniq_django 1.0", "soniq_django 1.0", None]):
+        Worker.objects.create(hostname="h", pid=pid, version=version, last_heartbeat=now)
+    Worker.objects.create(hostname="h", pid=9, status="stopped", version="soniq_django 0.9")
+    summary = queue_summary()
+    assert summary["live_workers"] == 3
+    # Soniq 0.1.0's own workers write no version.
+    assert summary["live_workers_by_version"] == {"soniq_django 1.0": 2, "unknown": 1}
 
 
 def test_live_window_is_three_heartbeats_but_at_least_a_minute(settings):
@@ -504,11 +530,14 @@ def test_live_window_is_three_heartbeats_but_at_least_a_minute(settings):
 
 
 def test_snapshot_takes_the_same_queries_however_many_rows(django_assert_num_queries):
-    with django_assert_num_queries(7):
+    with django_assert_num_queries(8):
         dashboard.snapshot()
     _add_jobs(500, 0)
     _add_dead_letters(200)
-    with django_assert_num_queries(7):
+    Worker.objects.bulk_create([Worker(hostname=f"h{i}", pid=i) for i in range(50)])
+    TaskRegistration.objects.bulk_create([
+        TaskRegistration(task_name=f"t.n{i % 7}", worker_id=f"w{i}") for i in range(200)])
+    with django_assert_num_queries(8):
         dashboard.snapshot()
 
 
@@ -560,9 +589,44 @@ def test_dashboard_page(admin_client, rows):
     assert f'{_changelist("job")}?queue=mail&amp;status__exact=queued">1</a>' in html
     assert f'{_changelist("deadletterjob")}?dead_letter_reason__exact=permanent_failure' in html
     assert "host-a" in html and "4242" in html and "mail, reports" in html
+    assert "soniq_django 0.1.0" in html
+    tasks = html.split('id="soniq-tasks"')[1].split("</table>")[0]
+    # One job name over two registry rows: ours (live worker) and one Soniq wrote.
+    assert re.search(r"shop\.send_receipt</th>\s*<td>mail</td>\s*<td class=\"num\">4</td>\s*"
+                     r"<td class=\"num\">1</td>\s*<td class=\"num\">2</td>", tasks), tasks
     # Server-rendered only: no script at all, no external asset.
     assert "<script" not in html.split('<div id="soniq-dashboard">')[1]
     assert not re.search(r'(src|href)="(https?:)?//', html)
+
+
+def test_a_workers_page_lists_the_job_names_it_registered(admin_client, rows):
+    worker = Worker.objects.get()
+    html = admin_client.get(_change("worker", worker.pk)).content.decode()
+    assert "shop.send_receipt (mail)" in html
+    assert "soniq_django 0.1.0" in html
+
+
+def test_the_registry_has_soniqs_composite_key_which_djangos_admin_cannot_register():
+    # Why soniq_task_registry is shown on the dashboard and the worker pages
+    # instead of a changelist of its own.
+    from django.core.exceptions import ImproperlyConfigured
+
+    assert TaskRegistration._meta.is_composite_pk
+    with pytest.raises(ImproperlyConfigured, match="composite primary key"):
+        AdminSite(name="probe").register(TaskRegistration)
+
+
+def test_workers_filter_by_every_queue_or_named_queues(admin_client):
+    Worker.objects.create(hostname="every-soniq", pid=1, queues=[])
+    Worker.objects.create(hostname="every-null", pid=2, queues=None)
+    Worker.objects.create(hostname="named", pid=3, queues=["mail"])
+
+    def hosts(value):
+        response = admin_client.get(_changelist("worker") + f"?serves={value}")
+        return sorted(worker.hostname for worker in response.context["cl"].result_list)
+
+    assert hosts("all") == ["every-null", "every-soniq"]
+    assert hosts("some") == ["named"]
 
 
 def test_dashboard_is_linked_from_the_app_index_and_the_jobs_list(admin_client):

@@ -1,5 +1,7 @@
 """The format-1 tables, read back from the database and compared with the format."""
 
+import re
+
 import pytest
 from django.db import connection
 
@@ -62,25 +64,29 @@ FORMAT_1 = {
         "run_count": ("integer", False, "0"),
         "last_job_id": ("uuid", True, None),
     },
-    # Not specified by the format; designed here (see docs/storage-format.md).
+    # Not specified by the format: Soniq 0.1.0's own tables, column for column
+    # (migration 0006; see docs/storage-format.md and docs/interop.md).
     "soniq_workers": {
         "id": ("uuid", False, None),
         "hostname": ("text", False, None),
         "pid": ("integer", False, None),
-        "queues": ("jsonb", True, None),
+        "queues": ("ARRAY", True, "'{}'::text[]"),
         "concurrency": ("integer", False, "1"),
-        "status": ("text", False, "'running'::text"),
+        "status": ("text", False, "'active'::text"),
+        "last_heartbeat": (TSTZ, False, NOW),
         "started_at": (TSTZ, False, NOW),
-        "last_heartbeat_at": (TSTZ, False, NOW),
-        "stopped_at": (TSTZ, True, None),
+        "version": ("text", True, None),
+        "metadata": ("jsonb", True, "'{}'::jsonb"),
     },
     "soniq_task_registry": {
-        "job_name": ("text", False, None),
-        "queue": ("text", False, "'default'::text"),
-        "max_attempts": ("integer", True, None),
-        "unique_job": ("boolean", False, "false"),
+        "task_name": ("text", False, None),
+        "worker_id": ("text", False, None),
+        "last_seen_at": (TSTZ, False, None),
         "args_model_repr": ("text", True, None),
-        "updated_at": (TSTZ, False, NOW),
+        # soniq_django's additions: NULL in the rows Soniq's workers write.
+        "queue": ("text", True, None),
+        "max_attempts": ("integer", True, None),
+        "unique_job": ("boolean", True, None),
     },
 }
 
@@ -211,3 +217,56 @@ def test_next_eligible_job_is_an_index_scan():
     # Either claim index serves it (per queue, or across queues).
     assert "soniq_jobs_claim_idx" in plan or "soniq_jobs_claim_any_idx" in plan, plan
     assert "Seq Scan" not in plan and "SCAN soniq_jobs\n" not in plan + "\n", plan
+
+
+# Soniq 0.1.0's keys, checks and indexes on the two tables it shares with
+# soniq_django, as pg_indexes / pg_constraint print them (migration 0006).
+SONIQ_WORKER_TABLE_INDEXES = {
+    "soniq_workers_pkey": "UNIQUE INDEX soniq_workers_pkey ON soniq_workers USING btree (id)",
+    "idx_soniq_workers_host_pid":
+        "UNIQUE INDEX idx_soniq_workers_host_pid ON soniq_workers USING btree (hostname, pid)",
+    "idx_soniq_workers_last_heartbeat":
+        "INDEX idx_soniq_workers_last_heartbeat ON soniq_workers USING btree (last_heartbeat)",
+    "idx_soniq_workers_status":
+        "INDEX idx_soniq_workers_status ON soniq_workers USING btree (status)",
+    "soniq_task_registry_pkey": "UNIQUE INDEX soniq_task_registry_pkey ON soniq_task_registry "
+                                "USING btree (task_name, worker_id)",
+    "idx_soniq_task_registry_task_name": "INDEX idx_soniq_task_registry_task_name ON "
+                                         "soniq_task_registry USING btree (task_name)",
+}
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db
+def test_the_worker_tables_have_soniqs_keys_checks_and_indexes():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() "
+            "AND tablename IN ('soniq_workers', 'soniq_task_registry')")
+        found = {name: re.sub(r" ON \w+\.", " ON ", definition.removeprefix("CREATE "))
+                 for name, definition in cursor.fetchall()}
+        cursor.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = 'soniq_workers'::regclass AND contype = 'c'")
+        checks = dict(cursor.fetchall())
+        cursor.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+                       "WHERE attrelid = 'soniq_workers'::regclass AND attname = 'queues'")
+        (queues_type,) = cursor.fetchone()
+    assert found == SONIQ_WORKER_TABLE_INDEXES
+    assert checks == {"soniq_workers_status_check":
+                      "CHECK ((status = ANY (ARRAY['active'::text, 'stopping'::text, "
+                      "'stopped'::text])))"}
+    assert queues_type == "text[]"
+
+
+@pytest.mark.django_db
+def test_a_queue_list_round_trips_on_every_backend():
+    from soniq_django.models import Worker
+
+    for pid, queues in enumerate((["mail", "reports"], [], None, ["é", "a,b", "{x}", '"q"'])):
+        Worker.objects.create(hostname="h", pid=pid, queues=queues)
+        assert Worker.objects.get(pid=pid).queues == queues
+    if connection.vendor == "postgresql":  # a real array, as Soniq's worker reads it
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT queues[2], cardinality(queues) FROM soniq_workers WHERE pid = 3")
+            assert cursor.fetchone() == ("a,b", 4)

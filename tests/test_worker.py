@@ -20,7 +20,7 @@ from soniq_django.errors import ErrorCode, SoniqError
 from soniq_django.models import DeadLetterJob, Job, TaskRegistration, Worker as WorkerRow
 from soniq_django.owned import OwnedJobSource
 from soniq_django.registry import registered_handlers
-from soniq_django.worker import Worker
+from soniq_django.worker import Worker, registration
 from tests.owned_helpers import rewrite
 from tests.worker_helpers import RunLog, WorkerThread, run_burst, wait_until
 
@@ -348,26 +348,82 @@ def test_the_command_refuses_bad_options():
 # The worker's own rows ---------------------------------------------------------
 
 
-def test_the_worker_row_goes_from_running_to_stopped():
+def test_the_worker_row_goes_from_active_to_stopped():
     worker = Worker(queues=["a", "b"], concurrency=3)
     with WorkerThread(worker) as running:
         row = wait_until(
-            lambda: WorkerRow.objects.filter(id=worker.worker_id, status="running").first(),
+            lambda: WorkerRow.objects.filter(id=worker.worker_id, status="active").first(),
             10, "the worker row",
         )
         assert row.pid == os.getpid()
         assert row.hostname == socket.gethostname()[:255]
         assert (row.queues, row.concurrency) == (["a", "b"], 3)
-        assert row.stopped_at is None
-        first_beat = row.last_heartbeat_at
+        assert row.version == registration.implementation()
+        assert row.version.startswith("soniq_django ")
+        first_beat = row.last_heartbeat
         wait_until(
-            lambda: WorkerRow.objects.get(id=worker.worker_id).last_heartbeat_at > first_beat,
+            lambda: WorkerRow.objects.get(id=worker.worker_id).last_heartbeat > first_beat,
             10, "a heartbeat on the worker row",
         )
         assert running.stop() == 0
     row = WorkerRow.objects.get(id=worker.worker_id)
     assert row.status == "stopped"
-    assert row.stopped_at is not None and row.stopped_at >= row.started_at
+    # As in Soniq, a stopped row's last heartbeat is when it stopped.
+    assert row.last_heartbeat >= row.started_at
+
+
+def test_a_worker_of_every_queue_registers_an_empty_list_as_soniq_does():
+    worker = Worker(burst=True)
+    assert WorkerThread(worker).start().join() == 0
+    assert WorkerRow.objects.get(id=worker.worker_id).queues == []
+
+
+def test_the_loop_says_running_and_stopping_which_the_row_spells_as_soniq_does():
+    worker_id = str(uuid.uuid4())
+    registration.register("default", worker_id, None, 1)
+    registration.beat("default", worker_id, "stopping")
+    assert WorkerRow.objects.get(id=worker_id).status == "stopping"
+    registration.beat("default", worker_id, "running")
+    assert WorkerRow.objects.get(id=worker_id).status == "active"
+    registration.unregister("default", worker_id)
+    assert WorkerRow.objects.get(id=worker_id).status == "stopped"
+
+
+def test_a_new_worker_in_the_same_process_replaces_the_old_row_and_detaches_its_jobs(run_log):
+    # One row per (hostname, pid), as Soniq's unique index says: a restarted
+    # container's pid-1 worker, or a second Worker in one process.
+    first = Worker(burst=True)
+    job_id = enqueue("tests.worker.ok")
+    assert WorkerThread(first).start().join() == 0
+    assert Job.objects.get(id=job_id).worker_id == uuid.UUID(first.worker_id)
+    assert TaskRegistration.objects.filter(worker_id=first.worker_id).exists()
+
+    second = Worker(burst=True)
+    assert WorkerThread(second).start().join() == 0
+
+    rows = WorkerRow.objects.filter(hostname=socket.gethostname()[:255], pid=os.getpid())
+    assert [str(row.id) for row in rows] == [second.worker_id]
+    finished = Job.objects.get(id=job_id)
+    assert (finished.status, finished.worker_id, finished.claim_owner) == (
+        "done", None, first.worker_id)  # the history stays; the link to a gone row does not
+    assert not TaskRegistration.objects.filter(worker_id=first.worker_id).exists()
+    assert TaskRegistration.objects.filter(worker_id=second.worker_id).exists()
+
+
+def test_a_replaced_row_is_detached_even_from_protected_jobs(run_log):
+    from soniq_django.job_request import JobRequest
+
+    first = Worker(burst=True)
+    owned = OwnedJobSource().submit_owned(JobRequest("tests.worker.ok", {}), submission_id="s-1")
+    assert WorkerThread(first).start().join() == 0
+    row = Job.objects.get(id=owned)
+    assert (row.status, row.fence_required, row.worker_id) == (
+        "done", True, uuid.UUID(first.worker_id))
+    assert WorkerThread(Worker(burst=True)).start().join() == 0
+    row = Job.objects.get(id=owned)
+    # Only the informational link changed; the protected row is otherwise intact.
+    assert (row.status, row.fence_required, row.worker_id, row.submission_id) == (
+        "done", True, None, "s-1")
 
 
 def test_a_given_worker_id_is_used_for_the_row_and_the_claims(run_log):
@@ -379,15 +435,21 @@ def test_a_given_worker_id_is_used_for_the_row_and_the_claims(run_log):
     assert row.claim_owner == worker_id and row.worker_id == uuid.UUID(worker_id)
 
 
-def test_the_task_registry_lists_every_handler():
-    assert run_burst() == 0
-    rows = {row.job_name: row for row in TaskRegistration.objects.all()}
-    assert set(registered_handlers()) <= set(rows)
+def test_the_task_registry_lists_every_handler_for_this_worker():
+    worker = Worker(burst=True)
+    assert WorkerThread(worker).start().join() == 0
+    rows = {row.task_name: row for row in TaskRegistration.objects.filter(
+        worker_id=worker.worker_id)}
+    assert set(registered_handlers()) == set(rows)
     flaky = rows["tests.worker.flaky"]
     assert (flaky.queue, flaky.max_attempts, flaky.unique_job) == ("default", 6, False)
     report = rows["tests.unique_report"]
     assert (report.queue, report.max_attempts, report.unique_job) == ("reports", 3, True)
     assert "fail_times" in flaky.args_model_repr
+    assert flaky.last_seen_at is not None
+    # Published again by the same worker id: updated, not duplicated.
+    assert WorkerThread(Worker(burst=True, worker_id=worker.worker_id)).start().join() == 0
+    assert TaskRegistration.objects.filter(worker_id=worker.worker_id).count() == len(rows)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,11 +13,11 @@ from django.contrib import admin
 from .jobs import DeadLetterJobAdmin, JobAdmin
 from .schedules import RecurringJobAdmin, RecurringJobForm
 from .views import add_dashboard, dashboard_view
-from .workers import TaskRegistrationAdmin, WorkerAdmin
+from .workers import WorkerAdmin
 
 __all__ = [
     "DeadLetterJobAdmin", "JobAdmin", "RecurringJobAdmin", "RecurringJobForm",
-    "TaskRegistrationAdmin", "WorkerAdmin", "add_dashboard", "dashboard_view",
+    "WorkerAdmin", "add_dashboard", "dashboard_view",
 ]
 
 add_dashboard(admin.site)

@@ -1,11 +1,19 @@
-"""Read-only admins for ``soniq_workers`` and ``soniq_task_registry``."""
+"""Read-only admin for ``soniq_workers``; the task registry is shown on it and on the dashboard.
+
+``soniq_task_registry`` has Soniq's composite primary key (job name,
+worker id), and Django's admin cannot register such a model. Its rows are
+shown instead on each worker's page (the job names that worker handles) and,
+summed per job name, on the dashboard.
+"""
 
 from django.contrib import admin
+from django.db.models import Q
 from django.utils import timezone
+from django.utils.html import format_html_join
 
 from .. import dashboard
 from ..models import TaskRegistration, Worker, WorkerState
-from .display import when
+from .display import pretty_json, when
 
 
 class _ReadOnlyAdmin(admin.ModelAdmin):
@@ -19,35 +27,62 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+class _EveryQueueFilter(admin.SimpleListFilter):
+    """Workers that serve every queue (an empty or NULL list), or a named one."""
+
+    title = "queues"
+    parameter_name = "serves"
+
+    def lookups(self, request, model_admin):
+        return [("all", "every queue"), ("some", "named queues")]
+
+    def queryset(self, request, queryset):
+        every = Q(queues__isnull=True) | Q(queues=[])
+        if self.value() == "all":
+            return queryset.filter(every)
+        if self.value() == "some":
+            return queryset.exclude(every)
+        return queryset
+
+
 @admin.register(Worker)
 class WorkerAdmin(_ReadOnlyAdmin):
     list_display = ("hostname", "pid", "status", "alive", "queues_shown", "concurrency",
-                    "started", "last_heartbeat")
-    list_filter = ("status", "hostname")
-    search_fields = ("hostname",)
-    ordering = ("-last_heartbeat_at",)
+                    "version", "started", "heartbeat")
+    list_filter = ("status", _EveryQueueFilter, "hostname")
+    search_fields = ("hostname", "version")
+    ordering = ("-last_heartbeat",)
+    fields = ("id", "hostname", "pid", "status", "queues_shown", "concurrency", "version",
+              "started", "heartbeat", "metadata_shown", "handles")
+    readonly_fields = fields
 
     @admin.display(description="live", boolean=True)
     def alive(self, obj):
-        recent = obj.last_heartbeat_at >= timezone.now() - dashboard.live_window()
+        recent = obj.last_heartbeat >= timezone.now() - dashboard.live_window()
         return obj.status != WorkerState.STOPPED and recent
 
     @admin.display(description="started", ordering="started_at")
     def started(self, obj):
         return when(obj.started_at)
 
-    @admin.display(description="last heartbeat", ordering="last_heartbeat_at")
-    def last_heartbeat(self, obj):
-        return when(obj.last_heartbeat_at)
+    @admin.display(description="last heartbeat", ordering="last_heartbeat")
+    def heartbeat(self, obj):
+        return when(obj.last_heartbeat)
 
     @admin.display(description="queues")
     def queues_shown(self, obj):
-        return ", ".join(obj.queues) if isinstance(obj.queues, list) else "all"
+        return ", ".join(obj.queues) if obj.queues else "all"
 
+    @admin.display(description="metadata")
+    def metadata_shown(self, obj):
+        return pretty_json(obj.metadata)
 
-@admin.register(TaskRegistration)
-class TaskRegistrationAdmin(_ReadOnlyAdmin):
-    list_display = ("job_name", "queue", "max_attempts", "unique_job", "updated_at")
-    list_filter = ("queue", "unique_job")
-    search_fields = ("job_name",)
-    ordering = ("job_name",)
+    @admin.display(description="handles")
+    def handles(self, obj):
+        """The job names this worker registered in soniq_task_registry."""
+        rows = TaskRegistration.objects.using(obj._state.db).filter(
+            worker_id=str(obj.id)).order_by("task_name").values_list("task_name", "queue")
+        if not rows:
+            return "-"
+        return format_html_join(
+            ", ", "{}{}", ((name, f" ({queue})" if queue else "") for name, queue in rows))

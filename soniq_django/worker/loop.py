@@ -124,7 +124,7 @@ class Worker:
     def run(self) -> int:
         """Run until stopped (or, in burst mode, until nothing is left); return an exit code."""
         registration.register(self.using, self.worker_id, self.queues, self.concurrency)
-        registration.publish_registry(self.using)
+        registration.publish_registry(self.using, self.worker_id)
         background = self._start_background()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="soniq-job")
         logger.info("worker %s started (queues=%s, concurrency=%d)", self.worker_id,

@@ -1,52 +1,121 @@
-"""The worker's own row in soniq_workers, and the task registry it publishes."""
+"""The worker's own row in soniq_workers, and the task registry it publishes.
+
+Both tables are Soniq's own, column for column (docs/storage-format.md), so
+a soniq_django worker and a Soniq worker register side by side and each can
+read the other's rows. As in Soniq, a process has one row: ``(hostname,
+pid)`` is unique. A new worker in a process that already has a row (a
+restarted container whose worker is pid 1 again, or a second ``Worker`` in
+the same process) takes the place of the old one: the old row goes, and the
+jobs that named it keep their history but no longer point at it
+(``worker_id`` becomes NULL, as Soniq's ``ON DELETE SET NULL`` foreign key
+would do). That keeps every ``soniq_jobs.worker_id`` naming an existing row,
+so Soniq's foreign key can always be added.
+"""
 
 import os
 import socket
 import uuid
+from functools import cache
+from importlib import metadata
 
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
-from ..models import TaskRegistration, Worker, WorkerState
+from ..models import Job, TaskRegistration, Worker, WorkerState
 from ..registry import registered_handlers
+
+STATES = {
+    "running": WorkerState.ACTIVE,  # what the worker loop says while it claims
+    WorkerState.ACTIVE: WorkerState.ACTIVE,
+    WorkerState.STOPPING: WorkerState.STOPPING,
+    WorkerState.STOPPED: WorkerState.STOPPED,
+}
+"""The worker loop's words for its state, as soniq_workers.status values (Soniq's)."""
+
+
+@cache
+def implementation() -> str:
+    """What soniq_django's workers write in ``soniq_workers.version``: ``soniq_django <ver>``."""
+    try:
+        return f"soniq_django {metadata.version('soniq-django')}"
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "soniq_django"
 
 
 def register(using: str, worker_id: str, queues: list[str] | None, concurrency: int) -> None:
-    """Insert (or revive) this worker's row as running."""
-    Worker.objects.using(using).update_or_create(
-        id=uuid.UUID(worker_id),
-        defaults={
-            "hostname": socket.gethostname()[:255], "pid": os.getpid(), "queues": queues,
-            "concurrency": concurrency, "status": WorkerState.RUNNING,
-            "started_at": timezone.now(), "last_heartbeat_at": timezone.now(),
-            "stopped_at": None,
-        },
-    )
+    """Insert (or revive) this worker's row as active, replacing an older row of this process."""
+    wid = uuid.UUID(worker_id)
+    hostname, pid = socket.gethostname()[:255], os.getpid()
+    for attempt in range(3):
+        try:
+            with transaction.atomic(using=using):
+                older = list(
+                    Worker.objects.using(using).select_for_update()
+                    .filter(hostname=hostname, pid=pid).exclude(id=wid)
+                    .values_list("id", flat=True)
+                )
+                if older:
+                    _release(using, older)
+                now = timezone.now()
+                Worker.objects.using(using).update_or_create(id=wid, defaults={
+                    "hostname": hostname, "pid": pid, "queues": list(queues or []),
+                    "concurrency": concurrency, "status": WorkerState.ACTIVE,
+                    "started_at": now, "last_heartbeat": now, "version": implementation(),
+                })
+            return
+        except IntegrityError:
+            # Another worker of this process registered between our look and
+            # our insert; look again.
+            if attempt == 2:
+                raise
 
 
-def beat(using: str, worker_id: str, state: str = WorkerState.RUNNING) -> None:
+def _release(using: str, worker_ids: list[uuid.UUID]) -> None:
+    """Delete the rows of earlier workers, first pointing their jobs' worker_id at nothing.
+
+    On PostgreSQL the protection trigger of migration 0004 skips writes to
+    owned rows that do not come through the claim functions; this write
+    touches only the informational ``worker_id``, so it opens the same gate.
+    """
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_catalog.set_config('soniq.fenced_write', 'on', true)")
+        Job.objects.using(using).filter(worker_id__in=worker_ids).update(worker_id=None)
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_catalog.set_config('soniq.fenced_write', 'off', true)")
+    TaskRegistration.objects.using(using).filter(
+        worker_id__in=[str(worker_id) for worker_id in worker_ids]).delete()
+    Worker.objects.using(using).filter(id__in=worker_ids).delete()
+
+
+def beat(using: str, worker_id: str, state: str = WorkerState.ACTIVE) -> None:
     """Record that the worker is alive (and whether it is draining)."""
     Worker.objects.using(using).filter(id=uuid.UUID(worker_id)).update(
-        last_heartbeat_at=timezone.now(), status=state
+        last_heartbeat=timezone.now(), status=STATES[state]
     )
 
 
 def unregister(using: str, worker_id: str) -> None:
-    """Mark the worker stopped."""
+    """Mark the worker stopped; its last heartbeat is when it stopped (as in Soniq)."""
     Worker.objects.using(using).filter(id=uuid.UUID(worker_id)).update(
-        status=WorkerState.STOPPED, stopped_at=timezone.now(), last_heartbeat_at=timezone.now()
+        status=WorkerState.STOPPED, last_heartbeat=timezone.now()
     )
 
 
-def publish_registry(using: str) -> None:
-    """Write every handler this process knows to soniq_task_registry."""
-    for name, handler in registered_handlers().items():
-        TaskRegistration.objects.using(using).update_or_create(
-            job_name=name,
-            defaults={
-                "queue": handler.queue or "default",
-                "max_attempts": handler.max_attempts,
-                "unique_job": handler.unique,
-                "args_model_repr": f"{handler.__qualname__}{handler.signature}"[:2000],
-                "updated_at": timezone.now(),
-            },
+def publish_registry(using: str, worker_id: str) -> None:
+    """Write one soniq_task_registry row per handler this process knows, for this worker."""
+    now = timezone.now()
+    rows = [
+        TaskRegistration(
+            task_name=name, worker_id=str(worker_id), last_seen_at=now,
+            args_model_repr=f"{handler.__qualname__}{handler.signature}"[:2000],
+            queue=handler.queue or "default", max_attempts=handler.max_attempts,
+            unique_job=handler.unique,
         )
+        for name, handler in sorted(registered_handlers().items())
+    ]
+    TaskRegistration.objects.using(using).bulk_create(
+        rows, update_conflicts=True, unique_fields=["task_name", "worker_id"],
+        update_fields=["last_seen_at", "args_model_repr", "queue", "max_attempts", "unique_job"],
+    )
