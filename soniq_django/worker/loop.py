@@ -105,6 +105,7 @@ class Worker:
         self.finished = threading.Condition(self.lock)
         self.throughput = ThroughputCounter()
         self.pid = os.getpid()  # recorded with each claim
+        self._unknown_streak = 0  # claims in a row whose outcome stayed unknown
         self._next_purge = 0.0
 
     # Control ----------------------------------------------------------
@@ -173,7 +174,11 @@ class Worker:
             claimed = self._claim()
             if claimed is _UNKNOWN:
                 self.slots.release()
+                # The database keeps failing claims: don't hammer it.
+                self._unknown_streak += 1
+                self.stopping.wait(min(0.05 * 2 ** min(self._unknown_streak, 6), 2.0))
                 continue
+            self._unknown_streak = 0
             if claimed is None:
                 self.slots.release()
                 if self.burst:
