@@ -102,6 +102,7 @@ def _run_action(driver, action: str, job_id) -> str:
 
 def test_admin_in_a_browser(browser, shots, live_server, django_user_model):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     assert "django.contrib.staticfiles" in settings.INSTALLED_APPS and settings.STATIC_URL, (
         "tests/settings.py must list django.contrib.staticfiles and set STATIC_URL: without "
@@ -136,7 +137,8 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model):
     browser.find_element(By.NAME, "username").send_keys("admin")
     browser.find_element(By.NAME, "password").send_keys("pw-browser")
     browser.find_element(By.CSS_SELECTOR, 'input[type="submit"]').click()
-    assert browser.find_elements(By.ID, "user-tools")
+    # Wait for the page after the login (the click does not wait for it).
+    assert WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "user-tools"))
 
     # The jobs list.
     browser.get(live_server.url + reverse("admin:soniq_django_job_changelist"))
