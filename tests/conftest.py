@@ -17,13 +17,13 @@ def backend(request):
 
 
 def pytest_collection_modifyitems(config, items):
-    # PostgreSQL-only behaviour (SQL functions, LISTEN/NOTIFY) runs in the
-    # PostgreSQL pass; in the SQLite pass it is deselected, not skipped.
-    if BACKEND == "postgresql":
-        return
+    # Behaviour that exists on one backend only (SQL functions and LISTEN on
+    # PostgreSQL; SQLite's collation probe and write lock) runs in that
+    # backend's pass and is deselected in the other, never skipped.
+    other = "sqlite_only" if BACKEND == "postgresql" else "postgresql_only"
     keep, drop = [], []
     for item in items:
-        (drop if item.get_closest_marker("postgresql_only") else keep).append(item)
+        (drop if item.get_closest_marker(other) else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

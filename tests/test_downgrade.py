@@ -222,7 +222,7 @@ def test_downgrade_waits_for_a_concurrent_protected_insert_then_refuses(
     assert fetchall("SELECT count(*) FROM soniq_jobs WHERE submission_id = 'sub-racing'") == [(1,)]
 
 
-@pytest.mark.skipif(PG, reason="SQLite's write lock; PostgreSQL's LOCK TABLE is shown above")
+@pytest.mark.sqlite_only  # SQLite's write lock; PostgreSQL's LOCK TABLE is shown above
 def test_sqlite_lock_holds_the_write_lock_even_in_a_deferred_transaction(at_latest_afterwards):
     connection.ensure_connection()
     connection.transaction_mode = None  # BEGIN DEFERRED, as a default SQLite setting has it
