@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db import connections, transaction
+from django.db import connections
 from django.db.models import Q
 from django.utils import timezone
 
@@ -49,7 +49,7 @@ def retry_now(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> int:
     Returns how many jobs changed; jobs in any other state are left alone.
     """
     now = timezone.now()
-    with transaction.atomic(using=using), fenced_writes(connections[using]):
+    with fenced_writes(connections[using]):
         return Job.objects.using(using).filter(
             id__in=list(job_ids), status=JobStatus.QUEUED, scheduled_at__gt=now
         ).update(scheduled_at=now, updated_at=now)

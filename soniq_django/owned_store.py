@@ -156,22 +156,26 @@ class PostgresClaims:
 
 @contextmanager
 def fenced_writes(connection):
-    """Let this transaction's own writes through the PostgreSQL protection trigger.
+    """Let the writes inside through the PostgreSQL protection trigger.
 
     Owned submissions and live owned claims are skipped by the trigger
     unless the transaction-local ``soniq.fenced_write`` gate is open; only
-    soniq_django's services open it, around their own checked writes.
+    soniq_django's services open it, around their own checked writes. The
+    block is one transaction (a savepoint inside an enclosing one): in
+    autocommit mode a transaction-local setting would end with its own
+    statement.
     """
-    if connection.vendor != "postgresql":
-        yield
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('soniq.fenced_write', 'on', true)")
-    try:
-        yield
-    finally:
+    with transaction.atomic(using=connection.alias):
+        if connection.vendor != "postgresql":
+            yield
+            return
         with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('soniq.fenced_write', 'off', true)")
+            cursor.execute("SELECT set_config('soniq.fenced_write', 'on', true)")
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('soniq.fenced_write', 'off', true)")
 
 
 def take_sqlite_write_lock(connection) -> None:

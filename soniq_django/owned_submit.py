@@ -133,8 +133,12 @@ def _row(submission: OwnedSubmission) -> Job:
     )
 
 
-def _displace_predecessor(alias, connection, submission, now) -> None:
-    """Settle a live job holding the same active key, or refuse."""
+def _displace_predecessor(alias, connection, submission, now) -> uuid.UUID | None:
+    """Settle a live job holding the same active key, or refuse.
+
+    Returns the original id when, under the predecessor's lock, this turns
+    out to be a replay after all; None when the new job may be inserted.
+    """
     jobs = Job.objects.using(alias)
     predecessor = (
         jobs.select_for_update()
@@ -142,11 +146,12 @@ def _displace_predecessor(alias, connection, submission, now) -> None:
         .first()
     )
     if predecessor is None:
-        return
+        return None
     # Re-check replay under the predecessor's lock: an identical request may
     # have committed since the first look.
-    if _replayed(alias, submission) is not None:
-        raise _Replay(_replayed(alias, submission))
+    replayed = _replayed(alias, submission)
+    if replayed is not None:
+        return replayed
     if not predecessor.fence_required:
         raise conflict("legacy_active_key")
     if not submission.force:
@@ -156,11 +161,7 @@ def _displace_predecessor(alias, connection, submission, now) -> None:
             status=JobStatus.CANCELLED, lease_expires_at=None, pid=None,
             expires_at=now, updated_at=now,
         )
-
-
-class _Replay(Exception):
-    def __init__(self, job_id):
-        self.job_id = job_id
+    return None
 
 
 def submit(alias: str, submission: OwnedSubmission) -> uuid.UUID:
@@ -184,10 +185,9 @@ def submit(alias: str, submission: OwnedSubmission) -> uuid.UUID:
         ):
             raise conflict("job_id_in_use")
         if submission.active_key is not None:
-            try:
-                _displace_predecessor(alias, connection, submission, timezone.now())
-            except _Replay as replay:
-                return replay.job_id
+            replayed = _displace_predecessor(alias, connection, submission, timezone.now())
+            if replayed is not None:
+                return replayed
         try:
             with transaction.atomic(using=alias):
                 _row(submission).save(using=alias, force_insert=True)

@@ -8,7 +8,7 @@ come back as the same ``SoniqError`` codes the SQLite path raises.
 
 import json
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from django.db import Error as DatabaseError
 from django.db import transaction
@@ -76,7 +76,7 @@ def _translated(connection, alias: str):
     Inside ``atomic()`` the call gets a savepoint; in autocommit mode the
     statement is its own transaction and needs none.
     """
-    guard = transaction.atomic(using=alias) if connection.in_atomic_block else _nothing()
+    guard = transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
     try:
         with guard:
             yield
@@ -85,11 +85,6 @@ def _translated(connection, alias: str):
         if translated is None:
             raise
         raise translated from None
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 def _params(job: PreparedJob) -> list:

@@ -16,6 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .models import DeadLetterJob, Job, JobStatus
+from .owned_store import fenced_writes
 
 #: Rows fetched and cleared per transaction, so no lock is held for long.
 BATCH_SIZE = 500
@@ -95,22 +96,8 @@ def _retire_batch(model, queryset, using, batch_size) -> int:
         ids = list(queryset.using(using).values_list("pk", flat=True)[:batch_size])
         if not ids:
             return 0
-        _fenced_write(using, True)
         # The filter is applied again in the UPDATE: a row that changed since
         # it was selected (a replayed dead letter, say) is left alone.
-        cleared = queryset.using(using).filter(pk__in=ids).update(**_CLEARED)
-        _fenced_write(using, False)
+        with fenced_writes(connections[using]):
+            cleared = queryset.using(using).filter(pk__in=ids).update(**_CLEARED)
     return cleared
-
-
-def _fenced_write(using, on: bool) -> None:
-    """Tell the PostgreSQL protection trigger that this transaction's write is reviewed.
-
-    The flag is transaction-local (``set_config(…, true)``) and switched off
-    again right after the write. SQLite has no such trigger.
-    """
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('soniq.fenced_write', %s, true)", ["on" if on else "off"])

@@ -22,6 +22,7 @@ from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from ..models import Job, TaskRegistration, Worker, WorkerState
+from ..owned_store import fenced_writes
 from ..registry import registered_handlers
 
 STATES = {
@@ -77,13 +78,8 @@ def _release(using: str, worker_ids: list[uuid.UUID]) -> None:
     owned rows that do not come through the claim functions; this write
     touches only the informational ``worker_id``, so it opens the same gate.
     """
-    connection = connections[using]
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT pg_catalog.set_config('soniq.fenced_write', 'on', true)")
+    with fenced_writes(connections[using]):
         Job.objects.using(using).filter(worker_id__in=worker_ids).update(worker_id=None)
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT pg_catalog.set_config('soniq.fenced_write', 'off', true)")
     TaskRegistration.objects.using(using).filter(
         worker_id__in=[str(worker_id) for worker_id in worker_ids]).delete()
     Worker.objects.using(using).filter(id__in=worker_ids).delete()
