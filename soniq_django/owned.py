@@ -30,6 +30,7 @@ from .owned_store import claims_for
 from .owned_submit import OwnedSubmission, snapshot, submit
 from .owned_types import (
     INT32_MAX,
+    MAX_CLAIM_BATCH,
     MAX_DLQ_RECORD_ID,
     ClaimedJob,
     OwnedJobState,
@@ -162,6 +163,36 @@ class OwnedJobSource:
         args = _claim_args(worker_id, claim_token, queues, pid)
         return await sync_to_async(self._claim)(*args)
 
+    def claim_many_owned(self, worker_id: str, *, claim_tokens: list[str],
+                         queues: list[str] | None = None, pid: int | None = None
+                         ) -> list[ClaimedJob]:
+        """Claim up to ``len(claim_tokens)`` jobs in one transaction, one fence each.
+
+        The i-th job claimed carries the nonce ``claim_tokens[i]``; the list
+        comes back in claim order (priority, then age), shorter -- or empty --
+        when fewer jobs are eligible. Nonces left unused were not stored and
+        may be sent again. Tokens must be distinct (at most
+        ``MAX_CLAIM_BATCH``); a repeated or previously used one raises
+        SoniqError(QUEUE_CLAIM_CONFLICT) and claims nothing. After a
+        QUEUE_PERSISTENCE_FAILED, recover each nonce with
+        ``recover_owned_claim``.
+        """
+        return self._claim_many(*_claim_many_args(worker_id, claim_tokens, queues, pid))
+
+    def _claim_many(self, worker_id: str, claim_tokens: list[str], queues: list[str] | None,
+                    pid: int | None) -> list[ClaimedJob]:
+        rows = self._claims.claim_many(
+            worker_id, claim_tokens, queues, _seconds("LEASE_SECONDS"), _seconds("RESULT_TTL"),
+            pid,
+        )
+        return [_claimed(row) for row in rows]
+
+    async def aclaim_many_owned(self, worker_id: str, *, claim_tokens: list[str],
+                                queues: list[str] | None = None, pid: int | None = None
+                                ) -> list[ClaimedJob]:
+        args = _claim_many_args(worker_id, claim_tokens, queues, pid)
+        return await sync_to_async(self._claim_many)(*args)
+
     def recover_owned_claim(self, worker_id: str, *, claim_token: str) -> ClaimedJob | None:
         """The live claim made with this worker id and nonce, or None; claims nothing.
 
@@ -197,6 +228,36 @@ class OwnedJobSource:
 
     def _complete(self, fence: QueueClaimFence, result: Any) -> bool:
         return self._claims.complete(fence, result, _seconds("RESULT_TTL"))
+
+    def complete_and_claim_owned(self, fence: QueueClaimFence, result: Any = None, *,
+                                 claim_tokens: list[str], queues: list[str] | None = None,
+                                 pid: int | None = None
+                                 ) -> tuple[bool, list[ClaimedJob]]:
+        """Complete the exact live claim and claim the next jobs, in one transaction.
+
+        Returns ``(completed, claimed)``: what ``complete_owned`` would have
+        answered, and what ``claim_many_owned(fence.worker_id, ...)`` would
+        have returned. The two are written together or not at all: on
+        QUEUE_PERSISTENCE_FAILED neither outcome is known (retry the
+        completion with the same fence; recover each nonce). A worker that
+        finishes a job and wants another saves a round trip and a commit.
+        """
+        return self._complete_and_claim(*_complete_and_claim_args(
+            fence, result, claim_tokens, queues, pid))
+
+    def _complete_and_claim(self, fence, result, worker, tokens, queues, pid):
+        completed, rows = self._claims.complete_and_claim(
+            fence, result, _seconds("RESULT_TTL"), worker, tokens, queues,
+            _seconds("LEASE_SECONDS"), pid,
+        )
+        return completed, [_claimed(row) for row in rows]
+
+    async def acomplete_and_claim_owned(self, fence: QueueClaimFence, result: Any = None, *,
+                                        claim_tokens: list[str],
+                                        queues: list[str] | None = None, pid: int | None = None
+                                        ) -> tuple[bool, list[ClaimedJob]]:
+        args = _complete_and_claim_args(fence, result, claim_tokens, queues, pid)
+        return await sync_to_async(self._complete_and_claim)(*args)
 
     async def acomplete_owned(self, fence: QueueClaimFence, result: Any = None) -> bool:
         return await sync_to_async(self._complete)(checked_fence(fence), _result(result))
@@ -278,6 +339,22 @@ class OwnedJobSource:
 
     async def arequest_cancel(self, job_id: uuid.UUID | str) -> bool:
         return await sync_to_async(self._request_cancel)(coerce_job_id(job_id))
+
+
+def _complete_and_claim_args(fence, result, claim_tokens, queues, pid) -> tuple:
+    checked = checked_fence(fence)
+    worker, tokens, names, pid = _claim_many_args(checked.worker_id, claim_tokens, queues, pid)
+    return checked, _result(result), worker, tokens, names, pid
+
+
+def _claim_many_args(worker_id, claim_tokens, queues, pid) -> tuple:
+    if isinstance(claim_tokens, (str, bytes)) or not isinstance(claim_tokens, (list, tuple)):
+        raise ConfigValidationError("claim_tokens must be a list of nonces")
+    if not 1 <= len(claim_tokens) <= MAX_CLAIM_BATCH:
+        raise ConfigValidationError(f"claim_tokens must hold 1 to {MAX_CLAIM_BATCH} nonces")
+    tokens = [identity(token, "claim_token") for token in claim_tokens]
+    worker, _, names, pid = _claim_args(worker_id, tokens[0], queues, pid)
+    return worker, tokens, names, pid
 
 
 def _claim_args(worker_id, claim_token, queues, pid) -> tuple:

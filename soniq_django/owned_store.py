@@ -95,9 +95,11 @@ class PostgresClaims:
 
     def _claim_row(self, sql: str, params: list) -> dict | None:
         rows = self._rows(sql, params)
-        if not rows:
-            return None
-        row = dict(zip(CLAIM_COLUMNS, rows[0]))
+        return self._claim_dict(rows[0]) if rows else None
+
+    @staticmethod
+    def _claim_dict(values: tuple) -> dict:
+        row = dict(zip(CLAIM_COLUMNS, values))
         if isinstance(row["args"], str):  # Django's psycopg setup leaves jsonb as text
             row["args"] = json.loads(row["args"])
         return row
@@ -112,6 +114,14 @@ class PostgresClaims:
             "SELECT * FROM soniq_claim(%s, %s, %s::text[], %s, %s, %s)",
             [owner, token, queues, lease, ttl, pid],
         )
+
+    def claim_many(self, owner: str, tokens: list[str], queues: list[str] | None,
+                   lease: float, ttl: float, pid: int | None = None) -> list[dict]:
+        rows = self._rows(
+            "SELECT * FROM soniq_claim_many(%s, %s::text[], %s::text[], %s, %s, %s)",
+            [owner, tokens, queues, lease, ttl, pid],
+        )
+        return [self._claim_dict(row) for row in rows]
 
     def recover(self, owner: str, token: str) -> dict | None:
         return self._claim_row("SELECT * FROM soniq_recover_claim(%s, %s)", [owner, token])
@@ -130,6 +140,24 @@ class PostgresClaims:
             self._fence(f) + [_json_text(result), ttl],
         )
         return rows[0][0] is True
+
+    def complete_and_claim(self, f: QueueClaimFence, result: Any, ttl: float, owner: str,
+                           tokens: list[str], queues: list[str] | None, lease: float,
+                           pid: int | None) -> tuple[bool, list[dict]]:
+        # Two statements in one query string run as one implicit transaction
+        # (PostgreSQL's simple query protocol): one round trip, one commit,
+        # and a failure of either leaves neither.
+        with guarded(self.alias, atomic=False) as connection, connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT soniq_complete(%s, %s, %s, %s, %s, %s::jsonb, %s); "
+                "SELECT * FROM soniq_claim_many(%s, %s::text[], %s::text[], %s, %s, %s)",
+                self._fence(f) + [_json_text(result), ttl, owner, tokens, queues, lease, ttl,
+                                  pid],
+            )
+            completed = cursor.fetchone()[0] is True
+            if not cursor.nextset():
+                raise persistence_failed()  # the claim's answer never came
+            return completed, [self._claim_dict(row) for row in cursor.fetchall()]
 
     def fail(self, f: QueueClaimFence, error: str, retry: bool, delay: float | None,
              reason: str, dlq_record_id: str | None, default_max_attempts: int,
@@ -256,8 +284,15 @@ class SqliteClaims:
 
     def claim(self, owner: str, token: str, queues: list[str] | None, lease: float,
               ttl: float, pid: int | None = None) -> dict | None:
+        rows = self.claim_many(owner, [token], queues, lease, ttl, pid)
+        return rows[0] if rows else None
+
+    def claim_many(self, owner: str, tokens: list[str], queues: list[str] | None,
+                   lease: float, ttl: float, pid: int | None = None) -> list[dict]:
         with self._locked() as now:
-            if self._jobs().filter(claim_token=token).exists():
+            if len(set(tokens)) != len(tokens) or self._jobs().filter(
+                claim_token__in=tokens
+            ).exists():
                 raise claim_conflict("nonce_reused")
             self._reap_lapsed(now, ttl)
             eligible = self._jobs().filter(status=JobStatus.QUEUED).filter(
@@ -265,27 +300,27 @@ class SqliteClaims:
             )
             if queues is not None:
                 eligible = eligible.filter(queue__in=queues)
-            found = eligible.order_by("priority", "created_at").values_list(
+            found = list(eligible.order_by("priority", "created_at").values_list(
                 "id", "claim_generation"
-            ).first()
-            if found is None:
-                return None
-            job_id, generation = found
-            if generation >= INT64_MAX:
+            )[:len(tokens)])
+            if any(generation >= INT64_MAX for _, generation in found):
                 raise claim_conflict("generation_exhausted")
-            worker_uuid = _registered_worker(self.alias, owner)
-            self._jobs().filter(id=job_id).update(
-                status=JobStatus.PROCESSING, attempts=models_F("attempts") + 1,
-                claim_generation=generation + 1, claim_owner=owner, claim_token=token,
-                worker_id=worker_uuid, lease_expires_at=now + dt.timedelta(seconds=lease),
-                cancel_requested=False, pid=pid, updated_at=now,
-            )
-            row = self._jobs().get(id=job_id)
-            if (row.claim_owner, row.claim_token, row.claim_generation) != (
-                owner, token, generation + 1
-            ):
-                raise claim_conflict("claim_identity_changed")
-            return self._claimed(row)
+            worker_uuid = _registered_worker(self.alias, owner) if found else None
+            claimed = []
+            for (job_id, generation), token in zip(found, tokens):
+                self._jobs().filter(id=job_id).update(
+                    status=JobStatus.PROCESSING, attempts=models_F("attempts") + 1,
+                    claim_generation=generation + 1, claim_owner=owner, claim_token=token,
+                    worker_id=worker_uuid, lease_expires_at=now + dt.timedelta(seconds=lease),
+                    cancel_requested=False, pid=pid, updated_at=now,
+                )
+                row = self._jobs().get(id=job_id)
+                if (row.claim_owner, row.claim_token, row.claim_generation) != (
+                    owner, token, generation + 1
+                ):
+                    raise claim_conflict("claim_identity_changed")
+                claimed.append(self._claimed(row))
+            return claimed
 
     def recover(self, owner: str, token: str) -> dict | None:
         with self._locked() as now:
@@ -333,6 +368,14 @@ class SqliteClaims:
                 row, now, status=JobStatus.DONE, result=result, lease_expires_at=None,
                 pid=None, expires_at=now + dt.timedelta(seconds=ttl),
             )
+
+    def complete_and_claim(self, f: QueueClaimFence, result: Any, ttl: float, owner: str,
+                           tokens: list[str], queues: list[str] | None, lease: float,
+                           pid: int | None) -> tuple[bool, list[dict]]:
+        with guarded(self.alias, atomic=True) as connection:
+            take_sqlite_write_lock(connection)
+            completed = self.complete(f, result, ttl)
+            return completed, self.claim_many(owner, tokens, queues, lease, ttl, pid)
 
     def fail(self, f: QueueClaimFence, error: str, retry: bool, delay: float | None,
              reason: str, dlq_record_id: str | None, default_max_attempts: int,

@@ -17,6 +17,7 @@ MAX_IDENTITY = 255
 MAX_JOB_ID = 36
 MAX_DLQ_RECORD_ID = 32
 INT32_MAX = 2**31 - 1
+MAX_CLAIM_BATCH = 1000  # nonces one soniq_claim_many call may carry
 INT64_MAX = 2**63 - 1
 
 

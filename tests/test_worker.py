@@ -322,7 +322,7 @@ def test_a_stop_while_waiting_for_a_slot_claims_nothing_more(tmp_path, run_log):
 def test_a_burst_worker_does_not_take_a_failed_claim_for_an_empty_queue(run_log):
     job_id = enqueue("tests.worker.ok")
     worker = Worker(burst=True)
-    claim, failed = worker.source.claim_next_owned, []
+    claim, failed = worker.source.claim_many_owned, []
 
     def claim_failing_once(*args, **kwargs):
         if not failed:  # the database drops the first claim (it never committed)
@@ -330,10 +330,30 @@ def test_a_burst_worker_does_not_take_a_failed_claim_for_an_empty_queue(run_log)
             raise SoniqError(ErrorCode.QUEUE_PERSISTENCE_FAILED, "unavailable")
         return claim(*args, **kwargs)
 
-    worker.source.claim_next_owned = claim_failing_once
+    worker.source.claim_many_owned = claim_failing_once
     assert WorkerThread(worker).start().join() == 0
     assert failed
     assert Job.objects.get(id=job_id).status == "done"
+
+
+def test_a_batch_claim_whose_answer_was_lost_is_recovered_job_by_job(run_log):
+    ids = [enqueue("tests.worker.ok", {"n": n}) for n in range(3)]
+    worker = Worker(burst=True, concurrency=4)
+    claim, lost = worker.source.claim_many_owned, []
+
+    def claim_committed_but_unanswered(*args, **kwargs):
+        claimed = claim(*args, **kwargs)
+        if not lost:  # committed, then the connection died before the answer came
+            lost.append([c.job_id for c in claimed])
+            raise SoniqError(ErrorCode.QUEUE_PERSISTENCE_FAILED, "unavailable")
+        return claimed
+
+    worker.source.claim_many_owned = claim_committed_but_unanswered
+    assert WorkerThread(worker).start().join() == 0
+    assert sorted(lost[0]) == sorted(ids)  # one call took all three
+    rows = Job.objects.filter(id__in=ids)
+    assert [(r.status, r.attempts) for r in rows] == [("done", 1)] * 3  # run once each
+    assert worker.claimed_count == 3
 
 
 def test_the_command_refuses_bad_options():

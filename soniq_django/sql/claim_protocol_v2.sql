@@ -1,11 +1,22 @@
 -- soniq_django claim protocol, version 2 (PostgreSQL only): batched claims.
 --
--- Adds soniq_claim_many: one round trip and one commit claim up to
--- cardinality(claim_tokens) jobs, and every job still gets its own fence --
--- its own nonce (claim_tokens[i]) and its own generation, exactly as if it
--- had been claimed alone with soniq_claim. Everything else of version 1
--- (claim_protocol_v1.sql) stays as it is. Loaded by migration
--- 0009_claim_protocol_v2; never edited once released.
+-- 1. Adds soniq_claim_many: one round trip and one commit claim up to
+--    cardinality(claim_tokens) jobs, and every job still gets its own
+--    fence -- its own nonce (claim_tokens[i]) and its own generation,
+--    exactly as if it had been claimed alone with soniq_claim.
+-- 2. Gives soniq_complete, the call every successful job makes, a leaner
+--    body with the same signature, rules, answers and error codes: the
+--    checks that version 1 made through helper functions (each with its own
+--    SET search_path, which PostgreSQL saves and restores on every call,
+--    and never inlines) are written out in place.
+--
+-- The rest of version 1 (claim_protocol_v1.sql) stays as it is. Loaded by
+-- migration 0009_claim_protocol_v2; never edited once released. The fencing
+-- rules are version 1's: lock the row, THEN read clock_timestamp(), compare
+-- the whole fence byte for byte (COLLATE "C"), require status 'processing'
+-- and a lease strictly after that time, and repeat the predicate in the
+-- UPDATE. Writes open the soniq_protect_owned gate (the transaction-local
+-- setting soniq.fenced_write) only around themselves.
 
 -- soniq_claim_many --
 -- Claim up to cardinality(claim_tokens) eligible jobs for worker_id, in the
@@ -36,6 +47,8 @@ DECLARE
     p_owner text := soniq_claim_many.worker_id;
     p_tokens text[] := soniq_claim_many.claim_tokens;
     p_queues text[] := soniq_claim_many.queues;
+    p_lease double precision := soniq_claim_many.lease_seconds;
+    p_ttl double precision := soniq_claim_many.result_ttl_seconds;
     v_wanted integer;
     v_ids uuid[];
     v_generations bigint[];
@@ -43,7 +56,10 @@ DECLARE
     v_now timestamptz;
     r record;
 BEGIN
-    PERFORM {schema}.soniq_check_identity_v1(p_owner, 'worker_id');
+    IF p_owner IS NULL OR p_owner = '' OR pg_catalog.length(p_owner) > 255 THEN
+        RAISE EXCEPTION 'worker_id must be a non-empty string of at most 255 characters'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
     v_wanted := pg_catalog.cardinality(p_tokens);
     IF v_wanted IS NULL OR v_wanted < 1 OR v_wanted > 1000
        OR pg_catalog.array_ndims(p_tokens) <> 1 THEN
@@ -55,20 +71,31 @@ BEGIN
         RAISE EXCEPTION 'claim_token must be a non-empty string of at most 255 characters'
             USING ERRCODE = '22023', HINT = 'CONFIG';
     END IF;
-    PERFORM {schema}.soniq_check_seconds_v1(lease_seconds, 'lease_seconds', false);
-    PERFORM {schema}.soniq_check_seconds_v1(result_ttl_seconds, 'result_ttl_seconds', true);
+    IF p_lease IS NULL OR p_lease = 'NaN'::float8 OR p_lease <= 0 OR p_lease > 31536000 THEN
+        RAISE EXCEPTION 'lease_seconds is out of range' USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    IF p_ttl IS NULL OR p_ttl = 'NaN'::float8 OR p_ttl < 0 OR p_ttl > 31536000 THEN
+        RAISE EXCEPTION 'result_ttl_seconds is out of range'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
     IF soniq_claim_many.pid IS NOT NULL AND soniq_claim_many.pid < 1 THEN
         RAISE EXCEPTION 'pid must be a positive integer' USING ERRCODE = '22023', HINT = 'CONFIG';
     END IF;
     -- A nonce may fence one claim only: twice in this call, or used before.
-    IF (SELECT pg_catalog.count(DISTINCT t.token COLLATE "C")
-          FROM pg_catalog.unnest(p_tokens) AS t(token)) <> v_wanted
+    IF (v_wanted > 1 AND (SELECT pg_catalog.count(DISTINCT t.token COLLATE "C")
+                            FROM pg_catalog.unnest(p_tokens) AS t(token)) <> v_wanted)
        OR EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j WHERE j.claim_token = ANY (p_tokens)) THEN
         RAISE EXCEPTION 'claim token was used before' USING ERRCODE = 'P0001',
             HINT = 'QUEUE_CLAIM_CONFLICT', DETAIL = 'nonce_reused';
     END IF;
 
-    PERFORM {schema}.soniq_reap_lapsed_v1(10, result_ttl_seconds);
+    -- Settle lapsed leases first; the probe keeps the common case (nothing
+    -- lapsed) to one index lookup.
+    IF EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j
+                WHERE j.status = 'processing'
+                  AND j.lease_expires_at <= pg_catalog.clock_timestamp()) THEN
+        PERFORM {schema}.soniq_reap_lapsed_v1(10, p_ttl);
+    END IF;
 
     -- Lock the jobs first (SKIP LOCKED: concurrent claimers take different
     -- rows), in claim order; a locking query cannot aggregate, hence the
@@ -95,46 +122,125 @@ BEGIN
 
     -- worker_id names a soniq_workers row (Soniq declares a foreign key
     -- there): set only when the owner is a registered worker.
-    SELECT w.id INTO v_worker FROM {schema}.soniq_workers AS w
-     WHERE p_owner ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-       AND w.id = p_owner::uuid;
+    IF p_owner ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+        SELECT w.id INTO v_worker FROM {schema}.soniq_workers AS w WHERE w.id = p_owner::uuid;
+    END IF;
 
     v_now := pg_catalog.clock_timestamp();  -- after the locks
-    PERFORM {schema}.soniq_fenced_write_v1(true);
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
     FOR r IN
-        UPDATE {schema}.soniq_jobs AS j
-           SET status = 'processing',
-               attempts = j.attempts + 1,
-               claim_generation = x.generation + 1,
-               claim_owner = p_owner,
-               claim_token = p_tokens[x.i],
-               worker_id = v_worker,
-               lease_expires_at = v_now + pg_catalog.make_interval(secs => lease_seconds),
-               cancel_requested = false,
-               pid = soniq_claim_many.pid,
-               updated_at = v_now
-          FROM pg_catalog.unnest(v_ids, v_generations) WITH ORDINALITY AS x(id, generation, i)
-         WHERE j.id = x.id
-        RETURNING j.claim_owner, j.claim_token, j.claim_generation, x.i, x.generation
+        WITH claimed AS (
+            UPDATE {schema}.soniq_jobs AS j
+               SET status = 'processing',
+                   attempts = j.attempts + 1,
+                   claim_generation = j.claim_generation + 1,
+                   claim_owner = p_owner,
+                   claim_token = p_tokens[pg_catalog.array_position(v_ids, j.id)],
+                   worker_id = v_worker,
+                   lease_expires_at = v_now + pg_catalog.make_interval(secs => p_lease),
+                   cancel_requested = false,
+                   pid = soniq_claim_many.pid,
+                   updated_at = v_now
+             WHERE j.id = ANY (v_ids)  -- the rows locked above, by primary key
+            RETURNING j.id, j.job_name, j.args, j.queue, j.priority, j.attempts,
+                      j.max_attempts, j.lease_expires_at, j.claim_generation,
+                      j.claim_owner, j.claim_token
+        )
+        SELECT c.*, x.i, x.generation AS previous
+          FROM claimed AS c
+          JOIN ROWS FROM (pg_catalog.unnest(v_ids), pg_catalog.unnest(v_generations))
+               WITH ORDINALITY AS x(id, generation, i) ON x.id = c.id
+         ORDER BY x.i
     LOOP
         -- Owner, nonce and generation must be stored exactly as sent; a
         -- coercing column or a trigger that changed them voids the whole call.
         IF r.claim_owner IS NULL OR r.claim_owner COLLATE "C" <> p_owner COLLATE "C"
            OR r.claim_token IS NULL OR r.claim_token COLLATE "C" <> p_tokens[r.i] COLLATE "C"
-           OR r.claim_generation IS DISTINCT FROM r.generation + 1 THEN
+           OR r.claim_generation IS DISTINCT FROM r.previous + 1 THEN
             RAISE EXCEPTION 'the stored claim identity differs from the one sent'
                 USING ERRCODE = 'P0001', HINT = 'QUEUE_CLAIM_CONFLICT',
                       DETAIL = 'claim_identity_changed';
         END IF;
+        job_id := r.id; job_name := r.job_name; args := r.args; queue := r.queue;
+        priority := r.priority; attempts := r.attempts; max_attempts := r.max_attempts;
+        lease_expires_at := r.lease_expires_at; generation := r.claim_generation;
+        owner := r.claim_owner; token := r.claim_token;
+        RETURN NEXT;
     END LOOP;
-    PERFORM {schema}.soniq_fenced_write_v1(false);
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+END
+$fn$;
 
-    RETURN QUERY
-        SELECT j.id, j.job_name, j.args, j.queue, j.priority, j.attempts, j.max_attempts,
-               j.lease_expires_at, j.claim_generation, j.claim_owner::text, j.claim_token::text
-          FROM pg_catalog.unnest(v_ids) WITH ORDINALITY AS x(id, i)
-          JOIN {schema}.soniq_jobs AS j ON j.id = x.id
-         ORDER BY x.i;
+-- soniq_complete (version 2 body; same signature and answers as version 1) --
+-- Finish the exact live claim with result (any JSON, or NULL): status done,
+-- lease and pid cleared, row kept for result_ttl_seconds. Refused (false)
+-- while a cancel is requested, and when already completed.
+CREATE OR REPLACE FUNCTION {schema}.soniq_complete(
+    job_id text, worker_id text, generation bigint, claim_token text, queue text,
+    result jsonb DEFAULT NULL, result_ttl_seconds double precision DEFAULT 300
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    p_job_id text := soniq_complete.job_id;
+    p_owner text := soniq_complete.worker_id;
+    p_generation bigint := soniq_complete.generation;
+    p_token text := soniq_complete.claim_token;
+    p_queue text := soniq_complete.queue;
+    p_ttl double precision := soniq_complete.result_ttl_seconds;
+    r record;
+    v_now timestamptz;
+    v_done boolean;
+BEGIN
+    IF p_ttl IS NULL OR p_ttl = 'NaN'::float8 OR p_ttl < 0 OR p_ttl > 31536000 THEN
+        RAISE EXCEPTION 'result_ttl_seconds is out of range'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    IF p_owner IS NULL OR p_owner = '' OR pg_catalog.length(p_owner) > 255 THEN
+        RAISE EXCEPTION 'worker_id must be a non-empty string of at most 255 characters'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    IF p_token IS NULL OR p_token = '' OR pg_catalog.length(p_token) > 255 THEN
+        RAISE EXCEPTION 'claim_token must be a non-empty string of at most 255 characters'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    IF p_generation IS NULL OR p_generation < 1 OR p_queue IS NULL OR p_job_id IS NULL THEN
+        RAISE EXCEPTION 'invalid fence' USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    SELECT j.id, j.queue, j.claim_owner, j.claim_generation, j.claim_token, j.status,
+           j.lease_expires_at, j.cancel_requested
+      INTO r
+      FROM {schema}.soniq_jobs AS j
+     WHERE j.id = p_job_id::uuid
+       FOR UPDATE;
+    v_now := pg_catalog.clock_timestamp();  -- after the lock
+    IF NOT FOUND
+       OR r.id::text COLLATE "C" <> p_job_id COLLATE "C"
+       OR r.queue COLLATE "C" <> p_queue COLLATE "C"
+       OR r.claim_owner IS NULL OR r.claim_owner COLLATE "C" <> p_owner COLLATE "C"
+       OR r.claim_token IS NULL OR r.claim_token COLLATE "C" <> p_token COLLATE "C"
+       OR r.claim_generation <> p_generation
+       OR r.status <> 'processing'
+       OR r.lease_expires_at IS NULL OR r.lease_expires_at <= v_now
+       OR r.cancel_requested THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+    UPDATE {schema}.soniq_jobs AS j
+       SET status = 'done', result = soniq_complete.result,
+           lease_expires_at = NULL, pid = NULL,
+           expires_at = v_now + pg_catalog.make_interval(secs => p_ttl),
+           updated_at = v_now
+     WHERE j.id = r.id
+       AND j.claim_token = p_token
+       AND j.claim_generation = p_generation
+       AND j.status = 'processing' AND j.lease_expires_at > v_now
+       AND NOT j.cancel_requested;
+    v_done := FOUND;
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+    RETURN v_done;
 END
 $fn$;
 

@@ -2,8 +2,9 @@
 
 Threads, each with its own database connection:
 
-- the main thread claims jobs (a fresh nonce per claim, kept before the
-  call) while a slot is free, and waits for a wake-up when none is eligible;
+- the main thread claims as many jobs as there are free slots, in one call
+  (each job with its own fresh nonce, kept before the call), and waits for
+  a wake-up when none is eligible;
 - ``concurrency`` job threads each run one handler, then make the final
   fenced write;
 - the heartbeat thread renews every live lease, reads cancel requests,
@@ -33,6 +34,7 @@ from ..owned import OwnedJobSource
 from ..owned_types import ClaimedJob
 from ..registry import get_handler
 from ..housekeeping import purge_expired
+from ..models import Job
 from ..stats import ThroughputCounter
 from . import registration
 from .context import JobContext
@@ -102,6 +104,7 @@ class Worker:
         self.inflight: dict[str, InFlight] = {}
         self.lock = threading.Lock()
         self.claimed_count = 0
+        self.reserved = 0  # claims under way, counted against max_jobs until they answer
         self.finished = threading.Condition(self.lock)
         self.throughput = ThroughputCounter()
         self.pid = os.getpid()  # recorded with each claim
@@ -168,19 +171,27 @@ class Worker:
                 return
             if not self.slots.acquire(timeout=0.5):
                 continue
-            if self.stopping.is_set():  # the stop may have come while we waited for a slot
-                self.slots.release()
-                return
-            claimed = self._claim()
+            free = 1  # and every other slot free right now: one claim call fills them all
+            while free < self.concurrency and self.slots.acquire(blocking=False):
+                free += 1
+            wanted = self._reserve(free)
+            self._release(free - wanted)
+            if wanted == 0 or self.stopping.is_set():  # max_jobs is spoken for / a stop came
+                self._account(wanted, [])
+                self._release(wanted)
+                self._wait_for_a_finish(0.05)
+                continue
+            claimed = self._claim(wanted)
+            self._account(wanted, [] if claimed is _UNKNOWN else claimed)
             if claimed is _UNKNOWN:
-                self.slots.release()
+                self._release(wanted)
                 # The database keeps failing claims: don't hammer it.
                 self._unknown_streak += 1
                 self.stopping.wait(min(0.05 * 2 ** min(self._unknown_streak, 6), 2.0))
                 continue
             self._unknown_streak = 0
-            if claimed is None:
-                self.slots.release()
+            self._release(wanted - len(claimed))
+            if not claimed:
                 if self.burst:
                     if self._idle():
                         return
@@ -188,32 +199,65 @@ class Worker:
                     continue
                 self._wait_for_work()
                 continue
-            self.claimed_count += 1
-            flight = InFlight(claimed, JobContext(
-                job_id=str(claimed.job_id), job_name=claimed.job_name, queue=claimed.queue,
-                attempts=claimed.attempts, max_attempts=claimed.max_attempts))
-            with self.lock:
-                self.inflight[flight.context.job_id] = flight
-            pool.submit(self._run_job, flight)
+            for job in claimed:
+                pool.submit(self._run_job, self._track(job))
 
-    def _claim(self):
-        """The claimed job, None when nothing is eligible, or _UNKNOWN after a failure."""
-        token = secrets.token_hex(16)  # known and kept before the claim is sent
+    def _reserve(self, wanted: int) -> int:
+        """How many of ``wanted`` claims may be made without passing ``max_jobs``; reserves them."""
+        with self.lock:
+            if self.max_jobs is not None:
+                wanted = max(0, min(wanted, self.max_jobs - self.claimed_count - self.reserved))
+            self.reserved += wanted
+            return wanted
+
+    def _account(self, reserved: int, claimed: list) -> None:
+        """A claim of ``reserved`` jobs answered with ``claimed``."""
+        with self.lock:
+            self.reserved -= reserved
+            self.claimed_count += len(claimed)
+
+    def _release(self, count: int) -> None:
+        for _ in range(count):
+            self.slots.release()
+
+    def _track(self, claimed: ClaimedJob) -> InFlight:
+        flight = InFlight(claimed, JobContext(
+            job_id=str(claimed.job_id), job_name=claimed.job_name, queue=claimed.queue,
+            attempts=claimed.attempts, max_attempts=claimed.max_attempts))
+        with self.lock:
+            self.inflight[flight.context.job_id] = flight
+        return flight
+
+    def _claim(self, count: int):
+        """Up to ``count`` claimed jobs (maybe none), or _UNKNOWN after a failure.
+
+        One call, one transaction; each job has its own nonce, kept before
+        the call is sent.
+        """
+        tokens = [secrets.token_hex(16) for _ in range(count)]
         try:
-            return self.source.claim_next_owned(self.worker_id, claim_token=token, pid=self.pid,
-                                                queues=self.queues)
+            return self.source.claim_many_owned(self.worker_id, claim_tokens=tokens,
+                                                pid=self.pid, queues=self.queues)
         except SoniqError as error:
             if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
                 raise
-        # The claim may or may not have committed: only recovery may tell.
+        # The claim may or may not have committed: only recovery may tell. It
+        # is one transaction and hands out the nonces in order, so the first
+        # nonce shows whether anything was claimed.
         logger.warning("claim outcome unknown (database unavailable); recovering")
         deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
-        recovered = _retrying(
-            lambda: self.source.recover_owned_claim(self.worker_id, claim_token=token),
-            deadline, self.aborted,
-        )
-        # None here proves nothing about the queue: try again rather than idle.
-        return _UNKNOWN if recovered is None else recovered
+        recovered = []
+        for token in tokens:
+            job = _retrying(
+                lambda token=token: self.source.recover_owned_claim(self.worker_id,
+                                                                    claim_token=token),
+                deadline, self.aborted,
+            )
+            if job is None:
+                break
+            recovered.append(job)
+        # Nothing recovered proves nothing about the queue: try again rather than idle.
+        return recovered or _UNKNOWN
 
     def _idle(self) -> bool:
         with self.lock:
@@ -240,41 +284,47 @@ class Worker:
 
     # One job ----------------------------------------------------------
 
-    def _run_job(self, flight: InFlight) -> None:
-        try:
-            timeout = soniq_settings.JOB_TIMEOUT_SECONDS
-            outcome = execute(flight.claimed, flight.context, timeout)
-            if not self.aborted.is_set():
-                self._settle(flight, outcome)
-        except Exception:
-            logger.exception("worker error while running %s", flight.claimed.job_name)
-        finally:
-            with self.finished:
-                self.inflight.pop(flight.context.job_id, None)
-                self.finished.notify_all()
-            self.slots.release()
-            self.wake.set()
-            keep_healthy_connections()
+    def _run_job(self, flight: InFlight | None) -> None:
+        """Run the job, then each next one its completion claimed, in this slot."""
+        while flight is not None:
+            following = None
+            try:
+                timeout = soniq_settings.JOB_TIMEOUT_SECONDS
+                outcome = execute(flight.claimed, flight.context, timeout)
+                if not self.aborted.is_set():
+                    following = self._settle(flight, outcome)
+            except Exception:
+                logger.exception("worker error while running %s", flight.claimed.job_name)
+            finally:
+                with self.finished:
+                    self.inflight.pop(flight.context.job_id, None)
+                    self.finished.notify_all()
+                keep_healthy_connections()
+            flight = None if following is None else self._track(following)
+        self.slots.release()
+        self.wake.set()
 
-    def _settle(self, flight: InFlight, outcome: Outcome) -> None:
+    def _settle(self, flight: InFlight, outcome: Outcome) -> ClaimedJob | None:
         """Make the job's one final fenced write (unless the timeout already made it).
 
-        The lock is held through the write: whichever of the job thread and the
-        heartbeat (timeout) comes second waits until the first one's write is
-        over, so a job is never seen finished while its outcome is still unwritten.
+        Returns the next job when the write also claimed one. The lock is
+        held through the write: whichever of the job thread and the heartbeat
+        (timeout) comes second waits until the first one's write is over, so
+        a job is never seen finished while its outcome is still unwritten.
         """
         with flight.settled:
             if flight.done:
-                return
+                return None
             flight.done = True
-            self._write_outcome(flight, outcome)
+            return self._write_outcome(flight, outcome)
 
-    def _write_outcome(self, flight: InFlight, outcome: Outcome) -> None:
+    def _write_outcome(self, flight: InFlight, outcome: Outcome) -> ClaimedJob | None:
+        """Write the outcome; a completion also claims this slot's next job (returned)."""
         claimed = flight.claimed
         if flight.lost:  # the heartbeat saw the claim go: it is not ours to write
             logger.warning("%s %s: %s not recorded; the lease was lost", claimed.job_name,
                            claimed.job_id, _verb(outcome))
-            return
+            return None
         fence = claimed.claim_fence
         handler = get_handler(claimed.job_name)
         default_max = handler.max_attempts if handler else soniq_settings.DEFAULT_MAX_ATTEMPTS
@@ -289,7 +339,11 @@ class Worker:
         else:
             write = lambda: self.source.acknowledge_cancel_owned(fence)  # noqa: E731
         deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
-        applied = _retrying(write, deadline, self.aborted)
+        following = None
+        if outcome.kind == "done":
+            applied, following = self._complete_and_claim(fence, outcome.result, deadline)
+        else:
+            applied = _retrying(write, deadline, self.aborted)
         elapsed = time.monotonic() - flight.started
         if applied:
             verb = _verb(outcome)
@@ -302,17 +356,61 @@ class Worker:
             self.throughput.add(claimed.queue, kind)
             logger.info("%s %s %s after %.3fs (attempt %s)", claimed.job_name, claimed.job_id,
                         verb, elapsed, claimed.attempts)
-            return
+            return following
         if outcome.kind != "cancelled" and self._cancel_pending(fence):
             # A cancel arrived while the handler was finishing: honour it.
             if _retrying(lambda: self.source.acknowledge_cancel_owned(fence), deadline,
                          self.aborted):
                 logger.info("%s %s cancelled after %.3fs", claimed.job_name, claimed.job_id,
                             elapsed)
-                return
+                return following
         logger.warning("%s %s: %s not recorded; the job is no longer this worker's "
                        "(lease lost, cancelled or re-claimed)", claimed.job_name,
                        claimed.job_id, _verb(outcome))
+        return following
+
+    def _complete_and_claim(self, fence, result, deadline: float
+                            ) -> tuple[bool | None, ClaimedJob | None]:
+        """Complete the job and, in the same transaction, claim the slot's next one.
+
+        Returns (completion applied, next job or None). While stopping, or
+        when ``max_jobs`` is spoken for, it only completes.
+        """
+        complete = lambda: self.source.complete_owned(fence, result)  # noqa: E731
+        wanted = 0 if self.stopping.is_set() else self._reserve(1)
+        if wanted == 0:
+            return _retrying(complete, deadline, self.aborted), None
+        token = secrets.token_hex(16)  # known and kept before the call
+        following = None
+        try:
+            applied, claimed = self.source.complete_and_claim_owned(
+                fence, result, claim_tokens=[token], pid=self.pid, queues=self.queues)
+            following = claimed[0] if claimed else None
+            return applied, following
+        except SoniqError as error:
+            if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
+                logger.warning("claiming with a completion failed (%s); completing alone",
+                               error.code.value)
+                return _retrying(complete, deadline, self.aborted), None
+        finally:
+            self._account(wanted, [] if following is None else [following])
+        # Both writes or neither were made: the nonce tells which.
+        logger.warning("completion outcome unknown (database unavailable); recovering")
+        following = _retrying(
+            lambda: self.source.recover_owned_claim(self.worker_id, claim_token=token),
+            deadline, self.aborted,
+        )
+        if following is not None:
+            self._account(0, [following])
+            return self._completed(fence), following
+        return _retrying(complete, deadline, self.aborted), None
+
+    def _completed(self, fence) -> bool:
+        """Whether this claim's completion is in the database (it was written unseen)."""
+        return Job.objects.using(self.using).filter(
+            id=fence.job_id, status="done", claim_token=fence.claim_token,
+            claim_generation=fence.generation,
+        ).exists()
 
     def _cancel_pending(self, fence) -> bool:
         try:
