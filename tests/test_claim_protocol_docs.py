@@ -20,9 +20,15 @@ def test_the_worked_session_claims_heartbeats_and_completes_once():
     result = run_psql("\\pset format unaligned\n\\pset tuples_only on\n" + session)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.split()
-    # heartbeat t, complete t, the repeated complete f -- in that order, at the end
-    assert lines[-3:] == ["t", "t", "f"], result.stdout
-    job = Job.objects.get(job_name="reports.build")
-    assert (job.status, job.result, job.claim_generation, job.claim_owner) == (
+    # heartbeat t, complete t, the repeated complete f; the batch claim 2; then
+    # the completion t and the empty claim 0 of the combined query -- in order
+    assert lines[-6:] == ["t", "t", "f", "2", "t", "0"], result.stdout
+    first, second, third = Job.objects.filter(job_name="reports.build").order_by("created_at")
+    assert (first.status, first.result, first.claim_generation, first.claim_owner) == (
         "done", {"rows": 42}, 1, "worker-7",
     )
+    assert (second.status, second.result, second.claim_token) == ("done", {"rows": 7},
+                                                                 "nonce-0002")
+    assert (third.status, third.claim_token, third.claim_generation) == (
+        "processing", "nonce-0003", 1)
+    assert not Job.objects.filter(claim_token="nonce-0004").exists()
