@@ -11,12 +11,14 @@ import logging
 import os
 import socket
 import uuid
+from collections import Counter
 
 import pytest
 from django.utils import timezone
 
-from soniq_django import enqueue
+from soniq_django import bulk_enqueue, enqueue
 from soniq_django.errors import ErrorCode, SoniqError
+from soniq_django.job_request import JobRequest
 from soniq_django.models import DeadLetterJob, Job, TaskRegistration, Worker as WorkerRow
 from soniq_django.owned import OwnedJobSource
 from soniq_django.registry import registered_handlers
@@ -279,6 +281,32 @@ def test_max_jobs_stops_after_that_many_claims(run_log):
     assert WorkerThread(Worker(max_jobs=2)).start().join() == 0  # not burst: max_jobs ends it
     statuses = [Job.objects.get(id=job_id).status for job_id in ids]
     assert statuses == ["done", "done", "queued", "queued", "queued"]
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 8])
+def test_max_jobs_holds_exactly_while_completions_claim_the_next_job(run_log, concurrency):
+    # Job threads claim with their completions while the main loop fills free
+    # slots: both draw on one max_jobs budget, never past it.
+    ids = [enqueue("tests.worker.ok", {"n": n}) for n in range(30)]
+    worker = Worker(max_jobs=7, concurrency=concurrency)
+    assert WorkerThread(worker).start().join() == 0
+    statuses = [Job.objects.get(id=job_id).status for job_id in ids]
+    assert statuses == ["done"] * 7 + ["queued"] * 23
+    assert worker.claimed_count == 7 and worker.reserved == 0
+    assert set(run_log.starts_per_job().values()) == {1}
+
+
+def test_a_stop_ends_the_chain_of_claims_and_running_jobs_finish(run_log):
+    ids = bulk_enqueue([JobRequest("tests.worker.ok", {"n": n}) for n in range(2000)])
+    worker = Worker(concurrency=2)
+    with WorkerThread(worker) as running:
+        run_log.wait_for("start", count=20)
+        worker.request_stop()
+        assert running.join() == 0
+    statuses = Counter(Job.objects.filter(id__in=ids).values_list("status", flat=True))
+    assert statuses["processing"] == 0  # every claim made was run and written
+    assert statuses["done"] == worker.claimed_count < 2000
+    assert statuses["queued"] == 2000 - worker.claimed_count
 
 
 def test_burst_exits_at_once_when_nothing_is_queued():
