@@ -9,6 +9,7 @@ PRODUCER_FUNCTIONS = (
     "soniq_enqueue(text, jsonb, text, integer, timestamptz, integer, boolean, text, text, uuid)",
     "soniq_get_job(uuid)",
     "soniq_args_hash(jsonb)",
+    "soniq_enqueue_many(jsonb)",
 )
 
 

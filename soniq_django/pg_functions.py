@@ -1,15 +1,25 @@
 """Python calls to the PostgreSQL producer functions, and their errors.
 
 On PostgreSQL, ``enqueue``/``bulk_enqueue``/``get_job`` go through
-``soniq_enqueue``/``soniq_get_job`` so that one implementation of the rules
-(in ``sql/producer_api_v1.sql``) serves every language. SQLSTATE and HINT
-come back as the same ``SoniqError`` codes the SQLite path raises.
+``soniq_enqueue``/``soniq_enqueue_many``/``soniq_get_job`` so that one
+implementation of the rules (in ``sql/producer_api_v*.sql``) serves every
+language. SQLSTATE and HINT come back as the same ``SoniqError`` codes the
+SQLite path raises.
+
+The calls use a server-binding psycopg cursor on Django's own connection
+(same transaction, same adapters), asking for a prepared statement: psycopg
+prepares it only if the database's ``OPTIONS`` set ``prepare_threshold``
+(Django's default leaves prepared statements off, for connection poolers).
+Errors go through Django's error wrapper. While Django logs queries
+(``DEBUG``, ``CaptureQueriesContext``) or an execute wrapper is installed,
+the call goes through Django's cursor instead, so that they see it.
 """
 
 import json
 import uuid
 from contextlib import contextmanager, nullcontext
 
+import psycopg
 from django.db import Error as DatabaseError
 from django.db import transaction
 
@@ -24,21 +34,14 @@ _HINTED = {
     ErrorCode.INVALID_OPTION: "the database refused an enqueue option",
 }
 
+# Positional, every parameter cast: one statement text and one parameter
+# type list whatever the values, so a prepared statement is reused.
 _ENQUEUE = (
-    "SELECT soniq_enqueue(%s, %s::jsonb, queue => %s, priority => %s, run_at => %s, "
-    "max_attempts => %s, unique_job => %s, dedup_key => %s, producer_id => %s, job_id => %s)"
+    "SELECT soniq_enqueue(%s::text, %s::jsonb, %s::text, %s::integer, %s::timestamptz, "
+    "%s::integer, %s::boolean, %s::text, %s::text, %s::uuid)"
 )
 
-_ENQUEUE_MANY = (
-    "SELECT r.ord, soniq_enqueue(r.job_name, r.args, queue => r.queue, priority => r.priority, "
-    "run_at => r.run_at, max_attempts => r.max_attempts, unique_job => r.unique_job, "
-    "dedup_key => r.dedup_key, producer_id => r.producer_id, job_id => r.job_id) "
-    "FROM ROWS FROM (jsonb_to_recordset(%s::jsonb) AS ("
-    "job_name text, args jsonb, queue text, priority integer, run_at timestamptz, "
-    "max_attempts integer, unique_job boolean, dedup_key text, producer_id text, job_id uuid)"
-    ") WITH ORDINALITY AS r(job_name, args, queue, priority, run_at, max_attempts, unique_job, "
-    "dedup_key, producer_id, job_id, ord)"
-)
+_ENQUEUE_MANY = "SELECT soniq_enqueue_many(%s::jsonb)"
 
 GET_JOB = (
     "SELECT id, job_name, status, queue, attempts, max_attempts, result, last_error, "
@@ -87,42 +90,64 @@ def _translated(connection, alias: str):
         raise translated from None
 
 
-def _params(job: PreparedJob) -> list:
-    return [
-        job.job_name, _json(job.args), job.queue, job.priority, job.scheduled_at,
-        job.max_attempts, job.unique_job, job.dedup_key, job.producer_id, job.job_id,
-    ]
+def _fetchone(connection, sql: str, params: list) -> tuple:
+    """Run one statement on Django's connection and return its one row."""
+    if connection.queries_logged or connection.execute_wrappers:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    connection.validate_no_broken_transaction()
+    raw = connection.connection
+    if not isinstance(raw, psycopg.Connection):  # pragma: no cover - psycopg 2
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+        cursor.execute(sql, params, prepare=True)
+        return cursor.fetchone()
 
 
 def enqueue(job: PreparedJob, connection, alias: str) -> uuid.UUID:
     """Call ``soniq_enqueue`` for one validated job; return the id it gives."""
-    with _translated(connection, alias), connection.cursor() as cursor:
-        cursor.execute(_ENQUEUE, _params(job))
-        (job_id,) = cursor.fetchone()
+    params = [
+        job.job_name, _json(job.args), job.queue, job.priority, job.scheduled_at,
+        job.max_attempts, job.unique_job, job.dedup_key, job.producer_id, job.job_id,
+    ]
+    with _translated(connection, alias):
+        (job_id,) = _fetchone(connection, _ENQUEUE, params)
     return job_id
 
 
 def enqueue_many(jobs: list[PreparedJob], connection, alias: str) -> list[uuid.UUID]:
-    """Call ``soniq_enqueue`` once per job in one statement; ids in input order."""
-    rows = [
-        {
-            "job_name": job.job_name,
-            "args": job.args,
-            "queue": job.queue,
-            "priority": job.priority,
-            "run_at": job.scheduled_at.isoformat() if job.scheduled_at else None,
-            "max_attempts": job.max_attempts,
-            "unique_job": job.unique_job,
-            "dedup_key": job.dedup_key,
-            "producer_id": job.producer_id,
-            "job_id": str(job.job_id),
-        }
-        for job in jobs
-    ]
-    with _translated(connection, alias), connection.cursor() as cursor:
-        cursor.execute(_ENQUEUE_MANY, [_json(rows)])
-        found = dict(cursor.fetchall())
-    return [found[index] for index in range(1, len(jobs) + 1)]
+    """Call ``soniq_enqueue_many`` once for all jobs; ids in input order.
+
+    Keys that would only restate ``soniq_enqueue_many``'s defaults are left
+    out, and so is a job_id ``prepare`` generated (the server makes one).
+    """
+    rows = []
+    append = rows.append
+    for job in jobs:
+        row = {"job_name": job.job_name, "args": job.args, "queue": job.queue,
+               "priority": job.priority}
+        if job.max_attempts != 4:
+            row["max_attempts"] = job.max_attempts
+        if job.scheduled_at is not None:
+            row["run_at"] = job.scheduled_at.isoformat()
+        if job.unique_job:
+            row["unique_job"] = True
+        if job.dedup_key is not None:
+            row["dedup_key"] = job.dedup_key
+        if job.producer_id is not None:
+            row["producer_id"] = job.producer_id
+        if not job.job_id_generated:
+            row["job_id"] = str(job.job_id)
+        append(row)
+    with _translated(connection, alias):
+        (ids,) = _fetchone(connection, _ENQUEUE_MANY, [_json(rows)])
+    return ids
 
 
 def get_job_row(job_id: uuid.UUID, connection) -> tuple | None:

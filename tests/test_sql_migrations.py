@@ -5,12 +5,14 @@ import io
 
 import pytest
 from django.core.management import call_command
-from django.db import migrations
+from django.db import connection, migrations
 from django.db.migrations.loader import MigrationLoader
 
 from soniq_django.sql import SQL_DIR
 
-from .test_sql_support import PUBLIC_FUNCTIONS, Roles, fetch, producer_api_functions
+from .test_sql_support import (
+    PUBLIC_FUNCTIONS, Roles, fetch, producer_api_functions, schema,
+)
 
 pytestmark = [pytest.mark.postgresql_only]
 
@@ -35,7 +37,8 @@ def test_every_sql_file_is_loaded_by_exactly_one_migration():
             if hasattr(function, "sql_file"):
                 loaded[function.sql_file] += 1
     on_disk = {path.relative_to(SQL_DIR).as_posix() for path in SQL_DIR.rglob("*.sql")}
-    assert {"producer_api_v1.sql", "producer_api_v1.down.sql"} <= on_disk
+    assert {"producer_api_v1.sql", "producer_api_v1.down.sql", "producer_api_v2.sql",
+            "producer_api_v2.down.sql"} <= on_disk
     assert set(loaded) == on_disk
     assert {name: count for name, count in loaded.items() if count != 1} == {}
 
@@ -81,3 +84,47 @@ def test_reversing_the_migration_drops_the_functions_and_reapplying_creates_them
     job_id = fetch("SELECT soniq_enqueue('migrated.again', '{\"n\": 1}', unique_job => true)")[0][0]
     assert fetch("SELECT job_name FROM soniq_get_job(%s)", [job_id]) == [("migrated.again",)]
     assert set(PUBLIC_FUNCTIONS) <= set(names)
+
+
+def _function_source(name: str) -> str | None:
+    rows = fetch("SELECT p.prosrc FROM pg_proc AS p WHERE p.pronamespace = "
+                 "current_schema()::regnamespace AND p.proname = %s", [name])
+    assert len(rows) <= 1
+    return rows[0][0] if rows else None
+
+
+def _file_source(file_name: str, function: str) -> str:
+    """The body (between $fn$ quotes) ``file_name`` gives ``function``, schema filled in."""
+    text = (SQL_DIR / file_name).read_text(encoding="utf-8")
+    start = text.index(f"FUNCTION {{schema}}.{function}(")
+    body = text[start:].split("$fn$", 2)[1]
+    return body.replace("{schema}", connection.ops.quote_name(schema()))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0010_restores_version_1_and_reapplying_gives_version_2(roles):
+    v1 = _file_source("producer_api_v1.sql", "soniq_enqueue")
+    v2 = _file_source("producer_api_v2.sql", "soniq_enqueue")
+    assert v1 != v2
+    assert _function_source("soniq_enqueue") == v2
+    assert _function_source("soniq_enqueue_many") == _file_source(
+        "producer_api_v2.sql", "soniq_enqueue_many")
+    producer = roles.create("soniq_producer")
+    call_command("soniq_grant", producer, stdout=io.StringIO())
+    try:
+        call_command("migrate", "soniq_django", "0009", verbosity=0)
+        assert _function_source("soniq_enqueue") == v1
+        assert _function_source("soniq_enqueue_many") is None
+        assert set(_installed()) == set(producer_api_functions()) - {"soniq_enqueue_many"}
+        # soniq_enqueue was replaced, not dropped: its grant and its revocation stay.
+        assert _may_enqueue(producer)
+        assert not any(_installed().values())
+        job_id = fetch("SELECT soniq_enqueue('back.to_v1', '{\"n\": 1}')")[0][0]
+        assert fetch("SELECT job_name FROM soniq_get_job(%s)", [job_id]) == [("back.to_v1",)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _function_source("soniq_enqueue") == v2
+    assert _installed() == dict.fromkeys(producer_api_functions(), False)
+    assert _may_enqueue(producer)
+    ids = fetch("SELECT soniq_enqueue_many('[{\"job_name\": \"again.v2\"}]')")[0][0]
+    assert fetch("SELECT job_name FROM soniq_get_job(%s)", [ids[0]]) == [("again.v2",)]

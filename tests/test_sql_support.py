@@ -22,8 +22,8 @@ from django.db import DatabaseError, connection, transaction
 
 from soniq_django.sql import SQL_DIR
 
-#: The three functions a producer is granted, by name.
-PUBLIC_FUNCTIONS = ("soniq_enqueue", "soniq_get_job", "soniq_args_hash")
+#: The functions a producer is granted, by name.
+PUBLIC_FUNCTIONS = ("soniq_enqueue", "soniq_get_job", "soniq_args_hash", "soniq_enqueue_many")
 
 #: The columns soniq_get_job returns, in the seed's order.
 GET_JOB_COLUMNS = (
@@ -32,10 +32,18 @@ GET_JOB_COLUMNS = (
 )
 
 
+PRODUCER_API_FILES = ("producer_api_v1.sql", "producer_api_v2.sql")
+
+
 def producer_api_functions() -> list[str]:
-    """Names of every function ``producer_api_v1.sql`` creates, in file order."""
-    text = (SQL_DIR / "producer_api_v1.sql").read_text(encoding="utf-8")
-    return re.findall(r"^CREATE FUNCTION \{schema\}\.(\w+)\(", text, flags=re.MULTILINE)
+    """Names of every function the producer API files define, in file order, each once."""
+    names: dict[str, None] = {}
+    for name in PRODUCER_API_FILES:
+        text = (SQL_DIR / name).read_text(encoding="utf-8")
+        for found in re.findall(r"^CREATE (?:OR REPLACE )?FUNCTION \{schema\}\.(\w+)\(",
+                                text, flags=re.MULTILINE):
+            names[found] = None
+    return list(names)
 
 
 def quote_ident(name: str) -> str:

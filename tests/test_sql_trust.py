@@ -93,7 +93,7 @@ def test_the_tables_are_not_open_to_public():
 def test_a_granted_producer_can_enqueue_and_read_but_not_touch_the_tables(roles):
     role = roles.create("soniq_producer")
     output = grant(role)
-    assert output.count("GRANT") == 4
+    assert output.count("GRANT") == 5
     with roles.connect(role, application_name="") as conn:
         job_id = conn.execute(
             "SELECT soniq_enqueue('trust.job', '{\"n\": 1}', unique_job => true)").fetchone()[0]
@@ -105,6 +105,12 @@ def test_a_granted_producer_can_enqueue_and_read_but_not_touch_the_tables(roles)
         assert row == (job_id, "trust.job", "queued")
         assert conn.execute("SELECT soniq_args_hash('{\"n\": 1}')").fetchone()[0] == args_hash(
             {"n": 1})
+        batch = conn.execute(
+            "SELECT soniq_enqueue_many('[{\"job_name\": \"trust.job\", \"args\": {\"n\": 1}, "
+            "\"unique_job\": true}, {\"job_name\": \"trust.many\"}]')").fetchone()[0]
+        assert batch[0] == job_id
+        assert_refused(conn, "SELECT soniq_enqueue_many('[{\"job_name\": \"Bad Name\"}]')",
+                       "22023", "SONIQ_INVALID_TASK_NAME")
         assert_refused(conn, "SELECT soniq_enqueue('Bad Name', '{}')", "22023",
                        "SONIQ_INVALID_TASK_NAME")
 
@@ -131,10 +137,11 @@ def test_a_granted_producer_can_enqueue_and_read_but_not_touch_the_tables(roles)
             assert_refused(conn, sql, "42501")
     job = Job.objects.get(id=job_id)
     assert (job.status, job.producer_id) == ("queued", role)  # session_user, not the owner
-    assert Job.objects.count() == 1
+    assert Job.objects.get(id=batch[1]).producer_id == role
+    assert Job.objects.count() == 2
 
 
-def test_the_grant_covers_exactly_the_three_producer_functions(roles):
+def test_the_grant_covers_exactly_the_producer_functions(roles):
     role = roles.create("soniq_producer")
     grant(role)
     rows = fetch(
@@ -154,6 +161,7 @@ def test_a_role_without_the_grant_can_call_nothing(roles):
             ("SELECT soniq_enqueue('trust.job', '{}')", "soniq_enqueue"),
             ("SELECT * FROM soniq_get_job(gen_random_uuid())", "soniq_get_job"),
             ("SELECT soniq_args_hash('{}')", "soniq_args_hash"),
+            ("SELECT soniq_enqueue_many('[]')", "soniq_enqueue_many"),
         ]:
             error = assert_refused(conn, sql, "42501")
             assert error.diag.message_primary == f"permission denied for function {name}"
@@ -196,6 +204,10 @@ PLANTED_FUNCTIONS = [
     ("jsonb_array_elements", "jsonb", "SETOF jsonb"),
     ("regexp_split_to_table", "text, text", "SETOF text"),
     ("unnest", "text[]", "SETOF text"),
+    ("unnest", "anyarray", "SETOF anyelement"),
+    ("octet_length", "text", "integer"),
+    ("format", "text, bigint", "text"),
+    ("format", "text", "text"),
 ]
 
 # (operator, left type, right type, return type)
@@ -217,6 +229,12 @@ PLANTED_OPERATORS = [
     ("#>>", "jsonb", "text[]", "text"),
     ("-", "integer", "integer", "integer"),
     ("+", "integer", "integer", "integer"),
+    (">=", "integer", "integer", "boolean"),
+    ("->", "jsonb", "text", "jsonb"),
+    ("->>", "jsonb", "text", "text"),
+    ("-", "jsonb", "text[]", "jsonb"),
+    ("=", "jsonb", "jsonb", "boolean"),
+    ("?", "jsonb", "text", "boolean"),
 ]
 
 PLANTED = "soniq-planted-object-ran"
@@ -305,6 +323,30 @@ def test_planted_functions_and_operators_are_never_called(roles):
         ).fetchone()[0] == keyed
         assert conn.execute("SELECT soniq_args_hash(%s::jsonb)", [text]).fetchone()[0] == (
             args_hash(args))
+        # soniq_enqueue_many: plain, unique (the per-row path), dedup, scheduled, errors.
+        batch = conn.execute("SELECT soniq_enqueue_many(%s::jsonb)", [json.dumps([
+            {"job_name": "trust.many", "args": args, "queue": "m", "priority": 3,
+             "max_attempts": None, "run_at": "2020-01-01T00:00:00Z"},
+            {"job_name": "trust.many_later", "run_at": "2999-01-01T00:00:00Z"},
+            {"job_name": "trust.unique", "args": args, "unique_job": True},
+            {"job_name": "trust.other", "dedup_key": "k"},
+            {"job_name": "trust.many_new", "args": {"big": "x" * 400}, "dedup_key": "k9"},
+        ])]).fetchone()[0]
+        assert batch[2:4] == [unique, keyed]
+        for jobs, hint in [
+            ([{"job_name": "Bad Name"}], "SONIQ_INVALID_TASK_NAME"),
+            ([{"job_name": "a.b", "args": {"n": 1e308, "pad": "x" * 400}},
+              {"job_name": "a.b", "args": {"n": 10**400}}], "SONIQ_TASK_ARGS_INVALID"),
+            ([{"job_name": "a.b", "args": []}], "SONIQ_TASK_ARGS_INVALID"),
+            ([{"job_name": "a.b", "max_attempts": 0}], "SONIQ_INVALID_MAX_ATTEMPTS"),
+            ([{"job_name": "a.b", "queue": ""}], "SONIQ_INVALID_OPTION"),
+            ([{"job_name": "a.b", "extra": 1}], "SONIQ_INVALID_OPTION"),
+            ([1], "SONIQ_INVALID_OPTION"),
+        ]:
+            assert_refused(conn, "SELECT soniq_enqueue_many(%s::jsonb)", "22023", hint,
+                           params=[json.dumps(jobs)])
+        assert_refused(conn, "SELECT soniq_enqueue_many(%s::jsonb)", "23505",
+                       params=[json.dumps([{"job_name": "a.b", "job_id": str(plain)}])])
         assert_refused(conn, "SELECT soniq_enqueue('Bad Name', '{}')", "22023",
                        "SONIQ_INVALID_TASK_NAME")
         assert_refused(conn, "SELECT soniq_enqueue('a.b', '{\"n\": 1e400}')", "22023",
@@ -329,7 +371,9 @@ def test_planted_functions_and_operators_are_never_called(roles):
     assert not [n for n in notices if PLANTED in (n or "")]
 
     jobs = {job.id: job for job in Job.objects.all()}
-    assert set(jobs) == {plain, unique, keyed}
+    assert set(jobs) == {plain, unique, keyed, batch[0], batch[1], batch[4]}
+    assert (jobs[batch[0]].args, jobs[batch[0]].max_attempts, jobs[batch[0]].queue) == (
+        args, None, "m")
     assert jobs[plain].args == args and jobs[plain].producer_id == attacker
     assert jobs[unique].args_hash == args_hash(args)
     with raw() as admin:

@@ -1,0 +1,21 @@
+"""The producer API, version 2 (PostgreSQL): see sql/producer_api_v2.sql.
+
+soniq_enqueue keeps its contract with a cheaper body, and soniq_enqueue_many
+enqueues a JSON array of jobs set-based. Reversing puts version 1 back.
+"""
+
+from django.db import migrations
+
+from soniq_django.sql import run_file
+
+
+class Migration(migrations.Migration):
+    dependencies = [("soniq_django", "0009_claim_protocol_v2")]
+
+    operations = [
+        migrations.RunPython(
+            run_file("producer_api_v2.sql"),
+            run_file("producer_api_v2.down.sql"),
+            elidable=False,
+        ),
+    ]
