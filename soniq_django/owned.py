@@ -242,22 +242,60 @@ class OwnedJobSource:
         completion with the same fence; recover each nonce). A worker that
         finishes a job and wants another saves a round trip and a commit.
         """
-        return self._complete_and_claim(*_complete_and_claim_args(
-            fence, result, claim_tokens, queues, pid))
-
-    def _complete_and_claim(self, fence, result, worker, tokens, queues, pid):
-        completed, rows = self._claims.complete_and_claim(
-            fence, result, _seconds("RESULT_TTL"), worker, tokens, queues,
-            _seconds("LEASE_SECONDS"), pid,
-        )
-        return completed, [_claimed(row) for row in rows]
+        completed, claimed = self.complete_many_and_claim_owned(
+            [(fence, result)], claim_tokens=claim_tokens, queues=queues, pid=pid)
+        return completed[0], claimed
 
     async def acomplete_and_claim_owned(self, fence: QueueClaimFence, result: Any = None, *,
                                         claim_tokens: list[str],
                                         queues: list[str] | None = None, pid: int | None = None
                                         ) -> tuple[bool, list[ClaimedJob]]:
-        args = _complete_and_claim_args(fence, result, claim_tokens, queues, pid)
-        return await sync_to_async(self._complete_and_claim)(*args)
+        completed, claimed = await self.acomplete_many_and_claim_owned(
+            [(fence, result)], claim_tokens=claim_tokens, queues=queues, pid=pid)
+        return completed[0], claimed
+
+    def complete_many_owned(self, completions: list[tuple[QueueClaimFence, Any]]) -> list[bool]:
+        """Complete several live claims of one worker in one transaction.
+
+        ``completions`` holds ``(fence, result)`` pairs (1 to
+        ``MAX_CLAIM_BATCH``), every fence of the same worker id. Returns one
+        boolean per pair, in order: each exactly what ``complete_owned``
+        would have answered for it alone.
+        """
+        worker, checked = _completions(completions)
+        return self._settle(checked, worker, [], None, None)[0]
+
+    async def acomplete_many_owned(self, completions: list[tuple[QueueClaimFence, Any]]
+                                   ) -> list[bool]:
+        worker, checked = _completions(completions)
+        return (await sync_to_async(self._settle)(checked, worker, [], None, None))[0]
+
+    def complete_many_and_claim_owned(self, completions: list[tuple[QueueClaimFence, Any]], *,
+                                      claim_tokens: list[str], queues: list[str] | None = None,
+                                      pid: int | None = None
+                                      ) -> tuple[list[bool], list[ClaimedJob]]:
+        """``complete_many_owned`` and ``claim_many_owned`` for the same worker, one transaction.
+
+        Returns ``(completed, claimed)``. Both are written or neither: on
+        QUEUE_PERSISTENCE_FAILED recover the nonces (a live claim proves the
+        completions committed too) or re-send the completions with the same
+        fences.
+        """
+        return self._settle(*_settle_args(completions, claim_tokens, queues, pid))
+
+    async def acomplete_many_and_claim_owned(
+        self, completions: list[tuple[QueueClaimFence, Any]], *, claim_tokens: list[str],
+        queues: list[str] | None = None, pid: int | None = None,
+    ) -> tuple[list[bool], list[ClaimedJob]]:
+        args = _settle_args(completions, claim_tokens, queues, pid)
+        return await sync_to_async(self._settle)(*args)
+
+    def _settle(self, completions, worker, tokens, queues, pid):
+        completed, rows = self._claims.settle(
+            completions, _seconds("RESULT_TTL"), worker, tokens, queues,
+            _seconds("LEASE_SECONDS"), pid,
+        )
+        return completed, [_claimed(row) for row in rows]
 
     async def acomplete_owned(self, fence: QueueClaimFence, result: Any = None) -> bool:
         return await sync_to_async(self._complete)(checked_fence(fence), _result(result))
@@ -341,10 +379,27 @@ class OwnedJobSource:
         return await sync_to_async(self._request_cancel)(coerce_job_id(job_id))
 
 
-def _complete_and_claim_args(fence, result, claim_tokens, queues, pid) -> tuple:
-    checked = checked_fence(fence)
-    worker, tokens, names, pid = _claim_many_args(checked.worker_id, claim_tokens, queues, pid)
-    return checked, _result(result), worker, tokens, names, pid
+def _completions(completions) -> tuple[str, list[tuple[QueueClaimFence, Any]]]:
+    """Checked ``(fence, result)`` pairs, and the one worker id they share."""
+    if not isinstance(completions, (list, tuple)):
+        raise ConfigValidationError("completions must be a list of (fence, result) pairs")
+    if not 1 <= len(completions) <= MAX_CLAIM_BATCH:
+        raise ConfigValidationError(f"completions must hold 1 to {MAX_CLAIM_BATCH} pairs")
+    checked = []
+    for pair in completions:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ConfigValidationError("completions must be a list of (fence, result) pairs")
+        checked.append((checked_fence(pair[0]), _result(pair[1])))
+    workers = {fence.worker_id for fence, _ in checked}
+    if len(workers) != 1:
+        raise ConfigValidationError("completions must all be fences of one worker")
+    return workers.pop(), checked
+
+
+def _settle_args(completions, claim_tokens, queues, pid) -> tuple:
+    worker, checked = _completions(completions)
+    worker, tokens, names, pid = _claim_many_args(worker, claim_tokens, queues, pid)
+    return checked, worker, tokens, names, pid
 
 
 def _claim_many_args(worker_id, claim_tokens, queues, pid) -> tuple:

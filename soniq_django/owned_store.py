@@ -141,23 +141,34 @@ class PostgresClaims:
         )
         return rows[0][0] is True
 
-    def complete_and_claim(self, f: QueueClaimFence, result: Any, ttl: float, owner: str,
-                           tokens: list[str], queues: list[str] | None, lease: float,
-                           pid: int | None) -> tuple[bool, list[dict]]:
-        # Two statements in one query string run as one implicit transaction
-        # (PostgreSQL's simple query protocol): one round trip, one commit,
-        # and a failure of either leaves neither.
+    def settle(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float, owner: str,
+               tokens: list[str], queues: list[str] | None, lease: float, pid: int | None
+               ) -> tuple[list[bool], list[dict]]:
+        """Complete ``completions`` (all of ``owner``) and claim one job per token, in one go.
+
+        Two statements in one query string run as one implicit transaction
+        (PostgreSQL's simple query protocol): one round trip, one commit, and
+        a failure of either leaves neither.
+        """
+        statements, params = [], []
+        if completions:
+            fences = [f for f, _ in completions]
+            statements.append("SELECT soniq_complete_many(%s::text[], %s, %s::bigint[], "
+                              "%s::text[], %s::text[], %s::jsonb[], %s)")
+            params += [[f.job_id for f in fences], owner, [f.generation for f in fences],
+                       [f.claim_token for f in fences], [f.queue for f in fences],
+                       [_json_text(result) for _, result in completions], ttl]
+        if tokens:
+            statements.append(
+                "SELECT * FROM soniq_claim_many(%s, %s::text[], %s::text[], %s, %s, %s)")
+            params += [owner, tokens, queues, lease, ttl, pid]
         with guarded(self.alias, atomic=False) as connection, connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT soniq_complete(%s, %s, %s, %s, %s, %s::jsonb, %s); "
-                "SELECT * FROM soniq_claim_many(%s, %s::text[], %s::text[], %s, %s, %s)",
-                self._fence(f) + [_json_text(result), ttl, owner, tokens, queues, lease, ttl,
-                                  pid],
-            )
-            completed = cursor.fetchone()[0] is True
-            if not cursor.nextset():
+            cursor.execute("; ".join(statements), params)
+            completed = [value is True for value in cursor.fetchone()[0]] if completions else []
+            if completions and tokens and not cursor.nextset():
                 raise persistence_failed()  # the claim's answer never came
-            return completed, [self._claim_dict(row) for row in cursor.fetchall()]
+            claimed = [self._claim_dict(row) for row in cursor.fetchall()] if tokens else []
+            return completed, claimed
 
     def fail(self, f: QueueClaimFence, error: str, retry: bool, delay: float | None,
              reason: str, dlq_record_id: str | None, default_max_attempts: int,
@@ -369,13 +380,14 @@ class SqliteClaims:
                 pid=None, expires_at=now + dt.timedelta(seconds=ttl),
             )
 
-    def complete_and_claim(self, f: QueueClaimFence, result: Any, ttl: float, owner: str,
-                           tokens: list[str], queues: list[str] | None, lease: float,
-                           pid: int | None) -> tuple[bool, list[dict]]:
+    def settle(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float, owner: str,
+               tokens: list[str], queues: list[str] | None, lease: float, pid: int | None
+               ) -> tuple[list[bool], list[dict]]:
         with guarded(self.alias, atomic=True) as connection:
             take_sqlite_write_lock(connection)
-            completed = self.complete(f, result, ttl)
-            return completed, self.claim_many(owner, tokens, queues, lease, ttl, pid)
+            completed = [self.complete(f, result, ttl) for f, result in completions]
+            claimed = self.claim_many(owner, tokens, queues, lease, ttl, pid) if tokens else []
+            return completed, claimed
 
     def fail(self, f: QueueClaimFence, error: str, retry: bool, delay: float | None,
              reason: str, dlq_record_id: str | None, default_max_attempts: int,

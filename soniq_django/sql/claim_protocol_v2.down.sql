@@ -1,6 +1,8 @@
--- Reverse of claim_protocol_v2.sql: no soniq_claim_many, and soniq_complete
--- with its version 1 body again (copied unchanged from claim_protocol_v1.sql).
+-- Reverse of claim_protocol_v2.sql: no soniq_claim_many or soniq_complete_many,
+-- and soniq_complete with its version 1 body again (copied unchanged from
+-- claim_protocol_v1.sql).
 DROP FUNCTION {schema}.soniq_claim_many(text, text[], text[], double precision, double precision, integer);
+DROP FUNCTION {schema}.soniq_complete_many(text[], text, bigint[], text[], text[], jsonb[], double precision);
 
 CREATE OR REPLACE FUNCTION {schema}.soniq_complete(
     job_id text, worker_id text, generation bigint, claim_token text, queue text,

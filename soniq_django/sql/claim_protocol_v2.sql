@@ -4,7 +4,11 @@
 --    cardinality(claim_tokens) jobs, and every job still gets its own
 --    fence -- its own nonce (claim_tokens[i]) and its own generation,
 --    exactly as if it had been claimed alone with soniq_claim.
--- 2. Gives soniq_complete, the call every successful job makes, a leaner
+-- 2. Adds soniq_complete_many: several completions in one call, each checked
+--    against its own whole fence exactly as soniq_complete checks one. With
+--    soniq_claim_many in the same transaction, a worker settles every job
+--    that finished and refills every free slot in one round trip.
+-- 3. Gives soniq_complete, the call every successful job makes, a leaner
 --    body with the same signature, rules, answers and error codes: the
 --    checks that version 1 made through helper functions (each with its own
 --    SET search_path, which PostgreSQL saves and restores on every call,
@@ -170,6 +174,114 @@ BEGIN
 END
 $fn$;
 
+-- soniq_complete_many --
+-- Complete several live claims, the i-th with results[i] (any JSON, or NULL),
+-- each exactly as soniq_complete(job_ids[i], worker_id, generations[i],
+-- claim_tokens[i], queues[i], results[i], result_ttl_seconds) would. Returns
+-- one boolean per job, in the order given: true where that completion was
+-- applied, false where the fence no longer owns the job (or a cancel is
+-- requested). The arrays must have the same length, 1 to 1000; rows are
+-- locked in job id order so that two callers cannot deadlock on each other.
+CREATE FUNCTION {schema}.soniq_complete_many(
+    job_ids text[], worker_id text, generations bigint[], claim_tokens text[], queues text[],
+    results jsonb[], result_ttl_seconds double precision DEFAULT 300
+) RETURNS boolean[]
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    p_ids text[] := soniq_complete_many.job_ids;
+    p_owner text := soniq_complete_many.worker_id;
+    p_generations bigint[] := soniq_complete_many.generations;
+    p_tokens text[] := soniq_complete_many.claim_tokens;
+    p_queues text[] := soniq_complete_many.queues;
+    p_results jsonb[] := soniq_complete_many.results;
+    p_ttl double precision := soniq_complete_many.result_ttl_seconds;
+    v_count integer := pg_catalog.cardinality(p_ids);
+    v_done boolean[];
+    v_now timestamptz;
+    v_i integer;
+    r record;
+BEGIN
+    IF p_ttl IS NULL OR p_ttl = 'NaN'::float8 OR p_ttl < 0 OR p_ttl > 31536000 THEN
+        RAISE EXCEPTION 'result_ttl_seconds is out of range'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    IF p_owner IS NULL OR p_owner = '' OR pg_catalog.length(p_owner) > 255 THEN
+        RAISE EXCEPTION 'worker_id must be a non-empty string of at most 255 characters'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    IF v_count IS NULL OR v_count < 1 OR v_count > 1000
+       OR pg_catalog.array_ndims(p_ids) <> 1
+       OR pg_catalog.array_ndims(p_generations) IS DISTINCT FROM 1
+       OR pg_catalog.array_ndims(p_tokens) IS DISTINCT FROM 1
+       OR pg_catalog.array_ndims(p_queues) IS DISTINCT FROM 1
+       OR pg_catalog.array_ndims(p_results) IS DISTINCT FROM 1
+       OR pg_catalog.cardinality(p_generations) <> v_count
+       OR pg_catalog.cardinality(p_tokens) <> v_count
+       OR pg_catalog.cardinality(p_queues) <> v_count
+       OR pg_catalog.cardinality(p_results) <> v_count
+       OR pg_catalog.array_lower(p_ids, 1) <> 1
+       OR pg_catalog.array_lower(p_generations, 1) <> 1
+       OR pg_catalog.array_lower(p_tokens, 1) <> 1
+       OR pg_catalog.array_lower(p_queues, 1) <> 1
+       OR pg_catalog.array_lower(p_results, 1) <> 1 THEN
+        RAISE EXCEPTION 'job_ids, generations, claim_tokens, queues and results must be arrays of one length, 1 to 1000'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    FOR v_i IN 1 .. v_count LOOP
+        IF p_tokens[v_i] IS NULL OR p_tokens[v_i] = '' OR pg_catalog.length(p_tokens[v_i]) > 255 THEN
+            RAISE EXCEPTION 'claim_token must be a non-empty string of at most 255 characters'
+                USING ERRCODE = '22023', HINT = 'CONFIG';
+        END IF;
+        IF p_generations[v_i] IS NULL OR p_generations[v_i] < 1 OR p_queues[v_i] IS NULL
+           OR p_ids[v_i] IS NULL THEN
+            RAISE EXCEPTION 'invalid fence' USING ERRCODE = '22023', HINT = 'CONFIG';
+        END IF;
+    END LOOP;
+
+    v_done := pg_catalog.array_fill(false, ARRAY[v_count]);
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+    FOR v_i IN
+        SELECT o.i FROM pg_catalog.unnest(p_ids) WITH ORDINALITY AS o(id, i)
+         ORDER BY o.id COLLATE "C", o.i
+    LOOP
+        SELECT j.id, j.queue, j.claim_owner, j.claim_generation, j.claim_token, j.status,
+               j.lease_expires_at, j.cancel_requested
+          INTO r
+          FROM {schema}.soniq_jobs AS j
+         WHERE j.id = p_ids[v_i]::uuid
+           FOR UPDATE;
+        v_now := pg_catalog.clock_timestamp();  -- after the lock
+        IF NOT FOUND
+           OR r.id::text COLLATE "C" <> p_ids[v_i] COLLATE "C"
+           OR r.queue COLLATE "C" <> p_queues[v_i] COLLATE "C"
+           OR r.claim_owner IS NULL OR r.claim_owner COLLATE "C" <> p_owner COLLATE "C"
+           OR r.claim_token IS NULL OR r.claim_token COLLATE "C" <> p_tokens[v_i] COLLATE "C"
+           OR r.claim_generation <> p_generations[v_i]
+           OR r.status <> 'processing'
+           OR r.lease_expires_at IS NULL OR r.lease_expires_at <= v_now
+           OR r.cancel_requested THEN
+            CONTINUE;
+        END IF;
+        UPDATE {schema}.soniq_jobs AS j
+           SET status = 'done', result = p_results[v_i],
+               lease_expires_at = NULL, pid = NULL,
+               expires_at = v_now + pg_catalog.make_interval(secs => p_ttl),
+               updated_at = v_now
+         WHERE j.id = r.id
+           AND j.claim_token = p_tokens[v_i]
+           AND j.claim_generation = p_generations[v_i]
+           AND j.status = 'processing' AND j.lease_expires_at > v_now
+           AND NOT j.cancel_requested;
+        v_done[v_i] := FOUND;
+    END LOOP;
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+    RETURN v_done;
+END
+$fn$;
+
 -- soniq_complete (version 2 body; same signature and answers as version 1) --
 -- Finish the exact live claim with result (any JSON, or NULL): status done,
 -- lease and pid cleared, row kept for result_ttl_seconds. Refused (false)
@@ -244,3 +356,4 @@ END
 $fn$;
 
 REVOKE ALL ON FUNCTION {schema}.soniq_claim_many(text, text[], text[], double precision, double precision, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.soniq_complete_many(text[], text, bigint[], text[], text[], jsonb[], double precision) FROM PUBLIC;

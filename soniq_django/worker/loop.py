@@ -2,11 +2,12 @@
 
 Threads, each with its own database connection:
 
-- the main thread claims as many jobs as there are free slots, in one call
-  (each job with its own fresh nonce, kept before the call), and waits for
-  a wake-up when none is eligible;
-- ``concurrency`` job threads each run one handler, then make the final
-  fenced write;
+- the main thread, in rounds: one database call completes every job that
+  finished since the last round (each against its own fence) and claims a
+  job for every free slot (each with its own fresh nonce, kept before the
+  call); it waits for a wake-up when there is nothing to do;
+- ``concurrency`` job threads each run one handler; a completion is handed
+  to the main thread, any other outcome is written by the job thread;
 - the heartbeat thread renews every live lease, reads cancel requests,
   enforces timeouts and keeps the worker's own row fresh;
 - on PostgreSQL a listener thread turns NOTIFY into wake-ups;
@@ -31,7 +32,8 @@ from django.db import close_old_connections, connections
 from ..conf import soniq_settings
 from ..errors import ErrorCode, SoniqError
 from ..owned import OwnedJobSource
-from ..owned_types import ClaimedJob
+from ..owned_store import guarded
+from ..owned_types import MAX_CLAIM_BATCH, ClaimedJob
 from ..registry import get_handler
 from ..housekeeping import purge_expired
 from ..models import Job
@@ -46,7 +48,7 @@ logger = logging.getLogger("soniq_django.worker")
 #: How often a worker purges finished rows whose RESULT_TTL has passed.
 HOUSEKEEPING_SECONDS = 60.0
 
-# _claim's answer when the database failed and recovery could not say whether
+# A round's answer when the database failed and recovery could not say whether
 # the claim happened: not "nothing is eligible" (a burst worker must not exit).
 _UNKNOWN = object()
 
@@ -61,6 +63,7 @@ class InFlight:
     settled: threading.Lock = field(default_factory=threading.Lock)
     done: bool = False
     lost: bool = False
+    outcome: Outcome | None = None  # a completion waiting for the main loop to write it
 
 
 def _retrying(call, deadline: float, stop: threading.Event):
@@ -102,6 +105,7 @@ class Worker:
         self.wake = threading.Event()
         self.slots = threading.Semaphore(concurrency)
         self.inflight: dict[str, InFlight] = {}
+        self.completions: list[InFlight] = []  # handed over by job threads, written in batches
         self.lock = threading.Lock()
         self.claimed_count = 0
         self.reserved = 0  # claims under way, counted against max_jobs until they answer
@@ -134,8 +138,7 @@ class Worker:
         logger.info("worker %s started (queues=%s, concurrency=%d)", self.worker_id,
                     ",".join(self.queues) if self.queues else "all", self.concurrency)
         try:
-            self._claim_loop(pool)
-            self._drain()
+            self._dispatch_loop(pool)
         finally:
             pool.shutdown(wait=not self.aborted.is_set(), cancel_futures=True)
             self.stopping.set()
@@ -165,42 +168,75 @@ class Worker:
             thread.start()
         return threads
 
-    def _claim_loop(self, pool: ThreadPoolExecutor) -> None:
-        while not self.stopping.is_set():
-            if self.max_jobs is not None and self.claimed_count >= self.max_jobs:
-                return
-            if not self.slots.acquire(timeout=0.5):
-                continue
-            free = 1  # and every other slot free right now: one claim call fills them all
-            while free < self.concurrency and self.slots.acquire(blocking=False):
-                free += 1
+    def _dispatch_loop(self, pool: ThreadPoolExecutor) -> None:
+        """Settle finished jobs and fill free slots, both in one transaction per round.
+
+        Each round takes every completion the job threads handed over and
+        every free slot, and makes one database call: complete them all (each
+        against its own fence) and claim one job per free slot (each with its
+        own nonce). It waits for a wake-up -- a job finished, a NOTIFY, the
+        poll interval -- when there is nothing to do. After a stop (or once
+        ``max_jobs`` is spoken for) it claims nothing more and settles the
+        running jobs until none is left or the grace period is over.
+        """
+        claiming = True  # False after a claim found nothing, until the next wake-up
+        drain_deadline = None
+        while not self.aborted.is_set():
+            with self.lock:
+                batch = self.completions[:MAX_CLAIM_BATCH]
+                del self.completions[:MAX_CLAIM_BATCH]
+            winding_down = self.stopping.is_set() or self._max_jobs_reached()
+            free = 0 if winding_down or not claiming else self._take_free_slots()
             wanted = self._reserve(free)
             self._release(free - wanted)
-            if wanted == 0 or self.stopping.is_set():  # max_jobs is spoken for / a stop came
-                self._account(wanted, [])
-                self._release(wanted)
-                self._wait_for_a_finish(0.05)
-                continue
-            claimed = self._claim(wanted)
-            self._account(wanted, [] if claimed is _UNKNOWN else claimed)
-            if claimed is _UNKNOWN:
-                self._release(wanted)
-                # The database keeps failing claims: don't hammer it.
-                self._unknown_streak += 1
-                self.stopping.wait(min(0.05 * 2 ** min(self._unknown_streak, 6), 2.0))
-                continue
-            self._unknown_streak = 0
-            self._release(wanted - len(claimed))
-            if not claimed:
-                if self.burst:
-                    if self._idle():
-                        return
-                    self._wait_for_a_finish(0.2)
+            if batch or wanted:
+                claimed = self._settle_and_claim(batch, wanted)
+                if claimed is _UNKNOWN:  # the database keeps failing: don't hammer it
+                    self._release(wanted)
+                    self._unknown_streak += 1
+                    self.aborted.wait(min(0.05 * 2 ** min(self._unknown_streak, 6), 2.0))
                     continue
-                self._wait_for_work()
+                self._unknown_streak = 0
+                self._release(wanted - len(claimed))
+                for job in claimed:
+                    pool.submit(self._run_job, self._track(job))
+                if wanted and not claimed:
+                    claiming = False  # the queue is empty: wait for news
+                    if self.burst and self._idle():
+                        return
                 continue
-            for job in claimed:
-                pool.submit(self._run_job, self._track(job))
+            if winding_down:
+                if self._idle():
+                    return
+                if drain_deadline is None:
+                    drain_deadline = time.monotonic() + self.grace_seconds
+                elif time.monotonic() >= drain_deadline:
+                    logger.warning("grace period over; abandoning %d job(s)", len(self.inflight))
+                    self.aborted.set()
+                    return
+                self._wait(0.5)
+                continue
+            if self.burst and not claiming and self._idle():
+                return
+            timeout = float(soniq_settings.POLL_INTERVAL) if not claiming else 0.5
+            if self.burst:
+                timeout = min(timeout, 0.2)
+            self._wait(timeout)
+            claiming = True
+
+    def _wait(self, timeout: float) -> None:
+        """Sleep until a wake-up (or ``timeout``); one that came while busy ends it at once."""
+        self.wake.wait(timeout)
+        self.wake.clear()
+
+    def _max_jobs_reached(self) -> bool:
+        return self.max_jobs is not None and self.claimed_count >= self.max_jobs
+
+    def _take_free_slots(self) -> int:
+        free = 0
+        while free < self.concurrency and self.slots.acquire(blocking=False):
+            free += 1
+        return free
 
     def _reserve(self, wanted: int) -> int:
         """How many of ``wanted`` claims may be made without passing ``max_jobs``; reserves them."""
@@ -228,103 +264,136 @@ class Worker:
             self.inflight[flight.context.job_id] = flight
         return flight
 
-    def _claim(self, count: int):
-        """Up to ``count`` claimed jobs (maybe none), or _UNKNOWN after a failure.
-
-        One call, one transaction; each job has its own nonce, kept before
-        the call is sent.
-        """
-        tokens = [secrets.token_hex(16) for _ in range(count)]
-        try:
-            return self.source.claim_many_owned(self.worker_id, claim_tokens=tokens,
-                                                pid=self.pid, queues=self.queues)
-        except SoniqError as error:
-            if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
-                raise
-        # The claim may or may not have committed: only recovery may tell. It
-        # is one transaction and hands out the nonces in order, so the first
-        # nonce shows whether anything was claimed.
-        logger.warning("claim outcome unknown (database unavailable); recovering")
-        deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
-        recovered = []
-        for token in tokens:
-            job = _retrying(
-                lambda token=token: self.source.recover_owned_claim(self.worker_id,
-                                                                    claim_token=token),
-                deadline, self.aborted,
-            )
-            if job is None:
-                break
-            recovered.append(job)
-        # Nothing recovered proves nothing about the queue: try again rather than idle.
-        return recovered or _UNKNOWN
+    def _finish(self, flight: InFlight) -> None:
+        with self.finished:
+            self.inflight.pop(flight.context.job_id, None)
+            self.finished.notify_all()
 
     def _idle(self) -> bool:
         with self.lock:
-            return not self.inflight
+            return not self.inflight and not self.completions
 
-    def _wait_for_a_finish(self, timeout: float) -> None:
-        with self.finished:
-            self.finished.wait(timeout)
+    # One round's database call ---------------------------------------
 
-    def _wait_for_work(self) -> None:
-        self.wake.wait(float(soniq_settings.POLL_INTERVAL))
-        self.wake.clear()
+    def _settle_and_claim(self, batch: list[InFlight], wanted: int):
+        """Complete ``batch`` and claim ``wanted`` jobs in one call.
 
-    def _drain(self) -> None:
-        deadline = time.monotonic() + self.grace_seconds
-        with self.finished:
-            while self.inflight and not self.aborted.is_set():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    logger.warning("grace period over; abandoning %d job(s)", len(self.inflight))
-                    self.aborted.set()
-                    return
-                self.finished.wait(min(remaining, 0.5))
+        Returns the claimed jobs, or _UNKNOWN when the database failed and
+        recovery could not tell whether the claim happened. Every completion
+        of the batch is settled (written, or known not to be) before it returns.
+        """
+        tokens = [secrets.token_hex(16) for _ in range(wanted)]  # kept before the call
+        completions = [(flight.claimed.claim_fence, flight.outcome.result) for flight in batch]
+        claimed: list = []
+        try:
+            if completions and tokens:
+                completed, claimed = self.source.complete_many_and_claim_owned(
+                    completions, claim_tokens=tokens, pid=self.pid, queues=self.queues)
+            elif completions:
+                completed = self.source.complete_many_owned(completions)
+            else:
+                completed = []
+                claimed = self.source.claim_many_owned(
+                    self.worker_id, claim_tokens=tokens, pid=self.pid, queues=self.queues)
+        except SoniqError as error:
+            if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
+                raise
+            completed, claimed = self._recover(completions, tokens)
+        finally:
+            self._account(wanted, claimed if isinstance(claimed, list) else [])
+        deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
+        for flight, applied in zip(batch, completed):
+            try:
+                self._report(flight, flight.outcome, applied, deadline)
+            except Exception:
+                logger.exception("worker error while recording %s", flight.claimed.job_name)
+            finally:
+                self._finish(flight)
+        return claimed
+
+    def _recover(self, completions, tokens):
+        """After a call whose outcome is unknown: what was completed, and what was claimed.
+
+        The call was one transaction that handed out its nonces in order, so
+        a live claim under the first nonce proves everything committed; a
+        completion is then found in the row itself. Otherwise each completion
+        is sent again with its fence.
+        """
+        logger.warning("outcome unknown (database unavailable); recovering")
+        deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
+        claimed = []
+        for token in tokens:
+            job = _retrying(lambda token=token: self.source.recover_owned_claim(
+                self.worker_id, claim_token=token), deadline, self.aborted)
+            if job is None:
+                break
+            claimed.append(job)
+        completed = [
+            _retrying(lambda fence=fence, result=result: self._completed(fence)
+                      or self.source.complete_owned(fence, result), deadline, self.aborted)
+            for fence, result in completions
+        ]
+        if tokens and not claimed:
+            return completed, _UNKNOWN  # nothing recovered proves nothing about the queue
+        return completed, claimed
+
+    def _completed(self, fence) -> bool:
+        """Whether this claim's completion is in the database (it was written unseen)."""
+        with guarded(self.using, atomic=False):
+            return Job.objects.using(self.using).filter(
+                id=fence.job_id, status="done", claim_token=fence.claim_token,
+                claim_generation=fence.generation,
+            ).exists()
 
     # One job ----------------------------------------------------------
 
-    def _run_job(self, flight: InFlight | None) -> None:
-        """Run the job, then each next one its completion claimed, in this slot."""
-        while flight is not None:
-            following = None
-            try:
-                timeout = soniq_settings.JOB_TIMEOUT_SECONDS
-                outcome = execute(flight.claimed, flight.context, timeout)
-                if not self.aborted.is_set():
-                    following = self._settle(flight, outcome)
-            except Exception:
-                logger.exception("worker error while running %s", flight.claimed.job_name)
-            finally:
-                with self.finished:
-                    self.inflight.pop(flight.context.job_id, None)
-                    self.finished.notify_all()
-                keep_healthy_connections()
-            flight = None if following is None else self._track(following)
-        self.slots.release()
-        self.wake.set()
+    def _run_job(self, flight: InFlight) -> None:
+        handed_over = False
+        try:
+            timeout = soniq_settings.JOB_TIMEOUT_SECONDS
+            outcome = execute(flight.claimed, flight.context, timeout)
+            if not self.aborted.is_set():
+                handed_over = self._settle(flight, outcome)
+        except Exception:
+            logger.exception("worker error while running %s", flight.claimed.job_name)
+        finally:
+            if not handed_over:
+                self._finish(flight)
+            # The slot first, then the completion: the main loop's next round
+            # writes the completion and fills this slot in one transaction.
+            self.slots.release()
+            if handed_over:
+                with self.lock:
+                    self.completions.append(flight)
+            self.wake.set()
+            keep_healthy_connections()
 
-    def _settle(self, flight: InFlight, outcome: Outcome) -> ClaimedJob | None:
+    def _settle(self, flight: InFlight, outcome: Outcome) -> bool:
         """Make the job's one final fenced write (unless the timeout already made it).
 
-        Returns the next job when the write also claimed one. The lock is
-        held through the write: whichever of the job thread and the heartbeat
-        (timeout) comes second waits until the first one's write is over, so
-        a job is never seen finished while its outcome is still unwritten.
+        A completion is left for the main loop, which writes it together with
+        the next claim (returns True: the caller hands it over). Anything else
+        is written here. The lock
+        is held through the write: whichever of the job thread and the
+        heartbeat (timeout) comes second waits until the first one's write is
+        over, so a job is never seen finished while its outcome is still unwritten.
         """
         with flight.settled:
             if flight.done:
-                return None
+                return False
             flight.done = True
-            return self._write_outcome(flight, outcome)
+            if outcome.kind == "done" and not flight.lost:
+                flight.outcome = outcome
+                return True
+            self._write_outcome(flight, outcome)
+            return False
 
-    def _write_outcome(self, flight: InFlight, outcome: Outcome) -> ClaimedJob | None:
-        """Write the outcome; a completion also claims this slot's next job (returned)."""
+    def _write_outcome(self, flight: InFlight, outcome: Outcome) -> None:
         claimed = flight.claimed
         if flight.lost:  # the heartbeat saw the claim go: it is not ours to write
             logger.warning("%s %s: %s not recorded; the lease was lost", claimed.job_name,
                            claimed.job_id, _verb(outcome))
-            return None
+            return
         fence = claimed.claim_fence
         handler = get_handler(claimed.job_name)
         default_max = handler.max_attempts if handler else soniq_settings.DEFAULT_MAX_ATTEMPTS
@@ -339,14 +408,18 @@ class Worker:
         else:
             write = lambda: self.source.acknowledge_cancel_owned(fence)  # noqa: E731
         deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
-        following = None
-        if outcome.kind == "done":
-            applied, following = self._complete_and_claim(fence, outcome.result, deadline)
-        else:
-            applied = _retrying(write, deadline, self.aborted)
+        self._report(flight, outcome, _retrying(write, deadline, self.aborted), deadline)
+
+    def _report(self, flight: InFlight, outcome: Outcome, applied: bool | None,
+                deadline: float) -> None:
+        """Log and count a final write; honour a cancel that refused it."""
+        claimed = flight.claimed
+        fence = claimed.claim_fence
         elapsed = time.monotonic() - flight.started
         if applied:
             verb = _verb(outcome)
+            handler = get_handler(claimed.job_name)
+            default_max = handler.max_attempts if handler else soniq_settings.DEFAULT_MAX_ATTEMPTS
             limit = claimed.max_attempts if claimed.max_attempts is not None else default_max
             kind = {"done": "done", "retry": "failed", "dead": "dead_lettered",
                     "cancelled": "cancelled"}[outcome.kind]
@@ -356,61 +429,17 @@ class Worker:
             self.throughput.add(claimed.queue, kind)
             logger.info("%s %s %s after %.3fs (attempt %s)", claimed.job_name, claimed.job_id,
                         verb, elapsed, claimed.attempts)
-            return following
+            return
         if outcome.kind != "cancelled" and self._cancel_pending(fence):
             # A cancel arrived while the handler was finishing: honour it.
             if _retrying(lambda: self.source.acknowledge_cancel_owned(fence), deadline,
                          self.aborted):
                 logger.info("%s %s cancelled after %.3fs", claimed.job_name, claimed.job_id,
                             elapsed)
-                return following
+                return
         logger.warning("%s %s: %s not recorded; the job is no longer this worker's "
                        "(lease lost, cancelled or re-claimed)", claimed.job_name,
                        claimed.job_id, _verb(outcome))
-        return following
-
-    def _complete_and_claim(self, fence, result, deadline: float
-                            ) -> tuple[bool | None, ClaimedJob | None]:
-        """Complete the job and, in the same transaction, claim the slot's next one.
-
-        Returns (completion applied, next job or None). While stopping, or
-        when ``max_jobs`` is spoken for, it only completes.
-        """
-        complete = lambda: self.source.complete_owned(fence, result)  # noqa: E731
-        wanted = 0 if self.stopping.is_set() else self._reserve(1)
-        if wanted == 0:
-            return _retrying(complete, deadline, self.aborted), None
-        token = secrets.token_hex(16)  # known and kept before the call
-        following = None
-        try:
-            applied, claimed = self.source.complete_and_claim_owned(
-                fence, result, claim_tokens=[token], pid=self.pid, queues=self.queues)
-            following = claimed[0] if claimed else None
-            return applied, following
-        except SoniqError as error:
-            if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
-                logger.warning("claiming with a completion failed (%s); completing alone",
-                               error.code.value)
-                return _retrying(complete, deadline, self.aborted), None
-        finally:
-            self._account(wanted, [] if following is None else [following])
-        # Both writes or neither were made: the nonce tells which.
-        logger.warning("completion outcome unknown (database unavailable); recovering")
-        following = _retrying(
-            lambda: self.source.recover_owned_claim(self.worker_id, claim_token=token),
-            deadline, self.aborted,
-        )
-        if following is not None:
-            self._account(0, [following])
-            return self._completed(fence), following
-        return _retrying(complete, deadline, self.aborted), None
-
-    def _completed(self, fence) -> bool:
-        """Whether this claim's completion is in the database (it was written unseen)."""
-        return Job.objects.using(self.using).filter(
-            id=fence.job_id, status="done", claim_token=fence.claim_token,
-            claim_generation=fence.generation,
-        ).exists()
 
     def _cancel_pending(self, fence) -> bool:
         try:
