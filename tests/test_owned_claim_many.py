@@ -1,6 +1,7 @@
 """Batched claims (claim_many_owned / soniq_claim_many): one call, one fence per job."""
 
 import asyncio
+import dataclasses
 import datetime as dt
 import uuid
 
@@ -312,9 +313,10 @@ def test_version_2_functions_are_pinned_definers_no_one_else_may_call():
     rows = _pg(
         "SELECT p.proname, p.prosecdef, p.proconfig, has_function_privilege('public', p.oid, "
         "'EXECUTE') FROM pg_proc AS p WHERE p.pronamespace = current_schema()::regnamespace "
-        "AND p.proname IN ('soniq_claim_many', 'soniq_complete') ORDER BY 1")
-    assert rows == [("soniq_claim_many", True, ["search_path=pg_catalog, pg_temp"], False),
-                    ("soniq_complete", True, ["search_path=pg_catalog, pg_temp"], False)]
+        "AND p.proname IN ('soniq_claim_many', 'soniq_complete', 'soniq_complete_many') "
+        "ORDER BY 1")
+    assert rows == [(name, True, ["search_path=pg_catalog, pg_temp"], False)
+                    for name in ("soniq_claim_many", "soniq_complete", "soniq_complete_many")]
 
 
 @pytest.mark.postgresql_only
@@ -327,6 +329,9 @@ def test_unapplying_0009_restores_version_1_and_reapplying_version_2():
                    "AND pronamespace = current_schema()::regnamespace")
         many = _pg("SELECT to_regprocedure('soniq_claim_many(text, text[], text[], "
                    "double precision, double precision, integer)') IS NOT NULL")[0][0]
+        complete_many = _pg("SELECT to_regprocedure('soniq_complete_many(text[], text, "
+                            "bigint[], text[], text[], jsonb[], double precision)') IS NOT NULL")
+        assert complete_many[0][0] is many
         return many, "soniq_lock_fence_v1" in body[0][0]
 
     assert installed() == (True, False)
@@ -340,3 +345,106 @@ def test_unapplying_0009_restores_version_1_and_reapplying_version_2():
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
     assert installed() == (True, False)
+
+
+# Several completions in one transaction ----------------------------------------
+
+
+def test_complete_many_answers_each_fence_in_order(source):
+    bulk_enqueue([JobRequest("a.job", {"n": n}) for n in range(4)])
+    first, second, third, fourth = source.claim_many_owned("w", claim_tokens=tokens(4))
+    assert source.request_cancel(third.job_id)  # a cancel request refuses its completion
+    stale = dataclasses.replace(fourth.claim_fence, generation=fourth.claim_fence.generation + 1)
+    answers = source.complete_many_owned([
+        (second.claim_fence, {"n": 2}), (first.claim_fence, [1]), (third.claim_fence, None),
+        (stale, "stale"),
+    ])
+    assert answers == [True, True, False, False]
+    rows = {row.id: row for row in Job.objects.all()}
+    assert (rows[first.job_id].status, rows[first.job_id].result) == ("done", [1])
+    assert (rows[second.job_id].status, rows[second.job_id].result) == ("done", {"n": 2})
+    assert rows[third.job_id].status == rows[fourth.job_id].status == "processing"
+    # Applied once: sending the same completions again changes nothing.
+    assert source.complete_many_owned([(first.claim_fence, "again")]) == [False]
+    assert Job.objects.get(id=first.job_id).result == [1]
+
+
+def test_complete_many_and_claim_settles_and_refills_together(source):
+    bulk_enqueue([JobRequest("a.job", {"n": n}) for n in range(5)])
+    running = source.claim_many_owned("w", claim_tokens=tokens(2))
+    sent = tokens(2)
+    answers, claimed = source.complete_many_and_claim_owned(
+        [(job.claim_fence, "ok") for job in running], claim_tokens=sent, pid=3)
+    assert answers == [True, True]
+    assert [c.claim_fence.claim_token for c in claimed] == sent
+    assert Job.objects.filter(status="done").count() == 2
+    assert Job.objects.filter(status="processing", pid=3).count() == 2
+    # Both or neither: a claim that fails takes the completions back with it.
+    with pytest.raises(SoniqError) as caught:
+        source.complete_many_and_claim_owned(
+            [(job.claim_fence, "x") for job in claimed], claim_tokens=[sent[0]])
+    assert caught.value.reason == "nonce_reused"
+    assert Job.objects.filter(status="processing", pid=3).count() == 2
+
+
+@pytest.mark.parametrize("completions", [
+    [], "x", None, [("not a fence", 1)], [(None, 1)], [1], [()],
+])
+def test_complete_many_validates_its_pairs(source, completions):
+    with pytest.raises(ConfigValidationError):
+        source.complete_many_owned(completions)
+
+
+def test_complete_many_takes_fences_of_one_worker_and_finite_json(source):
+    bulk_enqueue([JobRequest("a.job"), JobRequest("a.job")])
+    mine = source.claim_next_owned("w-1", claim_token=nonce())
+    theirs = source.claim_next_owned("w-2", claim_token=nonce())
+    with pytest.raises(ConfigValidationError):
+        source.complete_many_owned([(mine.claim_fence, 1), (theirs.claim_fence, 2)])
+    with pytest.raises(ConfigValidationError):
+        source.complete_many_owned([(mine.claim_fence, float("inf"))])
+    assert Job.objects.filter(status="processing").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_complete_many_twins(source):
+    async def body():
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(bulk_enqueue)([JobRequest("a.job") for _ in range(3)])
+        running = await source.aclaim_many_owned("w", claim_tokens=tokens(2))
+        assert await source.acomplete_many_owned([(running[0].claim_fence, 1)]) == [True]
+        answers, claimed = await source.acomplete_many_and_claim_owned(
+            [(running[1].claim_fence, 2)], claim_tokens=tokens(1))
+        assert answers == [True] and len(claimed) == 1
+        await sync_to_async(connections.close_all)()
+
+    asyncio.run(body())
+
+
+@pytest.mark.postgresql_only
+def test_soniq_complete_many_refuses_bad_arrays_with_config():
+    from django.db import DatabaseError, transaction
+
+    job = "'00000000-0000-0000-0000-000000000000'"
+    cases = [
+        "ARRAY[]::text[], 'w', ARRAY[]::bigint[], ARRAY[]::text[], ARRAY[]::text[], ARRAY[]::jsonb[]",
+        f"ARRAY[{job}], 'w', ARRAY[1, 2]::bigint[], ARRAY['t'], ARRAY['q'], ARRAY[NULL]::jsonb[]",
+        f"ARRAY[{job}], 'w', ARRAY[1]::bigint[], ARRAY['t'], ARRAY['q'], ARRAY[]::jsonb[]",
+        f"ARRAY[{job}], 'w', ARRAY[0]::bigint[], ARRAY['t'], ARRAY['q'], ARRAY[NULL]::jsonb[]",
+        f"ARRAY[{job}], 'w', ARRAY[1]::bigint[], ARRAY['']::text[], ARRAY['q'], ARRAY[NULL]::jsonb[]",
+        f"ARRAY[{job}], '', ARRAY[1]::bigint[], ARRAY['t'], ARRAY['q'], ARRAY[NULL]::jsonb[]",
+        f"ARRAY[{job}], 'w', ARRAY[1]::bigint[], ARRAY['t'], ARRAY[NULL]::text[], ARRAY[NULL]::jsonb[]",
+        f"ARRAY[{job}], 'w', NULL, ARRAY['t'], ARRAY['q'], ARRAY[NULL]::jsonb[]",
+        f"'[0:0]={{{job[1:-1]}}}'::text[], 'w', ARRAY[1]::bigint[], ARRAY['t'], ARRAY['q'], "
+        "ARRAY[NULL]::jsonb[]",
+    ]
+    for arguments in cases:
+        with pytest.raises(DatabaseError) as caught, transaction.atomic(), \
+                connection.cursor() as cursor:
+            cursor.execute(f"SELECT soniq_complete_many({arguments})")
+        assert caught.value.__cause__.sqlstate == "22023", arguments
+        assert caught.value.__cause__.diag.message_hint == "CONFIG", arguments
+    # A well-formed call about a job that does not exist is simply false.
+    assert _pg(f"SELECT soniq_complete_many(ARRAY[{job}], 'w', ARRAY[1]::bigint[], "
+               "ARRAY['t'], ARRAY['q'], ARRAY[NULL]::jsonb[])") == [([False],)]

@@ -384,6 +384,31 @@ def test_a_batch_claim_whose_answer_was_lost_is_recovered_job_by_job(run_log):
     assert worker.claimed_count == 3
 
 
+def test_a_round_whose_answer_was_lost_is_recovered_without_running_anything_twice(
+        run_log, caplog):
+    ids = bulk_enqueue([JobRequest("tests.worker.ok", {"n": n}) for n in range(12)])
+    worker = Worker(burst=True, concurrency=3)
+    settle, lost = worker.source.complete_many_and_claim_owned, []
+
+    def committed_but_unanswered(completions, **kwargs):
+        answers, claimed = settle(completions, **kwargs)
+        if not lost:  # committed, then the connection died before the answer came
+            lost.append((len(completions), len(claimed)))
+            raise SoniqError(ErrorCode.QUEUE_PERSISTENCE_FAILED, "unavailable")
+        return answers, claimed
+
+    worker.source.complete_many_and_claim_owned = committed_but_unanswered
+    with caplog.at_level(logging.INFO, logger="soniq_django.worker"):
+        assert WorkerThread(worker).start().join() == 0
+    assert lost and lost[0][0] >= 1 and lost[0][1] >= 1  # it settled and claimed
+    rows = Job.objects.filter(id__in=ids)
+    assert sorted((r.status, r.attempts) for r in rows) == [("done", 1)] * 12
+    assert set(run_log.starts_per_job().values()) == {1}
+    assert worker.claimed_count == 12
+    assert "not recorded" not in caplog.text  # the recovered completions count as written
+    assert caplog.text.count(" done after ") == 12
+
+
 def test_the_command_refuses_bad_options():
     from django.core.management import CommandError, call_command
 
