@@ -54,6 +54,11 @@ def _value_errors(config: dict) -> list[checks.CheckMessage]:
     if timeout is not None and not (_number(timeout) and timeout > 0):
         errors.append(checks.Error("SONIQ['JOB_TIMEOUT_SECONDS'] must be None or a positive number.",
                                    id="soniq.E003"))
+    prepared = config.get("PREPARED_STATEMENTS")
+    if prepared is not None and type(prepared) is not bool:
+        errors.append(checks.Error("SONIQ['PREPARED_STATEMENTS'] must be None, True or False.",
+                                   hint="None (the default) prepares them unless the database "
+                                        "sets DISABLE_SERVER_SIDE_CURSORS.", id="soniq.E003"))
     queue = config.get("DEFAULT_QUEUE", "default")
     if not isinstance(queue, str) or not queue or len(queue) > 255:
         errors.append(checks.Error("SONIQ['DEFAULT_QUEUE'] must be a queue name (1-255 characters).",

@@ -23,6 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_MAX_SECONDS": 3600,
     "JOB_TIMEOUT_SECONDS": None,
     "REQUIRE_SQL_API": False,
+    "PREPARED_STATEMENTS": None,
 }
 
 

@@ -6,13 +6,16 @@ implementation of the rules (in ``sql/producer_api_v*.sql``) serves every
 language. SQLSTATE and HINT come back as the same ``SoniqError`` codes the
 SQLite path raises.
 
-The calls use a server-binding psycopg cursor on Django's own connection
-(same transaction, same adapters), asking for a prepared statement: psycopg
-prepares it only if the database's ``OPTIONS`` set ``prepare_threshold``
-(Django's default leaves prepared statements off, for connection poolers).
-Errors go through Django's error wrapper. While Django logs queries
-(``DEBUG``, ``CaptureQueriesContext``) or an execute wrapper is installed,
-the call goes through Django's cursor instead, so that they see it.
+The enqueue calls run on a server-binding psycopg cursor on Django's own
+connection (same transaction, same adapters), as a prepared statement when
+``SONIQ["PREPARED_STATEMENTS"]`` allows it: by default unless the database
+sets ``DISABLE_SERVER_SIDE_CURSORS`` (Django's sign of a transaction-pooling
+PgBouncer, which would lose them between transactions). Django leaves
+psycopg's ``prepare_threshold`` off for its own queries; only soniq's
+statement is prepared. Errors go through Django's error wrapper. While
+Django logs queries (``DEBUG``, ``CaptureQueriesContext``) or an execute
+wrapper is installed, the call goes through Django's cursor instead, so that
+they see it.
 """
 
 import json
@@ -23,6 +26,7 @@ import psycopg
 from django.db import Error as DatabaseError
 from django.db import transaction
 
+from .conf import soniq_settings
 from .errors import ConfigValidationError, ErrorCode, SoniqError
 from .job_request import PreparedJob
 
@@ -42,6 +46,9 @@ _ENQUEUE = (
 )
 
 _ENQUEUE_MANY = "SELECT soniq_enqueue_many(%s::jsonb)"
+
+# psycopg's default; any value works, prepare=True prepares at the first call.
+_PREPARE_THRESHOLD = 5
 
 GET_JOB = (
     "SELECT id, job_name, status, queue, attempts, max_attempts, result, last_error, "
@@ -90,6 +97,14 @@ def _translated(connection, alias: str):
         raise translated from None
 
 
+def prepares_statements(connection) -> bool:
+    """Whether soniq's enqueue statements are prepared on ``connection``."""
+    wanted = soniq_settings.PREPARED_STATEMENTS
+    if wanted is None:
+        return not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+    return wanted
+
+
 def _fetchone(connection, sql: str, params: list) -> tuple:
     """Run one statement on Django's connection and return its one row."""
     if connection.queries_logged or connection.execute_wrappers:
@@ -105,9 +120,20 @@ def _fetchone(connection, sql: str, params: list) -> tuple:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchone()
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
-        cursor.execute(sql, params, prepare=True)
-        return cursor.fetchone()
+    prepare = prepares_statements(connection)
+    # psycopg prepares nothing while prepare_threshold is None (Django's
+    # default): lift it for this statement only. Django's own cursors bind
+    # client-side and are never prepared, whatever the threshold.
+    lifted = prepare and raw.prepare_threshold is None
+    if lifted:
+        raw.prepare_threshold = _PREPARE_THRESHOLD
+    try:
+        with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+            cursor.execute(sql, params, prepare=prepare)
+            return cursor.fetchone()
+    finally:
+        if lifted:
+            raw.prepare_threshold = None
 
 
 def enqueue(job: PreparedJob, connection, alias: str) -> uuid.UUID:
@@ -116,8 +142,17 @@ def enqueue(job: PreparedJob, connection, alias: str) -> uuid.UUID:
         job.job_name, _json(job.args), job.queue, job.priority, job.scheduled_at,
         job.max_attempts, job.unique_job, job.dedup_key, job.producer_id, job.job_id,
     ]
-    with _translated(connection, alias):
+    if connection.in_atomic_block:
+        with _translated(connection, alias):
+            (job_id,) = _fetchone(connection, _ENQUEUE, params)
+        return job_id
+    try:  # autocommit: the statement is its own transaction
         (job_id,) = _fetchone(connection, _ENQUEUE, params)
+    except DatabaseError as error:
+        translated = translate(error)
+        if translated is None:
+            raise
+        raise translated from None
     return job_id
 
 

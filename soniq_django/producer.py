@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 
 from . import pg_functions
 from .errors import ErrorCode, SoniqError
-from .job_request import JobRequest, PreparedJob, coerce_job_id, prepare
+from .job_request import JobRequest, PreparedJob, coerce_job_id, prepare, soniq_config
 from .models import DeadLetterJob, Job, JobStatus
 
 
@@ -90,7 +90,8 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     dedup jobs are resolved one by one (a later request can return an earlier
     one's id).
     """
-    prepared = [prepare(request) for request in requests]
+    config = soniq_config()
+    prepared = [prepare(request, config) for request in requests]
     if not prepared:
         return []
     alias = write_alias(using)

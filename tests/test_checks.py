@@ -32,11 +32,18 @@ def test_unknown_keys_are_named_with_the_known_ones_as_hint():
     "config",
     [{"LEASE_SECONDS": 0}, {"LEASE_SECONDS": "30"}, {"HEARTBEAT_SECONDS": True},
      {"RESULT_TTL": -1}, {"DEFAULT_PRIORITY": 1.5}, {"DEFAULT_MAX_ATTEMPTS": 0},
-     {"JOB_TIMEOUT_SECONDS": 0}, {"DEFAULT_QUEUE": ""}, {"RETRY_MAX_SECONDS": None}],
+     {"JOB_TIMEOUT_SECONDS": 0}, {"DEFAULT_QUEUE": ""}, {"RETRY_MAX_SECONDS": None},
+     {"PREPARED_STATEMENTS": "yes"}, {"PREPARED_STATEMENTS": 1}],
 )
 def test_bad_values(config):
     with override_settings(SONIQ=config):
         assert "soniq.E003" in ids(check_settings())
+
+
+@pytest.mark.parametrize("value", [None, True, False])
+def test_prepared_statements_takes_none_or_a_bool(value):
+    with override_settings(SONIQ={"PREPARED_STATEMENTS": value}):
+        assert "soniq.E003" not in ids(check_settings())
 
 
 @override_settings(SONIQ={"TASK_NAME_PATTERN": "([a-z"})

@@ -8,6 +8,7 @@ import uuid
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from soniq_django import args_hash, bulk_enqueue, enqueue, get_job
@@ -270,6 +271,104 @@ def test_bulk_enqueue_duplicate_id_writes_nothing():
 
 def test_bulk_enqueue_of_nothing():
     assert bulk_enqueue([]) == []
+
+
+ROW_FIELDS = ("job_name", "args", "args_hash", "status", "attempts", "max_attempts", "queue",
+              "priority", "unique_job", "dedup_key", "scheduled_at", "producer_id")
+
+
+def _mixed_requests():
+    later = dt.datetime(2999, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
+    return [
+        JobRequest("a.plain", {"n": 1, "nested": {"b": [1, 2.5, None, True]}}),
+        JobRequest("a.options", {"s": "é😀"}, queue="q", priority=-7, run_at=later,
+                   max_attempts=None, producer_id="checkout"),
+        JobRequest("a.unique", {"day": "d"}, unique_job=True),
+        JobRequest("a.keyed", {}, dedup_key="k1", max_attempts=9),
+        JobRequest("a.unique", {"day": "d"}, unique_job=True, queue="other"),
+        JobRequest("a.other", {"x": 1}, dedup_key="k1"),
+        JobRequest("a.both", {"day": "e"}, unique_job=True, dedup_key="k2"),
+        JobRequest("a.given", {}, job_id="4f0d3c52-5e44-4c7e-9f6e-2f1c3a4b5c6d"),
+    ]
+
+
+def _rows(ids):
+    rows = {row["id"]: row for row in Job.objects.values("id", *ROW_FIELDS)}
+    first = {}
+    shape = [first.setdefault(i, n) for n, i in enumerate(ids)]
+    return [tuple(rows[i][f] for f in ROW_FIELDS) for i in ids], shape, len(rows)
+
+
+def test_bulk_enqueue_writes_the_rows_enqueue_writes():
+    with transaction.atomic():
+        one_by_one = _rows([
+            enqueue(r.job_name, r.args, queue=r.queue, priority=r.priority, run_at=r.run_at,
+                    max_attempts=r.max_attempts, unique_job=r.unique_job,
+                    dedup_key=r.dedup_key, producer_id=r.producer_id, job_id=r.job_id)
+            for r in _mixed_requests()])
+        transaction.set_rollback(True)
+    assert not Job.objects.exists()
+    ids = bulk_enqueue(_mixed_requests())
+    assert _rows(ids) == one_by_one
+    assert one_by_one[1] == [0, 1, 2, 3, 2, 3, 6, 7] and one_by_one[2] == 6
+    assert ids[7] == uuid.UUID("4f0d3c52-5e44-4c7e-9f6e-2f1c3a4b5c6d")
+
+
+def test_bulk_enqueue_dedups_against_jobs_already_queued():
+    unique = enqueue("a.unique", {"day": "d"}, unique_job=True)
+    keyed = enqueue("a.keyed", {}, dedup_key="k1")
+    ids = bulk_enqueue([JobRequest("a.plain", {}), JobRequest("a.unique", {"day": "d"},
+                                                              unique_job=True),
+                        JobRequest("a.again", {"y": 2}, dedup_key="k1")])
+    assert ids[1:] == [unique, keyed]
+    assert Job.objects.count() == 3
+
+
+def test_enqueue_and_bulk_enqueue_are_seen_by_query_logging_and_execute_wrappers():
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with CaptureQueriesContext(connection) as captured, connection.execute_wrapper(wrapper):
+        job_id = enqueue("a.logged", {"n": 1})
+        ids = bulk_enqueue([JobRequest("a.logged", {"n": 2}), JobRequest("a.logged", {"n": 3})])
+    assert captured.captured_queries and len(seen) == len(captured.captured_queries)
+    if connection.vendor == "postgresql":
+        assert any("soniq_enqueue(" in sql for sql in seen)
+        assert any("soniq_enqueue_many(" in sql for sql in seen)
+    assert Job.objects.filter(id__in=[job_id, *ids]).count() == 3
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.parametrize(
+    ("setting", "disable_cursors", "user_threshold", "prepared"),
+    [(None, False, None, True), (None, True, None, False), (True, True, None, True),
+     (False, False, None, False), (False, False, 5, False), (None, False, 5, True)],
+)
+def test_the_enqueue_statement_is_prepared_as_configured(
+        setting, disable_cursors, user_threshold, prepared, monkeypatch):
+    connection.ensure_connection()
+    monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", disable_cursors)
+    monkeypatch.setattr(connection.connection, "prepare_threshold", user_threshold)
+
+    def statements():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            return [row[0] for row in cursor.fetchall()]
+
+    assert statements() == []
+    with override_settings(SONIQ={"PREPARED_STATEMENTS": setting}):
+        for n in range(3):
+            enqueue("a.prepared", {"n": n})
+    found = statements()
+    assert [s for s in found if "soniq_enqueue(" in s] == (
+        ["SELECT soniq_enqueue($1::text, $2::jsonb, $3::text, $4::integer, $5::timestamptz, "
+         "$6::integer, $7::boolean, $8::text, $9::text, $10::uuid)"] if prepared else [])
+    assert len(found) == (1 if prepared else 0)  # Django's own queries never are
+    assert connection.connection.prepare_threshold == user_threshold
+    assert Job.objects.filter(job_name="a.prepared").count() == 3
 
 
 def test_get_job_reads_a_queued_job():

@@ -11,7 +11,7 @@ import json
 import uuid
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +19,9 @@ from soniq_django import args_hash
 from soniq_django.models import Job
 
 from .test_sql_api import FLOAT64_OVERFLOW, nested
-from .test_sql_support import committed_db, fails, fetch, job_count, raw, value
+from .test_sql_support import (
+    committed_db, fails, fetch, job_count, quote_ident, raw, value,
+)
 
 pytestmark = [pytest.mark.postgresql_only, pytest.mark.django_db]
 
@@ -194,6 +196,30 @@ def test_the_rule_order_is_soniq_enqueues(job):
         outcome = _outcome(lambda: box.append(_error_outcome(call())))
         found.append(box[0] if box else outcome)
     assert found[0] == found[1]
+
+
+def _alter_database(clause):
+    database = quote_ident(connection.settings_dict["NAME"])
+    fetch(f"ALTER DATABASE {database} {clause}")  # rolled back with the test
+
+
+def test_the_database_pattern_applies_and_a_callers_setting_does_not():
+    _alter_database("SET soniq.task_name_pattern = '^[A-Z]+$'")
+    fetch("SET LOCAL soniq.task_name_pattern = '^.+$'")
+    assert len(many([{"job_name": "UPPER"}])) == 1
+    assert state(many_fails([{"job_name": "billing.send_invoice"}])) == (
+        "22023", "SONIQ_INVALID_TASK_NAME")
+    assert state(one_fails({"job_name": "billing.send_invoice"})) == (
+        "22023", "SONIQ_INVALID_TASK_NAME")
+    _alter_database("RESET soniq.task_name_pattern")
+    assert state(many_fails([{"job_name": "UPPER"}])) == ("22023", "SONIQ_INVALID_TASK_NAME")
+
+
+def test_the_catalog_path_v2_reads_the_database_oid_from_names_this_database():
+    assert value(
+        "SELECT substring(pg_relation_filepath('pg_catalog.pg_proc'::regclass), "
+        "'([0-9]+)/[0-9]+$')::oid = (SELECT oid FROM pg_database "
+        "WHERE datname = current_database())") is True
 
 
 # --------------------------------------------------------------------------

@@ -19,6 +19,17 @@
 -- schema; built-ins called by their pg_catalog names; nothing executable by
 -- PUBLIC. CREATE OR REPLACE keeps soniq_enqueue's owner and grants.
 --
+-- The database's own settings. The task-name pattern is the database-level
+-- setting in pg_db_role_setting (setrole 0), looked up by the database's
+-- oid. Version 1 found that oid by name in pg_database, a shared catalog:
+-- locking it in every transaction was the largest single cost of an
+-- enqueue. Version 2 takes it from the path of one of the database's own
+-- catalogs, which pg_relation_filepath builds from the catalog cache:
+-- base/<database oid>/<file>, or pg_tblspc/<tablespace oid>/<version
+-- directory>/<database oid>/<file> when the database's default tablespace
+-- is another one -- the next-to-last component either way. (pg_proc, not a
+-- shared catalog, so the path has a database oid at all.)
+--
 -- Why short args skip the scans. soniq_check_args_v1 refuses args that nest
 -- 500 or more levels deep or hold a number whose magnitude is at least
 -- 2^1024 - 2^970 (about 1.798e308). args::text is jsonb's own output, where
@@ -71,16 +82,18 @@ DECLARE
     v_constraint text;
     v_pattern text;
 BEGIN
-    -- The pattern as soniq_task_name_pattern_v1() reads it, queried here
-    -- rather than through that function: a nested call to a function with a
-    -- SET clause costs a GUC save and restore and a new search path.
+    -- The pattern as soniq_task_name_pattern_v1() reads it (see "The
+    -- database's own settings" above), queried here rather than through that
+    -- function: a nested call to a function with a SET clause costs a GUC
+    -- save and restore and a new search path.
     SELECT pg_catalog.substr(setting, pg_catalog.length('soniq.task_name_pattern=') + 1)
       INTO v_pattern
       FROM pg_catalog.pg_db_role_setting AS s
      CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS setting
      WHERE s.setrole = 0
-       AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database AS d
-                             WHERE d.datname = pg_catalog.current_database())
+       AND s.setdatabase = pg_catalog.substring(
+               pg_catalog.pg_relation_filepath('pg_catalog.pg_proc'::pg_catalog.regclass),
+               '([0-9]+)/[0-9]+$')::pg_catalog.oid
        AND pg_catalog.starts_with(setting, 'soniq.task_name_pattern=')
      LIMIT 1;
     IF v_job_name IS NULL
@@ -248,8 +261,9 @@ BEGIN
       FROM pg_catalog.pg_db_role_setting AS s
      CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS setting
      WHERE s.setrole = 0
-       AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database AS d
-                             WHERE d.datname = pg_catalog.current_database())
+       AND s.setdatabase = pg_catalog.substring(
+               pg_catalog.pg_relation_filepath('pg_catalog.pg_proc'::pg_catalog.regclass),
+               '([0-9]+)/[0-9]+$')::pg_catalog.oid
        AND pg_catalog.starts_with(setting, 'soniq.task_name_pattern=')
      LIMIT 1;
     v_pattern := coalesce(v_pattern, E'^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$');
