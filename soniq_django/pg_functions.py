@@ -56,8 +56,7 @@ GET_JOB = (
 )
 
 
-def _json(value) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
 def translate(error: DatabaseError) -> SoniqError | None:
