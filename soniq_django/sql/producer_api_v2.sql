@@ -7,8 +7,8 @@
 -- - soniq_enqueue keeps its signature, defaults, rules, SQLSTATEs, HINTs and
 --   messages; only the body is faster: the task-name pattern is read by a
 --   query of its own (a plan cached per session) instead of a nested call,
---   and the nesting and number scans of the args are skipped for args too
---   short to fail them.
+--   without reading pg_database, and the nesting and number scans of the
+--   args are skipped for args too short to fail them.
 -- - soniq_enqueue_many (new) enqueues a JSON array of jobs set-based: every
 --   job validated in one pass with the pattern read once, the plain jobs
 --   written by one INSERT ... SELECT, unique and dedup jobs through
