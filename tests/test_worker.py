@@ -384,10 +384,11 @@ def test_a_batch_claim_whose_answer_was_lost_is_recovered_job_by_job(run_log):
     assert worker.claimed_count == 3
 
 
+@pytest.mark.parametrize("concurrency", [1, 3])  # 1: the job thread settles; 3: the main loop
 def test_a_round_whose_answer_was_lost_is_recovered_without_running_anything_twice(
-        run_log, caplog):
+        run_log, caplog, concurrency):
     ids = bulk_enqueue([JobRequest("tests.worker.ok", {"n": n}) for n in range(12)])
-    worker = Worker(burst=True, concurrency=3)
+    worker = Worker(burst=True, concurrency=concurrency)
     settle, lost = worker.source.complete_many_and_claim_owned, []
 
     def committed_but_unanswered(completions, **kwargs):

@@ -275,7 +275,7 @@ class Worker:
 
     # One round's database call ---------------------------------------
 
-    def _settle_and_claim(self, batch: list[InFlight], wanted: int):
+    def _settle_and_claim(self, batch: list[InFlight], wanted: int, finish: bool = True):
         """Complete ``batch`` and claim ``wanted`` jobs in one call.
 
         Returns the claimed jobs, or _UNKNOWN when the database failed and
@@ -296,9 +296,13 @@ class Worker:
                 claimed = self.source.claim_many_owned(
                     self.worker_id, claim_tokens=tokens, pid=self.pid, queues=self.queues)
         except SoniqError as error:
-            if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
+            if error.code is ErrorCode.QUEUE_PERSISTENCE_FAILED:
+                completed, claimed = self._recover(completions, tokens)
+            elif completions:  # the claim was refused: the completions must still be written
+                logger.warning("claim refused (%s); completing without it", error.code.value)
+                completed, claimed = self._complete_alone(completions), []
+            else:
                 raise
-            completed, claimed = self._recover(completions, tokens)
         finally:
             self._account(wanted, claimed if isinstance(claimed, list) else [])
         deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
@@ -308,7 +312,8 @@ class Worker:
             except Exception:
                 logger.exception("worker error while recording %s", flight.claimed.job_name)
             finally:
-                self._finish(flight)
+                if finish:
+                    self._finish(flight)
         return claimed
 
     def _recover(self, completions, tokens):
@@ -337,6 +342,11 @@ class Worker:
             return completed, _UNKNOWN  # nothing recovered proves nothing about the queue
         return completed, claimed
 
+    def _complete_alone(self, completions) -> list[bool | None]:
+        deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
+        return [_retrying(lambda fence=fence, result=result: self.source.complete_owned(
+            fence, result), deadline, self.aborted) for fence, result in completions]
+
     def _completed(self, fence) -> bool:
         """Whether this claim's completion is in the database (it was written unseen)."""
         with guarded(self.using, atomic=False):
@@ -347,26 +357,43 @@ class Worker:
 
     # One job ----------------------------------------------------------
 
-    def _run_job(self, flight: InFlight) -> None:
-        handed_over = False
-        try:
-            timeout = soniq_settings.JOB_TIMEOUT_SECONDS
-            outcome = execute(flight.claimed, flight.context, timeout)
-            if not self.aborted.is_set():
-                handed_over = self._settle(flight, outcome)
-        except Exception:
-            logger.exception("worker error while running %s", flight.claimed.job_name)
-        finally:
-            if not handed_over:
-                self._finish(flight)
-            # The slot first, then the completion: the main loop's next round
-            # writes the completion and fills this slot in one transaction.
-            self.slots.release()
-            if handed_over:
-                with self.lock:
-                    self.completions.append(flight)
-            self.wake.set()
-            keep_healthy_connections()
+    def _run_job(self, flight: InFlight | None) -> None:
+        """Run the job; with one slot, also each next job its completion claimed."""
+        while flight is not None:
+            handed_over, following = False, None
+            try:
+                timeout = soniq_settings.JOB_TIMEOUT_SECONDS
+                outcome = execute(flight.claimed, flight.context, timeout)
+                if not self.aborted.is_set():
+                    handed_over = self._settle(flight, outcome)
+                if handed_over and self.concurrency == 1:
+                    # Nothing to batch with: complete and claim from here,
+                    # sparing two thread hand-offs per job.
+                    handed_over = False
+                    following = self._complete_here(flight)
+            except Exception:
+                logger.exception("worker error while running %s", flight.claimed.job_name)
+            finally:
+                if not handed_over:
+                    self._finish(flight)
+                keep_healthy_connections()
+                if following is None:
+                    # The slot first, then the completion: the main loop's next
+                    # round writes the completion and fills this slot together.
+                    self.slots.release()
+                    if handed_over:
+                        with self.lock:
+                            self.completions.append(flight)
+                    self.wake.set()
+            flight = following
+
+    def _complete_here(self, flight: InFlight) -> InFlight | None:
+        """Write the completion and claim this slot's next job in one transaction."""
+        wanted = 0 if self.stopping.is_set() else self._reserve(1)
+        claimed = self._settle_and_claim([flight], wanted, finish=False)
+        if not claimed or claimed is _UNKNOWN:
+            return None
+        return self._track(claimed[0])  # tracked before this job is finished: never idle between
 
     def _settle(self, flight: InFlight, outcome: Outcome) -> bool:
         """Make the job's one final fenced write (unless the timeout already made it).
