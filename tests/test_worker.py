@@ -419,6 +419,21 @@ def test_the_command_refuses_bad_options():
             call_command("soniq_worker", *bad)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_command_refuses_a_database_with_migrations_to_apply():
+    from django.core.management import CommandError, call_command
+
+    call_command("migrate", "soniq_django", "0008", verbosity=0)
+    try:
+        with pytest.raises(CommandError) as caught:
+            call_command("soniq_worker", "--burst")
+        assert "0009_claim_protocol_v2" in str(caught.value)
+        assert "python manage.py migrate soniq_django --database default" in str(caught.value)
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    call_command("soniq_worker", "--burst")  # migrated: it starts (and finds nothing)
+
+
 # The worker's own rows ---------------------------------------------------------
 
 

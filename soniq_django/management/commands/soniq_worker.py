@@ -3,9 +3,26 @@ import signal
 import uuid
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
 
 from soniq_django.worker import Worker
+
+
+def _require_migrated(alias: str) -> None:
+    """Refuse to start on a database whose soniq_django migrations are not all applied.
+
+    The worker calls the claim protocol of the newest migration; on an older
+    schema every call would fail, which looks like a database outage.
+    """
+    executor = MigrationExecutor(connections[alias])
+    targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "soniq_django"]
+    pending = [migration.name for migration, _ in executor.migration_plan(targets)]
+    if pending:
+        raise CommandError(
+            f"soniq_django migrations are not all applied on database {alias!r} (pending: "
+            f"{', '.join(pending)}). Run: python manage.py migrate soniq_django "
+            f"--database {alias}")
 
 
 def _queues(value: str | None) -> list[str] | None:
@@ -49,6 +66,7 @@ class Command(BaseCommand):
                 uuid.UUID(options["worker_id"])
             except ValueError:
                 raise CommandError("--worker-id must be a UUID") from None
+        _require_migrated(options["database"])
         worker = Worker(
             using=options["database"], queues=_queues(options["queues"]),
             concurrency=options["concurrency"], burst=options["burst"],
