@@ -61,9 +61,15 @@ def dead(job_id) -> DeadLetterJob:
 # Outcomes --------------------------------------------------------------------
 
 
-def test_a_job_that_returns_ends_done_with_its_result_and_expiry(run_log):
+# With one slot the job thread writes its own completion; with more, the main
+# loop writes completions in batches: the outcome tests run both ways.
+BOTH_PATHS = pytest.mark.parametrize("concurrency", [1, 3])
+
+
+@BOTH_PATHS
+def test_a_job_that_returns_ends_done_with_its_result_and_expiry(run_log, concurrency):
     job_id = enqueue("tests.worker.ok", {"n": 7})
-    worker = Worker(burst=True)
+    worker = Worker(burst=True, concurrency=concurrency)
     assert WorkerThread(worker).start().join() == 0
     row = Job.objects.get(id=job_id)
     assert row.status == "done"
@@ -79,9 +85,10 @@ def test_a_job_that_returns_ends_done_with_its_result_and_expiry(run_log):
     assert [e.attempt for e in run_log.events("start", job_id)] == [1]
 
 
-def test_a_failing_job_is_retried_then_done(run_log):
+@BOTH_PATHS
+def test_a_failing_job_is_retried_then_done(run_log, concurrency):
     job_id = enqueue("tests.worker.flaky", {"fail_times": 2})
-    assert run_burst() == 0
+    assert run_burst(concurrency=concurrency) == 0
     row = Job.objects.get(id=job_id)
     assert (row.status, row.attempts) == ("done", 3)
     assert row.result["attempt"] == 3
@@ -195,10 +202,12 @@ def test_an_async_handler_over_the_timeout_is_cancelled_retried_then_dead(settin
     assert len(run_log.events("start", job_id)) == 2
 
 
-def test_a_sync_handler_over_the_timeout_is_told_through_its_context(settings, run_log):
+@BOTH_PATHS
+def test_a_sync_handler_over_the_timeout_is_told_through_its_context(settings, run_log,
+                                                                    concurrency):
     soniq(settings, JOB_TIMEOUT_SECONDS=0.3)
     job_id = enqueue("tests.worker.cooperative", {"seconds": 60}, max_attempts=2)
-    assert run_burst(timeout=20) == 0
+    assert run_burst(timeout=20, concurrency=concurrency) == 0
     letter = dead(job_id)
     assert letter.dead_letter_reason == "max_retries_exceeded"
     assert letter.attempts == 2
@@ -230,9 +239,11 @@ def test_a_cancel_request_reaches_the_running_handler_and_is_acknowledged(run_lo
     assert any(f"{job_id} cancelled" in r.getMessage() for r in caplog.records)
 
 
-def test_a_cancel_request_to_a_handler_that_ignores_it_still_ends_cancelled(run_log):
+@BOTH_PATHS
+def test_a_cancel_request_to_a_handler_that_ignores_it_still_ends_cancelled(run_log,
+                                                                           concurrency):
     job_id = enqueue("tests.worker.sleep", {"seconds": 1.0})
-    with WorkerThread(Worker()) as running:
+    with WorkerThread(Worker(concurrency=concurrency)) as running:
         run_log.wait_for("start", job_id)
         assert OwnedJobSource().request_cancel(job_id) is True
         run_log.wait_for("end", job_id)
