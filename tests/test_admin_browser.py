@@ -25,6 +25,7 @@ from soniq_django import enqueue
 from soniq_django.models import DeadLetterJob, Job, Worker
 from soniq_django.owned import OwnedJobSource
 from soniq_django.stats import ThroughputCounter
+from tests.ci import unavailable
 from tests.owned_helpers import nonce
 
 CHROMIUM = "/usr/bin/chromium"
@@ -33,16 +34,10 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-quic", "--no-first-run", "--window-size=1600,1000")
 SCREENSHOTS = Path(__file__).resolve().parent.parent / ".test-results" / "screenshots"
-IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
-
-
 def _unavailable(reason: str):
-    """Skip on a developer machine without the browser; never under CI=true."""
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true: the browser test must run; scripts/run-tests "
-                    "installs the packages as root)")
-    pytest.skip(f"{reason}: install Debian's chromium and chromium-driver "
-                "(apt-get install chromium chromium-driver) to run the browser test")
+    """Skip on a developer machine without the browser; fail under CI=true."""
+    unavailable(f"{reason}: install Debian's chromium and chromium-driver (apt-get install "
+                "chromium chromium-driver; scripts/run-tests does it when run as root)")
 
 
 @pytest.fixture
