@@ -27,18 +27,26 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def configured() -> dict:
+    """``settings.SONIQ`` as the project set it (read anew on every call); {} when unset.
+
+    A caller that needs several values at once (a batch of jobs) reads it once
+    and uses ``.get(name, DEFAULTS[name])``.
+    """
+    return getattr(settings, "SONIQ", None) or {}
+
+
 class SoniqSettings:
     """Attribute access to the ``SONIQ`` settings dict with documented defaults."""
 
     def __getattr__(self, name: str) -> Any:
         if name not in DEFAULTS:
             raise AttributeError(f"unknown soniq setting {name!r}")
-        configured = getattr(settings, "SONIQ", None) or {}
-        return configured.get(name, DEFAULTS[name])
+        return configured().get(name, DEFAULTS[name])
 
     def user_keys(self) -> set[str]:
         """The keys the project set in ``settings.SONIQ``."""
-        return set((getattr(settings, "SONIQ", None) or {}).keys())
+        return set(configured().keys())
 
 
 soniq_settings = SoniqSettings()

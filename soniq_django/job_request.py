@@ -14,9 +14,7 @@ import uuid
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from django.conf import settings
-
-from .conf import DEFAULTS
+from .conf import DEFAULTS, configured
 from .encoding import hash_normalized_args, normalize_args
 from .errors import ConfigValidationError, ErrorCode, SoniqError
 
@@ -72,11 +70,6 @@ def _option(reason: str) -> ConfigValidationError:
     return ConfigValidationError(reason, code=ErrorCode.INVALID_OPTION)
 
 
-def soniq_config() -> dict:
-    """``settings.SONIQ`` (read anew on every call, as ``soniq_settings`` does)."""
-    return getattr(settings, "SONIQ", None) or {}
-
-
 @functools.lru_cache(maxsize=16)
 def _compiled(pattern: str) -> re.Pattern:
     return re.compile(pattern)
@@ -90,7 +83,7 @@ def validate_job_name(job_name: Any, pattern: str | None = None) -> str:
     if type(job_name) is not str or not job_name:
         raise SoniqError(ErrorCode.INVALID_TASK_NAME, "the job name must be a non-empty string")
     if pattern is None:
-        pattern = soniq_config().get("TASK_NAME_PATTERN", DEFAULTS["TASK_NAME_PATTERN"])
+        pattern = configured().get("TASK_NAME_PATTERN", DEFAULTS["TASK_NAME_PATTERN"])
     if _compiled(pattern).fullmatch(job_name) is None:
         raise SoniqError(
             ErrorCode.INVALID_TASK_NAME,
@@ -162,43 +155,30 @@ def prepare(request: JobRequest, config: dict | None = None) -> PreparedJob:
     if not isinstance(request, JobRequest):
         raise ConfigValidationError("expected a JobRequest")
     if config is None:
-        config = soniq_config()
+        config = configured()
     job_name = validate_job_name(
         request.job_name, config.get("TASK_NAME_PATTERN", DEFAULTS["TASK_NAME_PATTERN"]))
     args = normalize_args({} if request.args is None else request.args)
-    max_attempts = request.max_attempts
-    if max_attempts is not None and (type(max_attempts) is not int
-                                     or not 1 <= max_attempts <= INT32_MAX):
-        validate_max_attempts(max_attempts)  # raises
-    unique_job = request.unique_job
-    if type(unique_job) is not bool:
+    if type(request.unique_job) is not bool:
         raise _option("unique_job must be True or False")
-    queue = request.queue
+    queue, priority = request.queue, request.priority
     if queue is None:
         queue = config.get("DEFAULT_QUEUE", DEFAULTS["DEFAULT_QUEUE"])
-    if type(queue) is not str or not 0 < len(queue) <= MAX_LABEL_LENGTH or "\x00" in queue:
-        _label(queue, "queue", required=True)  # raises
-    priority = request.priority
     if priority is None:
         priority = config.get("DEFAULT_PRIORITY", DEFAULTS["DEFAULT_PRIORITY"])
-    if type(priority) is not int or not INT32_MIN <= priority <= INT32_MAX:
-        _priority(priority)  # raises
-    job_id = request.job_id
-    generated = job_id is None
+    generated = request.job_id is None
     return PreparedJob(
-        job_id=uuid.uuid4() if generated else coerce_job_id(job_id),
+        job_id=uuid.uuid4() if generated else coerce_job_id(request.job_id),
         job_id_generated=generated,
         job_name=job_name,
         args=args,
-        args_hash=hash_normalized_args(args) if unique_job else None,
-        queue=queue,
-        priority=priority,
-        scheduled_at=None if request.run_at is None else _run_at(request.run_at),
-        max_attempts=max_attempts,
-        unique_job=unique_job,
-        dedup_key=None if request.dedup_key is None else _label(
-            request.dedup_key, "dedup_key", required=False),
-        producer_id=None if request.producer_id is None else _label(
-            request.producer_id, "producer_id", required=False),
+        args_hash=hash_normalized_args(args) if request.unique_job else None,
+        queue=_label(queue, "queue", required=True),
+        priority=_priority(priority),
+        scheduled_at=_run_at(request.run_at),
+        max_attempts=validate_max_attempts(request.max_attempts),
+        unique_job=request.unique_job,
+        dedup_key=_label(request.dedup_key, "dedup_key", required=False),
+        producer_id=_label(request.producer_id, "producer_id", required=False),
     )
 

@@ -141,33 +141,22 @@ def enqueue(job: PreparedJob, connection, alias: str) -> uuid.UUID:
         job.job_name, _json(job.args), job.queue, job.priority, job.scheduled_at,
         job.max_attempts, job.unique_job, job.dedup_key, job.producer_id, job.job_id,
     ]
-    if connection.in_atomic_block:
-        with _translated(connection, alias):
-            (job_id,) = _fetchone(connection, _ENQUEUE, params)
-        return job_id
-    try:  # autocommit: the statement is its own transaction
+    with _translated(connection, alias):
         (job_id,) = _fetchone(connection, _ENQUEUE, params)
-    except DatabaseError as error:
-        translated = translate(error)
-        if translated is None:
-            raise
-        raise translated from None
     return job_id
 
 
 def enqueue_many(jobs: list[PreparedJob], connection, alias: str) -> list[uuid.UUID]:
     """Call ``soniq_enqueue_many`` once for all jobs; ids in input order.
 
-    Keys that would only restate ``soniq_enqueue_many``'s defaults are left
-    out, and so is a job_id ``prepare`` generated (the server makes one).
+    Optional keys that are unset are left out, and so is a job_id
+    ``prepare`` generated (the server makes one).
     """
     rows = []
     append = rows.append
     for job in jobs:
         row = {"job_name": job.job_name, "args": job.args, "queue": job.queue,
-               "priority": job.priority}
-        if job.max_attempts != 4:
-            row["max_attempts"] = job.max_attempts
+               "priority": job.priority, "max_attempts": job.max_attempts}
         if job.scheduled_at is not None:
             row["run_at"] = job.scheduled_at.isoformat()
         if job.unique_job:

@@ -16,7 +16,8 @@ from django.db.models.functions import Now
 
 from . import pg_functions
 from .errors import ErrorCode, SoniqError
-from .job_request import JobRequest, PreparedJob, coerce_job_id, prepare, soniq_config
+from .conf import configured
+from .job_request import JobRequest, PreparedJob, coerce_job_id, prepare
 from .models import DeadLetterJob, Job, JobStatus
 
 
@@ -90,7 +91,7 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     dedup jobs are resolved one by one (a later request can return an earlier
     one's id).
     """
-    config = soniq_config()
+    config = configured()
     prepared = [prepare(request, config) for request in requests]
     if not prepared:
         return []
