@@ -319,34 +319,6 @@ def test_version_2_functions_are_pinned_definers_no_one_else_may_call():
                     for name in ("soniq_claim_many", "soniq_complete", "soniq_complete_many")]
 
 
-@pytest.mark.postgresql_only
-@pytest.mark.django_db(transaction=True)
-def test_unapplying_0009_restores_version_1_and_reapplying_version_2():
-    from django.core.management import call_command
-
-    def installed():
-        body = _pg("SELECT prosrc FROM pg_proc WHERE proname = 'soniq_complete' "
-                   "AND pronamespace = current_schema()::regnamespace")
-        many = _pg("SELECT to_regprocedure('soniq_claim_many(text, text[], text[], "
-                   "double precision, double precision, integer)') IS NOT NULL")[0][0]
-        complete_many = _pg("SELECT to_regprocedure('soniq_complete_many(text[], text, "
-                            "bigint[], text[], text[], jsonb[], double precision)') IS NOT NULL")
-        assert complete_many[0][0] is many
-        return many, "soniq_lock_fence_v1" in body[0][0]
-
-    assert installed() == (True, False)
-    try:
-        call_command("migrate", "soniq_django", "0008", verbosity=0)
-        assert installed() == (False, True)  # version 1's body, through the lock helper
-        job_id = enqueue("a.one")
-        claimed = OwnedJobSource().claim_next_owned("w", claim_token=nonce())
-        assert OwnedJobSource().complete_owned(claimed.claim_fence, 1) is True
-        assert Job.objects.get(id=job_id).status == "done"
-    finally:
-        call_command("migrate", "soniq_django", verbosity=0)
-    assert installed() == (True, False)
-
-
 # Several completions in one transaction ----------------------------------------
 
 

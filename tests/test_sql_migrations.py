@@ -128,3 +128,33 @@ def test_reversing_0010_restores_version_1_and_reapplying_gives_version_2(roles)
     assert _may_enqueue(producer)
     ids = fetch("SELECT soniq_enqueue_many('[{\"job_name\": \"again.v2\"}]')")[0][0]
     assert fetch("SELECT job_name FROM soniq_get_job(%s)", [ids[0]]) == [("again.v2",)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
+    v1 = _file_source("claim_protocol_v1.sql", "soniq_complete")
+    v2 = _file_source("claim_protocol_v2.sql", "soniq_complete")
+    assert v1 != v2 and "soniq_complete_many" in v2
+    new = ("soniq_claim_many", "soniq_complete_many")
+    assert _function_source("soniq_complete") == v2
+    assert all(_function_source(name) == _file_source("claim_protocol_v2.sql", name)
+               for name in new)
+    try:
+        call_command("migrate", "soniq_django", "0008", verbosity=0)
+        assert _function_source("soniq_complete") == v1
+        assert all(_function_source(name) is None for name in new)
+        # Version 1 works again: claim, complete once.
+        fetch("SELECT soniq_enqueue('back.to_v1')")
+        job_id, generation = fetch(
+            "SELECT job_id::text, generation FROM soniq_claim('w', 'nonce-1')")[0]
+        complete = "SELECT soniq_complete(%s, 'w', %s, 'nonce-1', 'default', '1')"
+        assert fetch(complete, [job_id, generation]) == [(True,)]
+        assert fetch(complete, [job_id, generation]) == [(False,)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _function_source("soniq_complete") == v2
+    fetch("SELECT soniq_enqueue('again.v2')")
+    job_id, generation = fetch(
+        "SELECT job_id::text, generation FROM soniq_claim_many('w', ARRAY['nonce-2'])")[0]
+    assert fetch("SELECT soniq_complete(%s, 'w', %s, 'nonce-2', 'default')",
+                 [job_id, generation]) == [(True,)]

@@ -1,4 +1,7 @@
-"""Batched claims (PostgreSQL): soniq_claim_many, see sql/claim_protocol_v2.sql."""
+"""Batched claims and completions (PostgreSQL), see sql/claim_protocol_v2.sql.
+
+Reversing drops the new functions and puts version 1's soniq_complete back.
+"""
 
 from django.db import migrations
 
@@ -11,7 +14,8 @@ class Migration(migrations.Migration):
     operations = [
         migrations.RunPython(
             run_file("claim_protocol_v2.sql"),
-            run_file("claim_protocol_v2.down.sql"),
+            run_file("claim_protocol_v2.down.sql",
+                     restore=(("claim_protocol_v1.sql", "soniq_complete"),)),
             elidable=False,
         ),
     ]

@@ -15,7 +15,8 @@ class Migration(migrations.Migration):
     operations = [
         migrations.RunPython(
             run_file("producer_api_v2.sql"),
-            run_file("producer_api_v2.down.sql"),
+            run_file("producer_api_v2.down.sql",
+                     restore=(("producer_api_v1.sql", "soniq_enqueue"),)),
             elidable=False,
         ),
     ]

@@ -22,14 +22,31 @@ def table_schema(connection) -> str:
 
 def render(name: str, connection) -> str:
     """The text of ``sql/<name>`` with ``{schema}`` filled in for ``connection``."""
-    quoted = connection.ops.quote_name(table_schema(connection))
-    return (SQL_DIR / name).read_text(encoding="utf-8").replace("{schema}", quoted)
+    return _fill((SQL_DIR / name).read_text(encoding="utf-8"), connection)
 
 
-def run_file(name: str):
+def _fill(text: str, connection) -> str:
+    return text.replace("{schema}", connection.ops.quote_name(table_schema(connection)))
+
+
+def released_function(name: str, function: str) -> str:
+    """``function``'s definition in the released file ``sql/<name>``, as CREATE OR REPLACE.
+
+    A later version's reverse puts a released body back from the very file
+    that released it, so the restored text cannot drift from it.
+    """
+    text = (SQL_DIR / name).read_text(encoding="utf-8")
+    start = text.index(f"CREATE FUNCTION {{schema}}.{function}(")
+    end = text.index("$fn$;", text.index("AS $fn$", start) + len("AS $fn$")) + len("$fn$;")
+    return "CREATE OR REPLACE" + text[start + len("CREATE"):end]
+
+
+def run_file(name: str, *, restore: tuple[tuple[str, str], ...] = ()):
     """A ``RunPython`` callable that executes ``sql/<name>`` on PostgreSQL only.
 
-    SQLite has no SQL functions; there the step does nothing.
+    ``restore`` names ``(released file, function)`` pairs whose released
+    definitions are executed afterwards (see ``released_function``). SQLite
+    has no SQL functions; there the step does nothing.
     """
 
     def apply(apps, schema_editor):
@@ -38,6 +55,8 @@ def run_file(name: str):
             return
         with connection.cursor() as cursor:
             cursor.execute(render(name, connection))
+            for released, function in restore:
+                cursor.execute(_fill(released_function(released, function), connection))
 
     apply.sql_file = name  # lets the tests map files to migrations
     return apply

@@ -8,11 +8,11 @@
 --    against its own whole fence exactly as soniq_complete checks one. With
 --    soniq_claim_many in the same transaction, a worker settles every job
 --    that finished and refills every free slot in one round trip.
--- 3. Gives soniq_complete, the call every successful job makes, a leaner
---    body with the same signature, rules, answers and error codes: the
---    checks that version 1 made through helper functions (each with its own
---    SET search_path, which PostgreSQL saves and restores on every call,
---    and never inlines) are written out in place.
+-- 3. Gives soniq_complete a body with the same signature, rules, answers
+--    and error codes that is a batch of one of soniq_complete_many, whose
+--    checks are written out in place (version 1 made them through helper
+--    functions, each with its own SET search_path, which PostgreSQL saves
+--    and restores on every call, and never inlines).
 --
 -- The rest of version 1 (claim_protocol_v1.sql) stays as it is. Loaded by
 -- migration 0009_claim_protocol_v2; never edited once released. The fencing
@@ -285,74 +285,18 @@ $fn$;
 -- soniq_complete (version 2 body; same signature and answers as version 1) --
 -- Finish the exact live claim with result (any JSON, or NULL): status done,
 -- lease and pid cleared, row kept for result_ttl_seconds. Refused (false)
--- while a cancel is requested, and when already completed.
+-- while a cancel is requested, and when already completed. One completion
+-- is a batch of one: soniq_complete_many holds the only copy of the rules.
 CREATE OR REPLACE FUNCTION {schema}.soniq_complete(
     job_id text, worker_id text, generation bigint, claim_token text, queue text,
     result jsonb DEFAULT NULL, result_ttl_seconds double precision DEFAULT 300
 ) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-#variable_conflict use_column
-DECLARE
-    p_job_id text := soniq_complete.job_id;
-    p_owner text := soniq_complete.worker_id;
-    p_generation bigint := soniq_complete.generation;
-    p_token text := soniq_complete.claim_token;
-    p_queue text := soniq_complete.queue;
-    p_ttl double precision := soniq_complete.result_ttl_seconds;
-    r record;
-    v_now timestamptz;
-    v_done boolean;
-BEGIN
-    IF p_ttl IS NULL OR p_ttl = 'NaN'::float8 OR p_ttl < 0 OR p_ttl > 31536000 THEN
-        RAISE EXCEPTION 'result_ttl_seconds is out of range'
-            USING ERRCODE = '22023', HINT = 'CONFIG';
-    END IF;
-    IF p_owner IS NULL OR p_owner = '' OR pg_catalog.length(p_owner) > 255 THEN
-        RAISE EXCEPTION 'worker_id must be a non-empty string of at most 255 characters'
-            USING ERRCODE = '22023', HINT = 'CONFIG';
-    END IF;
-    IF p_token IS NULL OR p_token = '' OR pg_catalog.length(p_token) > 255 THEN
-        RAISE EXCEPTION 'claim_token must be a non-empty string of at most 255 characters'
-            USING ERRCODE = '22023', HINT = 'CONFIG';
-    END IF;
-    IF p_generation IS NULL OR p_generation < 1 OR p_queue IS NULL OR p_job_id IS NULL THEN
-        RAISE EXCEPTION 'invalid fence' USING ERRCODE = '22023', HINT = 'CONFIG';
-    END IF;
-    SELECT j.id, j.queue, j.claim_owner, j.claim_generation, j.claim_token, j.status,
-           j.lease_expires_at, j.cancel_requested
-      INTO r
-      FROM {schema}.soniq_jobs AS j
-     WHERE j.id = p_job_id::uuid
-       FOR UPDATE;
-    v_now := pg_catalog.clock_timestamp();  -- after the lock
-    IF NOT FOUND
-       OR r.id::text COLLATE "C" <> p_job_id COLLATE "C"
-       OR r.queue COLLATE "C" <> p_queue COLLATE "C"
-       OR r.claim_owner IS NULL OR r.claim_owner COLLATE "C" <> p_owner COLLATE "C"
-       OR r.claim_token IS NULL OR r.claim_token COLLATE "C" <> p_token COLLATE "C"
-       OR r.claim_generation <> p_generation
-       OR r.status <> 'processing'
-       OR r.lease_expires_at IS NULL OR r.lease_expires_at <= v_now
-       OR r.cancel_requested THEN
-        RETURN false;
-    END IF;
-    PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
-    UPDATE {schema}.soniq_jobs AS j
-       SET status = 'done', result = soniq_complete.result,
-           lease_expires_at = NULL, pid = NULL,
-           expires_at = v_now + pg_catalog.make_interval(secs => p_ttl),
-           updated_at = v_now
-     WHERE j.id = r.id
-       AND j.claim_token = p_token
-       AND j.claim_generation = p_generation
-       AND j.status = 'processing' AND j.lease_expires_at > v_now
-       AND NOT j.cancel_requested;
-    v_done := FOUND;
-    PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
-    RETURN v_done;
-END
+    SELECT ({schema}.soniq_complete_many(
+        ARRAY[job_id], worker_id, ARRAY[generation], ARRAY[claim_token], ARRAY[queue],
+        ARRAY[result], result_ttl_seconds))[1]
 $fn$;
 
 REVOKE ALL ON FUNCTION {schema}.soniq_claim_many(text, text[], text[], double precision, double precision, integer) FROM PUBLIC;

@@ -316,40 +316,23 @@ BEGIN
      ORDER BY e.ord
      LIMIT 1;
     IF v_problem IS NOT NULL THEN
-        CASE v_problem
-        WHEN 'element' THEN
-            RAISE EXCEPTION 'each job must be a JSON object'
-                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION',
-                      DETAIL = pg_catalog.format('jobs element %s (counting from 1)', v_position);
-        WHEN 'key' THEN
-            RAISE EXCEPTION 'a job has a key that is not a soniq_enqueue parameter'
-                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION',
-                      DETAIL = pg_catalog.format('jobs element %s (counting from 1)', v_position);
-        WHEN 'job_name' THEN
-            RAISE EXCEPTION 'job name does not match the task-name pattern'
-                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_TASK_NAME',
-                      DETAIL = pg_catalog.format('jobs element %s (counting from 1)', v_position);
-        WHEN 'args' THEN
-            RAISE EXCEPTION 'job args must be a JSON object'
-                USING ERRCODE = '22023', HINT = 'SONIQ_TASK_ARGS_INVALID',
-                      DETAIL = pg_catalog.format('jobs element %s (counting from 1)', v_position);
-        WHEN 'args_depth' THEN
-            RAISE EXCEPTION 'job args nest 500 or more levels deep'
-                USING ERRCODE = '22023', HINT = 'SONIQ_TASK_ARGS_INVALID',
-                      DETAIL = pg_catalog.format('jobs element %s (counting from 1)', v_position);
-        WHEN 'args_number' THEN
-            RAISE EXCEPTION 'job args hold a number too large for a 64-bit float'
-                USING ERRCODE = '22023', HINT = 'SONIQ_TASK_ARGS_INVALID',
-                      DETAIL = pg_catalog.format('jobs element %s (counting from 1)', v_position);
-        WHEN 'max_attempts' THEN
-            RAISE EXCEPTION 'max_attempts must be at least 1'
-                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_MAX_ATTEMPTS',
-                      DETAIL = pg_catalog.format('jobs element %s (counting from 1)', v_position);
-        ELSE
-            RAISE EXCEPTION '% must be 1 to 255 characters', v_problem
-                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION',
-                      DETAIL = pg_catalog.format('jobs element %s (counting from 1)', v_position);
-        END CASE;
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = CASE v_problem
+                WHEN 'element' THEN 'each job must be a JSON object'
+                WHEN 'key' THEN 'a job has a key that is not a soniq_enqueue parameter'
+                WHEN 'job_name' THEN 'job name does not match the task-name pattern'
+                WHEN 'args' THEN 'job args must be a JSON object'
+                WHEN 'args_depth' THEN 'job args nest 500 or more levels deep'
+                WHEN 'args_number' THEN 'job args hold a number too large for a 64-bit float'
+                WHEN 'max_attempts' THEN 'max_attempts must be at least 1'
+                ELSE v_problem || ' must be 1 to 255 characters' END,
+            HINT = CASE
+                WHEN v_problem = 'job_name' THEN 'SONIQ_INVALID_TASK_NAME'
+                WHEN v_problem IN ('args', 'args_depth', 'args_number')
+                    THEN 'SONIQ_TASK_ARGS_INVALID'
+                WHEN v_problem = 'max_attempts' THEN 'SONIQ_INVALID_MAX_ATTEMPTS'
+                ELSE 'SONIQ_INVALID_OPTION' END,
+            DETAIL = pg_catalog.format('jobs element %s (counting from 1)', v_position);
     END IF;
 
     v_producer := coalesce(
