@@ -136,13 +136,12 @@ class JobWrites:
                            claimed.job_id, _verb(outcome))
             return
         fence = claimed.claim_fence
-        handler = get_handler(claimed.job_name)
-        default_max = handler.max_attempts if handler else soniq_settings.DEFAULT_MAX_ATTEMPTS
         if outcome.kind == "done":
             write = lambda: self.source.complete_owned(fence, outcome.result)  # noqa: E731
         elif outcome.kind == "retry":
             write = lambda: self.source.fail_owned(  # noqa: E731
-                fence, outcome.error, retry=True, default_max_attempts=default_max)
+                fence, outcome.error, retry=True,
+                default_max_attempts=_default_max_attempts(claimed.job_name))
         elif outcome.kind == "dead":
             write = lambda: self.source.fail_owned(  # noqa: E731
                 fence, outcome.error, retry=False, dead_letter_reason=outcome.reason)
@@ -159,12 +158,10 @@ class JobWrites:
         elapsed = time.monotonic() - flight.started
         if applied:
             verb = _verb(outcome)
-            handler = get_handler(claimed.job_name)
-            default_max = handler.max_attempts if handler else soniq_settings.DEFAULT_MAX_ATTEMPTS
-            limit = claimed.max_attempts if claimed.max_attempts is not None else default_max
             kind = {"done": "done", "retry": "failed", "dead": "dead_lettered",
                     "cancelled": "cancelled"}[outcome.kind]
-            if outcome.kind == "retry" and claimed.attempts >= limit:
+            if outcome.kind == "retry" and claimed.attempts >= (
+                    claimed.max_attempts or _default_max_attempts(claimed.job_name)):
                 verb = "failed with no attempts left, dead-lettered"
                 kind = "dead_lettered"
             self.throughput.add(claimed.queue, kind)
@@ -188,6 +185,12 @@ class JobWrites:
         except SoniqError:
             return False
         return state is not None and state.cancel_requested
+
+
+def _default_max_attempts(job_name: str) -> int:
+    """What a job with ``max_attempts`` NULL gets: its handler's retries plus one, or the setting."""
+    handler = get_handler(job_name)
+    return handler.max_attempts if handler else soniq_settings.DEFAULT_MAX_ATTEMPTS
 
 
 def keep_healthy_connections() -> None:
