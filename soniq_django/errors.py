@@ -29,7 +29,13 @@ class ErrorCode(enum.StrEnum):
     QUEUE_CLAIM_CONFLICT = "QUEUE_CLAIM_CONFLICT"
     """A claim nonce collision, an exhausted generation or a changed claim identity."""
     QUEUE_PERSISTENCE_FAILED = "QUEUE_PERSISTENCE_FAILED"
-    """The database failed, or a commit was not acknowledged; the outcome is unknown."""
+    """The database was unavailable (connection lost, server shutting down, out of
+    connections, a lock or serialization conflict), or a commit was not acknowledged;
+    the outcome is unknown and the same call may succeed later."""
+    QUEUE_DATABASE_REFUSED = "QUEUE_DATABASE_REFUSED"
+    """The database refused an owned operation for a reason other than its availability
+    (a constraint, a trigger, a missing function): nothing was written, and sending the
+    same call again gives the same answer. The reason names the SQLSTATE."""
 
 
 _MAX_REASON = 200

@@ -11,19 +11,21 @@ a database failure, a lost connection or an unacknowledged commit becomes
 
 import datetime as dt
 import json
+import logging
 import random
 import uuid
 from contextlib import contextmanager
 from typing import Any
 
 from django.db import Error as DatabaseError
+from django.db import IntegrityError, InterfaceError, OperationalError
 from django.db import connections, transaction
 from django.db.models import F as models_F
-from django.db.models import Q
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from .errors import ConfigValidationError, ErrorCode, SoniqError
-from .models import DeadLetterJob, Job, JobStatus, Worker
+from .models import DeadLetterJob, Job, JobStatus, TaskRegistration, Worker
 from .owned_types import INT64_MAX, QueueClaimFence
 
 CLAIM_COLUMNS = (
@@ -31,6 +33,15 @@ CLAIM_COLUMNS = (
     "lease_expires_at", "generation", "owner", "token",
 )
 _CLAIM_REASONS = {"nonce_reused", "generation_exhausted", "claim_identity_changed"}
+
+#: The attempt limit format 1 gives a row, and soniq_fail's default_max_attempts.
+FORMAT1_DEFAULT_MAX_ATTEMPTS = 4
+#: How long a retry finished as superseded is kept by a failure report
+#: (soniq_fail has no result-TTL parameter; 300 s is the default RESULT_TTL).
+FAIL_SUPERSEDED_TTL = 300.0
+LAPSED_ERROR = "lease lapsed: the worker stopped heartbeating"
+
+logger = logging.getLogger("soniq_django.owned")
 
 
 def persistence_failed(reason: str = "unavailable") -> SoniqError:
@@ -41,20 +52,44 @@ def claim_conflict(reason: str) -> SoniqError:
     return SoniqError(ErrorCode.QUEUE_CLAIM_CONFLICT, reason)
 
 
+def database_refused(sqlstate: str | None, constraint: str | None = None) -> SoniqError:
+    """QUEUE_DATABASE_REFUSED naming what refused (SQLSTATE and constraint, never driver text)."""
+    where = f" on {constraint}" if constraint else ""
+    return SoniqError(ErrorCode.QUEUE_DATABASE_REFUSED,
+                      f"the database refused the operation (SQLSTATE {sqlstate or 'unknown'}{where})")
+
+
+def is_unavailable(error: DatabaseError) -> bool:
+    """Whether ``error`` says the database was unavailable, rather than that it refused.
+
+    Connection loss, a server shutting down or out of connections, lock and
+    serialization conflicts, a timeout: Django raises OperationalError or
+    InterfaceError for these (psycopg's classes 08, 40, 53, 55, 57, 58; SQLite's
+    "database is locked"). Constraint violations, data and programming errors
+    and a trigger's RAISE are refusals: the same call would fail the same way.
+    """
+    return type(error) is DatabaseError or isinstance(error, (OperationalError, InterfaceError))
+
+
 def translate_owned_error(error: DatabaseError) -> SoniqError:
     """Map a database error from an owned operation to its package error."""
     cause = error.__cause__
     sqlstate = getattr(cause, "sqlstate", None)
     diag = getattr(cause, "diag", None)
     hint = getattr(diag, "message_hint", None)
+    constraint = getattr(diag, "constraint_name", None)
     if hint == "CONFIG":
         return ConfigValidationError("the database refused an owned request")
     if hint == ErrorCode.QUEUE_CLAIM_CONFLICT.value:
         detail = getattr(diag, "message_detail", None)
         return claim_conflict(detail if detail in _CLAIM_REASONS else "claim_conflict")
-    if sqlstate == "23505" and getattr(diag, "constraint_name", None) == "soniq_jobs_claim_token_key":
+    if sqlstate == "23505" and constraint == "soniq_jobs_claim_token_key":
         return claim_conflict("nonce_reused")
-    return persistence_failed()
+    if is_unavailable(error):
+        return persistence_failed()
+    if sqlstate is None and isinstance(error, IntegrityError):
+        sqlstate = "23000"  # SQLite names no SQLSTATE
+    return database_refused(sqlstate, constraint)
 
 
 @contextmanager
@@ -148,8 +183,17 @@ class PostgresClaims:
 
         Two statements in one query string run as one implicit transaction
         (PostgreSQL's simple query protocol): one round trip, one commit, and
-        a failure of either leaves neither.
+        a failure of either leaves neither. With Django's
+        ``OPTIONS["server_side_binding"]`` every statement is sent alone (the
+        extended protocol takes one statement per message): then the two run
+        one after the other in one transaction -- the same outcome, one round
+        trip more.
         """
+        if completions and tokens and _binds_on_server(connections[self.alias]):
+            with guarded(self.alias, atomic=True):
+                completed, _ = self.settle(completions, ttl, owner, [], queues, lease, pid)
+                _, claimed = self.settle([], ttl, owner, tokens, queues, lease, pid)
+            return completed, claimed
         statements, params = [], []
         if completions:
             fences = [f for f, _ in completions]
@@ -191,6 +235,11 @@ class PostgresClaims:
     def request_cancel(self, job_id: uuid.UUID, ttl: float) -> bool:
         rows = self._rows("SELECT soniq_request_cancel(%s, %s)", [job_id, ttl])
         return rows[0][0] is True
+
+
+def _binds_on_server(connection) -> bool:
+    """Whether Django sends this connection's queries with server-side binding."""
+    return bool(connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"))
 
 
 @contextmanager
@@ -244,22 +293,67 @@ class SqliteClaims:
         return Job.objects.using(self.alias)
 
     def _reap_lapsed(self, now: dt.datetime, ttl: float, batch: int = 10) -> None:
+        """Settle lapsed claims as soniq_reap_lapsed_v1 does: each row on its own."""
         lapsed = self._jobs().filter(status=JobStatus.PROCESSING, lease_expires_at__lte=now)
         for row in lapsed.order_by("lease_expires_at")[:batch]:
-            if row.cancel_requested:
+            try:
+                with transaction.atomic(using=self.alias):
+                    self._settle_lapsed(row, now, ttl)
+            except DatabaseError as error:
+                # Undone by its savepoint; the claim goes on.
+                logger.warning("lapsed job %s could not be settled (%s); left for later",
+                               row.id, type(error).__name__)
+
+    def _settle_lapsed(self, row: Job, now: dt.datetime, ttl: float) -> None:
+        if row.cancel_requested:
+            self._jobs().filter(id=row.id).update(
+                status=JobStatus.CANCELLED, lease_expires_at=None, pid=None,
+                expires_at=now + dt.timedelta(seconds=ttl), updated_at=now,
+            )
+        elif row.attempts >= (row.max_attempts if row.max_attempts is not None
+                              else default_max_attempts(self.alias, row.job_name)):
+            self._move_to_dead_letter(
+                row.id, "lease lapsed with no attempts left", "max_retries_exceeded", None, now
+            )
+        else:
+            self._requeue(row, LAPSED_ERROR, None, now, ttl)
+
+    def _requeue(self, row: Job, error: str, scheduled_at: dt.datetime | None,
+                 now: dt.datetime, ttl: float) -> str:
+        """Queue a locked processing row again, or finish it as superseded by a queued twin.
+
+        The twin of soniq_requeue_v1 (sql/claim_protocol_v3.sql): returns
+        ``"queued"`` or ``"superseded"``.
+        """
+        values = {"scheduled_at": scheduled_at} if scheduled_at is not None else {}
+        try:
+            with transaction.atomic(using=self.alias):
                 self._jobs().filter(id=row.id).update(
-                    status=JobStatus.CANCELLED, lease_expires_at=None, pid=None,
-                    expires_at=now + dt.timedelta(seconds=ttl), updated_at=now,
+                    status=JobStatus.QUEUED, last_error=error, lease_expires_at=None, pid=None,
+                    updated_at=now, **values,
                 )
-            elif row.max_attempts is not None and row.attempts >= row.max_attempts:
-                self._move_to_dead_letter(
-                    row.id, "lease lapsed with no attempts left", "max_retries_exceeded", None, now
-                )
-            else:
-                self._jobs().filter(id=row.id).update(
-                    status=JobStatus.QUEUED, lease_expires_at=None, pid=None,
-                    last_error="lease lapsed: the worker stopped heartbeating", updated_at=now,
-                )
+            return "queued"
+        except IntegrityError:
+            twin = self._queued_twin(row)
+            if twin is None:
+                raise
+        key = "dedup_key" if twin.dedup_key is not None and twin.dedup_key == row.dedup_key \
+            else "unique key"
+        self._jobs().filter(id=row.id).update(
+            status=JobStatus.CANCELLED, last_error=superseded_error(twin.id, key, error),
+            lease_expires_at=None, pid=None, expires_at=now + dt.timedelta(seconds=ttl),
+            updated_at=now,
+        )
+        return "superseded"
+
+    def _queued_twin(self, row: Job) -> Job | None:
+        """The queued job holding ``row``'s dedup key or unique key, if any."""
+        keys = Q(pk__in=[])
+        if row.dedup_key is not None:
+            keys |= Q(dedup_key=row.dedup_key)
+        if row.args_hash is not None:
+            keys |= Q(job_name=row.job_name, args_hash=row.args_hash)
+        return self._jobs().filter(keys, status=JobStatus.QUEUED).exclude(id=row.id).first()
 
     def _move_to_dead_letter(self, job_id, error, reason, dlq_record_id, now) -> None:
         row = self._jobs().get(id=job_id)
@@ -278,6 +372,11 @@ class SqliteClaims:
                 id=job_id, resurrection_count=0, tags=tags, **values
             )
         else:
+            del values["original_created_at"]  # the first failure's row keeps its own
+            values["fence_required"] = dead.fence_required or row.fence_required
+            if dead.submission_id is not None:  # a protected identity is never replaced
+                values.update(submission_id=dead.submission_id,
+                              submission_fingerprint=dead.submission_fingerprint)
             DeadLetterJob.objects.using(self.alias).filter(id=job_id).update(
                 tags=tags if tags is not None else dead.tags, **values
             )
@@ -401,11 +500,10 @@ class SqliteClaims:
                 if delay is None:
                     delay = min(cap, base * 2 ** min(max(row.attempts - 1, 0), 60))
                     delay *= 0.5 + 0.5 * random.random()
-                return self._update_owned(
-                    row, now, status=JobStatus.QUEUED, last_error=error,
-                    scheduled_at=now + dt.timedelta(seconds=delay), lease_expires_at=None,
-                    pid=None,
-                )
+                # The row is this claim's (checked after the write lock) until we commit.
+                self._requeue(row, error, now + dt.timedelta(seconds=delay), now,
+                              FAIL_SUPERSEDED_TTL)
+                return True
             self._move_to_dead_letter(
                 row.id, error, "max_retries_exceeded" if retry else reason, dlq_record_id, now
             )
@@ -435,15 +533,38 @@ class SqliteClaims:
 
     def request_cancel(self, job_id: uuid.UUID, ttl: float) -> bool:
         with self._locked() as now:
-            status = self._jobs().filter(id=job_id).values_list("status", flat=True).first()
-            if status == JobStatus.QUEUED:
+            row = self._jobs().filter(id=job_id).values("status", "lease_expires_at").first()
+            if row is None or row["status"] not in (JobStatus.QUEUED, JobStatus.PROCESSING):
+                return False
+            lease = row["lease_expires_at"]
+            if row["status"] == JobStatus.QUEUED or lease is None or lease <= now:
+                # Queued, or processing with no live worker left to see a request.
                 self._jobs().filter(id=job_id).update(
                     status=JobStatus.CANCELLED, lease_expires_at=None, pid=None,
+                    cancel_requested=row["status"] == JobStatus.PROCESSING,
                     expires_at=now + dt.timedelta(seconds=ttl), updated_at=now,
                 )
-            elif status == JobStatus.PROCESSING:
+            else:
                 self._jobs().filter(id=job_id).update(cancel_requested=True, updated_at=now)
-            return status in (JobStatus.QUEUED, JobStatus.PROCESSING)
+            return True
+
+
+def default_max_attempts(alias: str, job_name: str) -> int:
+    """The attempt limit of a job whose ``max_attempts`` is NULL, as the reaper counts it.
+
+    What its handler declares in soniq_task_registry (the largest, when
+    workers of several releases disagree), else 4 -- the twin of
+    soniq_default_max_attempts_v1.
+    """
+    declared = TaskRegistration.objects.using(alias).filter(
+        task_name=job_name, max_attempts__gte=1).aggregate(Max("max_attempts"))
+    return declared["max_attempts__max"] or FORMAT1_DEFAULT_MAX_ATTEMPTS
+
+
+def superseded_error(twin_id, key: str, error: str) -> str:
+    """``last_error`` of a retry finished as superseded (the text soniq_requeue_v1 writes)."""
+    return (f"superseded: not queued again because queued job {twin_id} holds the same {key}; "
+            f"this attempt ended with: {error}")
 
 
 def _registered_worker(alias: str, owner: str) -> uuid.UUID | None:

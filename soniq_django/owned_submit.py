@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from .conf import soniq_settings
 from .encoding import canonical_json
 from .errors import ConfigValidationError, ErrorCode, SoniqError
 from .job_request import JobRequest, PreparedJob, prepare
@@ -159,7 +160,9 @@ def _displace_predecessor(alias, connection, submission, now) -> uuid.UUID | Non
     with fenced_writes(connection):
         jobs.filter(id=predecessor.id).update(
             status=JobStatus.CANCELLED, lease_expires_at=None, pid=None,
-            expires_at=now, updated_at=now,
+            # Kept for RESULT_TTL like every cancelled row: whoever asks sees what happened.
+            expires_at=now + dt.timedelta(seconds=float(soniq_settings.RESULT_TTL)),
+            updated_at=now,
         )
     return None
 

@@ -73,7 +73,10 @@ def translate(error: DatabaseError) -> SoniqError | None:
             return ConfigValidationError(_HINTED[code], code=code)
         if code in _HINTED:
             return SoniqError(code, _HINTED[code])
-    if sqlstate == "23505" and diag is not None and diag.constraint_name == "soniq_jobs_pkey":
+    # An id is taken while either table holds it (soniq_enqueue says which).
+    if sqlstate == "23505" and diag is not None and diag.constraint_name in (
+        "soniq_jobs_pkey", "soniq_dead_letter_jobs_pkey"
+    ):
         return SoniqError(ErrorCode.DUPLICATE_JOB_ID, "a job with the requested job_id already exists")
     return None
 

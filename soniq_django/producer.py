@@ -108,6 +108,8 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
                     Job.objects.using(alias).bulk_create([_row(job) for job in plain])
             except IntegrityError:
                 raise _duplicate_id_error() from None
+            if _id_held_by_dead_letter(plain, alias):  # after the write, as in _insert_portable
+                raise _duplicate_id_error()
         for job in prepared:
             ids.append(_insert_portable(job, alias) if job.deduplicates else job.job_id)
     return ids
@@ -123,6 +125,13 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
     if connection.vendor == "postgresql":
         return pg_functions.enqueue(job, connection, alias)
     return _insert_portable(job, alias)
+
+
+def _id_held_by_dead_letter(jobs: list[PreparedJob], alias: str) -> bool:
+    """Whether a requested job id is held by a dead-lettered job (soniq_enqueue's check)."""
+    requested = [job.job_id for job in jobs if not job.job_id_generated]
+    return bool(requested) and DeadLetterJob.objects.using(alias).filter(
+        id__in=requested).exists()
 
 
 def _insert_portable(job: PreparedJob, alias: str) -> uuid.UUID:
@@ -144,6 +153,11 @@ def _insert_portable(job: PreparedJob, alias: str) -> uuid.UUID:
                 ErrorCode.QUEUE_PERSISTENCE_FAILED,
                 "a concurrent enqueue of an equal job is not visible to this transaction; retry it",
             ) from None
+        # An id is taken while either table holds it: a dead-lettered job
+        # keeps its id, and a replay brings it back under that id. Checked
+        # after the write (which rolls back): see above.
+        if _id_held_by_dead_letter([job], alias):
+            raise _duplicate_id_error()
     return job.job_id
 
 

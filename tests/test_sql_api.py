@@ -571,8 +571,10 @@ def test_get_job_of_a_replayed_dead_letter_describes_the_replayed_job():
         dead_letter_reason="max_retries_exceeded", moved_to_dead_letter_at=moved,
         resurrection_count=1, last_resurrection_at=moved + dt.timedelta(minutes=1),
     )
-    # Replayed: the job is queued again under its id, and get_job shows that row ...
-    enqueue(job_id=job_id)
+    # Replayed: the job is queued again under its id (as soniq_django.replay
+    # inserts it; soniq_enqueue refuses an id the dead letters hold), and
+    # get_job shows that row ...
+    Job.objects.create(id=job_id, job_name="billing.send_invoice", args={})
     assert get_job(job_id)["status"] == "queued"
     # ... and once that run finished and expired, the old dead letter is not shown instead.
     Job.objects.filter(id=job_id).update(

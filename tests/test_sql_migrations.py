@@ -102,13 +102,13 @@ def _file_source(file_name: str, function: str) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_reversing_0010_restores_version_1_and_reapplying_gives_version_2(roles):
+def test_reversing_0010_restores_version_1_and_reapplying_gives_version_3(roles):
     v1 = _file_source("producer_api_v1.sql", "soniq_enqueue")
-    v2 = _file_source("producer_api_v2.sql", "soniq_enqueue")
-    assert v1 != v2
-    assert _function_source("soniq_enqueue") == v2
+    v3 = _file_source("producer_api_v3.sql", "soniq_enqueue")
+    assert v1 != v3
+    assert _function_source("soniq_enqueue") == v3
     assert _function_source("soniq_enqueue_many") == _file_source(
-        "producer_api_v2.sql", "soniq_enqueue_many")
+        "producer_api_v3.sql", "soniq_enqueue_many")
     producer = roles.create("soniq_producer")
     call_command("soniq_grant", producer, stdout=io.StringIO())
     try:
@@ -123,7 +123,7 @@ def test_reversing_0010_restores_version_1_and_reapplying_gives_version_2(roles)
         assert fetch("SELECT job_name FROM soniq_get_job(%s)", [job_id]) == [("back.to_v1",)]
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
-    assert _function_source("soniq_enqueue") == v2
+    assert _function_source("soniq_enqueue") == v3
     assert _installed() == dict.fromkeys(producer_api_functions(), False)
     assert _may_enqueue(producer)
     ids = fetch("SELECT soniq_enqueue_many('[{\"job_name\": \"again.v2\"}]')")[0][0]
@@ -158,3 +158,43 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
         "SELECT job_id::text, generation FROM soniq_claim_many('w', ARRAY['nonce-2'])")[0]
     assert fetch("SELECT soniq_complete(%s, 'w', %s, 'nonce-2', 'default')",
                  [job_id, generation]) == [(True,)]
+
+
+#: What migration 0011 changes: (file that released the body it replaces, function).
+_REPLACED_BY_0011 = (
+    ("claim_protocol_v1.sql", "soniq_reap_lapsed_v1"),
+    ("claim_protocol_v1.sql", "soniq_move_to_dead_letter_v1"),
+    ("claim_protocol_v1.sql", "soniq_fail"),
+    ("claim_protocol_v1.sql", "soniq_request_cancel"),
+    ("producer_api_v2.sql", "soniq_enqueue"),
+    ("producer_api_v2.sql", "soniq_enqueue_many"),
+)
+_ADDED_BY_0011 = ("soniq_requeue_v1", "soniq_default_max_attempts_v1")
+
+
+def _version_3_source(function: str) -> str:
+    name = "producer_api_v3.sql" if function.startswith("soniq_enqueue") else "claim_protocol_v3.sql"
+    return _file_source(name, function)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0011_restores_the_released_bodies_and_reapplying_gives_version_3(roles):
+    assert all(_function_source(function) == _version_3_source(function)
+               for _, function in _REPLACED_BY_0011 + tuple((None, f) for f in _ADDED_BY_0011))
+    producer = roles.create("soniq_producer")
+    call_command("soniq_grant", producer, stdout=io.StringIO())
+    try:
+        call_command("migrate", "soniq_django", "0010", verbosity=0)
+        for released, function in _REPLACED_BY_0011:
+            assert _function_source(function) == _file_source(released, function), function
+        assert all(_function_source(function) is None for function in _ADDED_BY_0011)
+        # Replaced, not dropped: the producer keeps its grant.
+        assert _may_enqueue(producer)
+        # Version 1's soniq_request_cancel is back, NULL for an unknown id and all.
+        assert fetch("SELECT soniq_request_cancel(gen_random_uuid())") == [(None,)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert all(_function_source(function) == _version_3_source(function)
+               for _, function in _REPLACED_BY_0011)
+    assert _may_enqueue(producer)
+    assert fetch("SELECT soniq_request_cancel(gen_random_uuid())") == [(False,)]

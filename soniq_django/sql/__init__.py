@@ -36,9 +36,15 @@ def released_function(name: str, function: str) -> str:
     that released it, so the restored text cannot drift from it.
     """
     text = (SQL_DIR / name).read_text(encoding="utf-8")
-    start = text.index(f"CREATE FUNCTION {{schema}}.{function}(")
+    signature = f"FUNCTION {{schema}}.{function}("
+    for opening in ("CREATE ", "CREATE OR REPLACE "):
+        if opening + signature in text:
+            start = text.index(opening + signature) + len(opening)
+            break
+    else:
+        raise ValueError(f"{name} defines no function {function}")
     end = text.index("$fn$;", text.index("AS $fn$", start) + len("AS $fn$")) + len("$fn$;")
-    return "CREATE OR REPLACE" + text[start + len("CREATE"):end]
+    return "CREATE OR REPLACE " + text[start:end]
 
 
 def run_file(name: str, *, restore: tuple[tuple[str, str], ...] = ()):

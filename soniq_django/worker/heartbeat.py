@@ -4,9 +4,10 @@
 """
 
 import logging
+import threading
 import time
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from ..conf import soniq_settings
 from ..errors import ErrorCode, SoniqError
@@ -68,6 +69,23 @@ class Heartbeats:
         lease = float(soniq_settings.LEASE_SECONDS)
         return max(0.05, min(float(soniq_settings.HEARTBEAT_SECONDS), lease / 3))
 
+    def _time_out(self, flight: InFlight, timeout) -> None:
+        """Fail a job that ran past JOB_TIMEOUT_SECONDS (with retry), on its own thread.
+
+        Called holding ``flight.settled`` (taken by the heartbeat); releases it
+        once the write is over.
+        """
+        try:
+            self._write_outcome(flight, Outcome("retry", error=f"timed out after {timeout} s"))
+        except Exception:
+            logger.exception("%s %s: could not record its timeout", flight.claimed.job_name,
+                             flight.claimed.job_id)
+        finally:
+            try:
+                connections.close_all()  # this thread's own connection
+            finally:
+                flight.settled.release()
+
     def _beat(self, flight: InFlight) -> None:
         if flight.done or flight.lost:
             return
@@ -75,8 +93,19 @@ class Heartbeats:
         timeout = soniq_settings.JOB_TIMEOUT_SECONDS
         try:
             if timeout is not None and time.monotonic() - flight.started > float(timeout):
+                # Take the job's one final write now (the job thread, finishing
+                # meanwhile, waits on the lock and then finds it done) and make
+                # it on a thread of its own: a write that has to wait for the
+                # database must not hold up every other lease's renewal.
+                if not flight.settled.acquire(blocking=False):
+                    return  # the job thread is writing its own outcome
+                if flight.done:
+                    flight.settled.release()
+                    return
+                flight.done = True
                 flight.context._cancel.set()  # cooperative handlers stop
-                self._settle(flight, Outcome("retry", error=f"timed out after {timeout} s"))
+                threading.Thread(target=self._time_out, args=(flight, timeout),
+                                 name="soniq-timeout", daemon=True).start()
                 return
             if not self.source.heartbeat_owned(fence):
                 if flight.done:  # its final write ended the claim meanwhile: not a loss

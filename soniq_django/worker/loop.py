@@ -64,7 +64,7 @@ class Worker(JobWrites, Heartbeats):
         self.aborted = threading.Event()  # give up on in-flight jobs too
         self.wake = threading.Event()
         self.slots = threading.Semaphore(concurrency)
-        self.inflight: dict[str, InFlight] = {}
+        self.inflight: dict[tuple[str, int], InFlight] = {}  # by claim: InFlight.key
         self.completions: list[InFlight] = []  # handed over by job threads, written in batches
         self.lock = threading.Lock()
         self.claimed_count = 0
@@ -221,12 +221,14 @@ class Worker(JobWrites, Heartbeats):
             job_id=str(claimed.job_id), job_name=claimed.job_name, queue=claimed.queue,
             attempts=claimed.attempts, max_attempts=claimed.max_attempts))
         with self.lock:
-            self.inflight[flight.context.job_id] = flight
+            self.inflight[flight.key] = flight
         return flight
 
     def _finish(self, flight: InFlight) -> None:
+        """Forget this run -- only this one: another claim of the same job may be in flight."""
         with self.finished:
-            self.inflight.pop(flight.context.job_id, None)
+            if self.inflight.get(flight.key) is flight:
+                del self.inflight[flight.key]
             self.finished.notify_all()
 
     def _idle(self) -> bool:

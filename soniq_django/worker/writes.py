@@ -73,10 +73,14 @@ class JobWrites:
             if error.code is ErrorCode.QUEUE_PERSISTENCE_FAILED:
                 completed, claimed = self._recover(completions, tokens)
             elif completions:  # the claim was refused: the completions must still be written
-                logger.warning("claim refused (%s); completing without it", error.code.value)
+                logger.warning("claim refused (%s: %s); completing without it",
+                               error.code.value, error.reason)
                 completed, claimed = self._complete_alone(completions), []
             else:
-                raise
+                # Not an outage: say what the database said, and try again later.
+                logger.error("claim refused (%s: %s); trying again shortly",
+                             error.code.value, error.reason)
+                completed, claimed = [], UNKNOWN
         finally:
             self._account(wanted, claimed if isinstance(claimed, list) else [])
         deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
@@ -148,7 +152,14 @@ class JobWrites:
         else:
             write = lambda: self.source.acknowledge_cancel_owned(fence)  # noqa: E731
         deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
-        self._report(flight, outcome, retrying(write, deadline, self.aborted), deadline)
+        try:
+            applied = retrying(write, deadline, self.aborted)
+        except SoniqError as error:  # refused, not unavailable: retrying cannot help
+            logger.error("%s %s: %s refused by the database (%s: %s); its lease will lapse "
+                         "and the reaper settles it", claimed.job_name, claimed.job_id,
+                         _verb(outcome), error.code.value, error.reason)
+            return
+        self._report(flight, outcome, applied, deadline)
 
     def _report(self, flight: InFlight, outcome: Outcome, applied: bool | None,
                 deadline: float) -> None:
