@@ -223,17 +223,82 @@ def test_search_by_id_job_name_and_dedup_key(admin_client, rows):
 
 def test_cancel_action(admin_client, rows):
     with mock.patch.object(operations, "cancel_jobs", wraps=operations.cancel_jobs) as spy:
-        notes = _act(admin_client, "job", "cancel_selected", [rows.queued, rows.running, rows.done])
-    assert set(spy.call_args.args[0]) == {rows.queued, rows.running, rows.done}
-    assert notes == ["Cancelled 1 queued job; asked 1 running job to stop; "
-                     "skipped 1 already finished."]
+        notes = _act(admin_client, "job", "cancel_selected",
+                     [rows.queued, rows.running, rows.done, rows.cancelled])
+    assert set(spy.call_args.args[0]) == {rows.queued, rows.running, rows.done, rows.cancelled}
+    assert notes == ["Cancelled 1 job.", "Asked the worker of 1 running job to stop it.",
+                     "Nothing to cancel for 2 jobs: they had finished, or are no longer there."]
     assert _act(admin_client, "job", "cancel_selected", [rows.done]) == [
-        "Skipped 1 already finished."]
+        "Nothing to cancel for 1 job: it had finished, or is no longer there."]
     assert Job.objects.get(id=rows.queued).status == "cancelled"
     running = Job.objects.get(id=rows.running)
     assert running.status == "processing" and running.cancel_requested
     html = admin_client.get(_changelist("job"), {"q": str(rows.running)}).content.decode()
     assert "processing (cancel requested)" in html
+    # Asking again is still "asked to stop", not "nothing to cancel".
+    assert _act(admin_client, "job", "cancel_selected", [rows.running]) == [
+        "Asked the worker of 1 running job to stop it."]
+
+
+def test_cancel_messages_count_in_the_plural(admin_client, rows):
+    more = [enqueue("shop.send_receipt", {"order": n}, queue="mail") for n in (10, 11)]
+    assert _act(admin_client, "job", "cancel_selected", [rows.queued, *more]) == [
+        "Cancelled 3 jobs."]
+
+
+def _lapse(job_id) -> None:
+    rewrite(job_id, lease_expires_at=timezone.now() - dt.timedelta(minutes=5))
+
+
+def test_cancelling_a_running_job_whose_lease_lapsed_says_what_the_service_did(admin_client,
+                                                                               rows):
+    # No live worker is left to see a request: the service cancels it at
+    # once, or (older storage code) sets the request. The message says which.
+    _lapse(rows.running)
+    notes = _act(admin_client, "job", "cancel_selected", [rows.running])
+    row = Job.objects.get(id=rows.running)
+    if row.status == "cancelled":
+        assert notes == ["Cancelled 1 job."]
+    else:
+        assert (row.status, row.cancel_requested) == ("processing", True)
+        assert notes == ["Asked the worker of 1 running job to stop it."]
+
+
+def _cancel_at_once(self, job_id):
+    """request_cancel as it is for a running job whose lease has lapsed: cancelled at once."""
+    rewrite(job_id, status="cancelled", lease_expires_at=None, pid=None,
+            expires_at=timezone.now() + dt.timedelta(minutes=5), updated_at=timezone.now())
+    return True
+
+
+def _finish_first(self, job_id):
+    """The worker completes the job just before the request reaches it."""
+    rewrite(job_id, status="done", lease_expires_at=None, pid=None,
+            expires_at=timezone.now() + dt.timedelta(minutes=5))
+    return False
+
+
+def _requeued_meanwhile(self, job_id):
+    """The worker's attempt failed and the job went back to the queue before the request."""
+    rewrite(job_id, status="queued", lease_expires_at=None, pid=None)
+    return False
+
+
+@pytest.mark.parametrize(("service", "note", "status"), [
+    (_cancel_at_once, "Cancelled 1 job.", "cancelled"),
+    (_finish_first, "Nothing to cancel for 1 job: it had finished, or is no longer there.",
+     "done"),
+    (_requeued_meanwhile,
+     "1 job was not cancelled: its state changed meanwhile. Select it again.", "queued"),
+])
+def test_cancel_message_follows_the_row_after_the_service_not_the_status_before(
+        admin_client, rows, service, note, status):
+    # The job was processing when selected; what the service (or a worker)
+    # did to it decides the message.
+    _lapse(rows.running)
+    with mock.patch.object(OwnedJobSource, "request_cancel", service):
+        assert _act(admin_client, "job", "cancel_selected", [rows.running]) == [note]
+    assert Job.objects.get(id=rows.running).status == status
 
 
 def test_retry_now_action(admin_client, rows):

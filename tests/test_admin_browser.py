@@ -153,7 +153,7 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model):
     # Cancel the queued job from the list.
     browser.get(live_server.url + reverse("admin:soniq_django_job_changelist"))
     message = _run_action(browser, "cancel_selected", queued)
-    assert message.startswith("Cancelled 1 queued job")
+    assert message == "Cancelled 1 job."
     assert Job.objects.get(id=queued).status == "cancelled"
     shots(browser, "03-cancelled")
 

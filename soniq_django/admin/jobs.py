@@ -1,6 +1,7 @@
 """Admins for ``soniq_jobs`` and ``soniq_dead_letter_jobs``: read-only lists, actions."""
 
 import re
+from collections import Counter
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
@@ -8,10 +9,11 @@ from django.contrib.auth import get_permission_codename
 from django.db import router
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.translation import ngettext
 
 from .. import operations, replay
 from ..errors import SoniqError
-from ..models import DeadLetterJob, Job
+from ..models import DeadLetterJob, Job, JobStatus
 from .display import parse_uuid, plural, pre, pretty_json, sentence, when
 
 _SHORT_ID = re.compile(r"[0-9a-f]{8}")
@@ -74,6 +76,39 @@ class _JobRowAdmin(admin.ModelAdmin):
     @admin.display(description="last error")
     def last_error_pre(self, obj):
         return pre(obj.last_error)
+
+
+_LIVE = (JobStatus.QUEUED, JobStatus.PROCESSING)
+
+_CANCEL_MESSAGES = {
+    "cancelled": lambda n: ngettext(
+        "Cancelled %(count)d job.", "Cancelled %(count)d jobs.", n) % {"count": n},
+    "requested": lambda n: ngettext(
+        "Asked the worker of %(count)d running job to stop it.",
+        "Asked the workers of %(count)d running jobs to stop them.", n) % {"count": n},
+    "nothing": lambda n: ngettext(
+        "Nothing to cancel for %(count)d job: it had finished, or is no longer there.",
+        "Nothing to cancel for %(count)d jobs: they had finished, or are no longer there.",
+        n) % {"count": n},
+    "changed": lambda n: ngettext(
+        "%(count)d job was not cancelled: its state changed meanwhile. Select it again.",
+        "%(count)d jobs were not cancelled: their state changed meanwhile. Select them again.",
+        n) % {"count": n},
+}
+
+
+def _cancel_outcome(status_before: str, row_after: tuple[str, bool] | None) -> str:
+    """One job's outcome of a cancel: cancelled, requested, nothing (to cancel) or changed."""
+    if status_before not in _LIVE:
+        return "nothing"
+    status, cancel_requested = row_after or (None, False)
+    if status == JobStatus.CANCELLED:
+        return "cancelled"
+    if status == JobStatus.PROCESSING and cancel_requested:
+        return "requested"
+    if status in _LIVE:
+        return "changed"  # e.g. a worker put it back in the queue meanwhile
+    return "nothing"  # it finished meanwhile, or was deleted
 
 
 @admin.register(Job)
@@ -146,14 +181,20 @@ class JobAdmin(_JobRowAdmin):
     @admin.action(description="Cancel selected jobs (running ones are asked to stop)",
                   permissions=["operate"])
     def cancel_selected(self, request, queryset):
-        report = operations.cancel_jobs(list(queryset.values_list("id", flat=True)),
-                                        using=queryset.db)
-        self.message_user(request, sentence(
-            f"cancelled {plural(report.cancelled, 'queued job')}" if report.cancelled else "",
-            f"asked {plural(report.requested, 'running job')} to stop" if report.requested
-            else "",
-            f"skipped {report.skipped} already finished" if report.skipped else "",
-        ), messages.SUCCESS if report.cancelled or report.requested else messages.WARNING)
+        before = dict(queryset.values_list("id", "status"))
+        operations.cancel_jobs(list(before), using=queryset.db)
+        # What happened is read from the rows, not inferred from the status
+        # before: the service may cancel a running job at once (its lease
+        # had lapsed), and a worker may finish a job meanwhile.
+        after = {job_id: (status, cancel_requested) for job_id, status, cancel_requested in
+                 Job.objects.using(queryset.db).filter(id__in=list(before))
+                 .values_list("id", "status", "cancel_requested")}
+        outcomes = Counter(_cancel_outcome(before[job_id], after.get(job_id))
+                           for job_id in before)
+        for outcome, level in (("cancelled", messages.SUCCESS), ("requested", messages.SUCCESS),
+                               ("nothing", messages.WARNING), ("changed", messages.WARNING)):
+            if outcomes[outcome]:
+                self.message_user(request, _CANCEL_MESSAGES[outcome](outcomes[outcome]), level)
 
     @admin.action(description="Retry selected jobs now (skip the wait)", permissions=["operate"])
     def retry_selected_now(self, request, queryset):
