@@ -32,6 +32,14 @@ else:  # pragma: no cover - a typo in the environment
     raise RuntimeError(f"SONIQ_TEST_BACKEND must be sqlite or postgresql, not {BACKEND!r}")
 
 DATABASES = {"default": _db}
+if BACKEND == "postgresql":
+    # The test database again, through a connection that binds parameters on
+    # the server (Django's documented OPTIONS["server_side_binding"]); a
+    # mirror, so it is neither created nor flushed on its own.
+    DATABASES["server_binding"] = {
+        **_db, "OPTIONS": {**_db.get("OPTIONS", {}), "server_side_binding": True},
+        "TEST": {"MIRROR": "default"},
+    }
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
