@@ -4,7 +4,8 @@ Debian's ``chromium`` and ``chromium-driver`` packages are driven by
 Selenium with the system chromedriver (no browser download). The test logs
 in, opens the jobs list and a job's page, cancels a job, opens the
 dashboard from the app index and replays a dead letter, checking the
-database after each action. Screenshots go to ``.test-results/screenshots/``.
+database after each action; it also tries a claim-token lookup (refused).
+Screenshots go to ``.test-results/screenshots/``.
 
 It runs in both passes: the actions go through different storage code on
 each database (SQL functions on PostgreSQL, write transactions on SQLite),
@@ -149,6 +150,11 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model):
     assert not browser.find_elements(By.NAME, "_save")
     assert token not in browser.page_source
     shots(browser, "02-job-detail", height=1900)
+
+    # The token cannot be guessed through a changelist lookup either.
+    browser.get(live_server.url + reverse("admin:soniq_django_job_changelist")
+                + f"?claim_token__startswith={token[0]}")
+    assert "Bad Request (400)" in browser.page_source and str(running) not in browser.page_source
 
     # Cancel the queued job from the list.
     browser.get(live_server.url + reverse("admin:soniq_django_job_changelist"))

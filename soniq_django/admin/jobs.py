@@ -4,7 +4,6 @@ import re
 from collections import Counter
 
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename
 from django.db import router
 from django.urls import reverse
@@ -14,20 +13,13 @@ from django.utils.translation import ngettext
 from .. import operations, replay
 from ..errors import SoniqError
 from ..models import DeadLetterJob, Job, JobStatus
+from .base import OnlyListedColumns, ReadOnlyAdmin
 from .display import parse_uuid, plural, pre, pretty_json, sentence, when
 
 _SHORT_ID = re.compile(r"[0-9a-f]{8}")
 
 
-class _OnlyListedColumns(ChangeList):
-    """A changelist that loads just the columns its rows show."""
-
-    def get_queryset(self, request, exclude_parameters=None):
-        queryset = super().get_queryset(request, exclude_parameters)
-        return queryset.only(*self.model_admin.list_columns)
-
-
-class _JobRowAdmin(admin.ModelAdmin):
+class _JobRowAdmin(ReadOnlyAdmin):
     """What the job and dead-letter admins share: read-only rows, id search, pretty fields."""
 
     list_columns: tuple[str, ...] = ()
@@ -36,16 +28,7 @@ class _JobRowAdmin(admin.ModelAdmin):
     search_help_text = "A job id (whole, or its first 8 characters) or part of a job name."
 
     def get_changelist(self, request, **kwargs):
-        return _OnlyListedColumns
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False  # shown read-only: rows change only through the actions
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+        return OnlyListedColumns
 
     def _has_model_permission(self, request, action: str) -> bool:
         codename = get_permission_codename(action, self.opts)

@@ -8,6 +8,7 @@ from ..errors import ErrorCode, SoniqError
 from ..job_request import JobRequest, prepare
 from ..models import RecurringJob
 from ..schedules import Timing, code_schedules
+from .base import OfferedLookupsOnly
 from .display import plural, sentence, when
 
 
@@ -51,7 +52,7 @@ class RecurringJobForm(forms.ModelForm):
 
 
 @admin.register(RecurringJob)
-class RecurringJobAdmin(admin.ModelAdmin):
+class RecurringJobAdmin(OfferedLookupsOnly, admin.ModelAdmin):
     form = RecurringJobForm
     list_display = ("job_name", "schedule", "status", "queue", "priority", "next_run_at",
                     "last_run_at", "run_count", "defined_in_code")

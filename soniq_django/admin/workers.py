@@ -13,18 +13,8 @@ from django.utils.html import format_html_join
 
 from .. import dashboard
 from ..models import TaskRegistration, Worker, WorkerState
+from .base import ReadOnlyAdmin
 from .display import pretty_json, when
-
-
-class _ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 class _EveryQueueFilter(admin.SimpleListFilter):
@@ -46,7 +36,7 @@ class _EveryQueueFilter(admin.SimpleListFilter):
 
 
 @admin.register(Worker)
-class WorkerAdmin(_ReadOnlyAdmin):
+class WorkerAdmin(ReadOnlyAdmin):
     list_display = ("hostname", "pid", "status", "alive", "queues_shown", "concurrency",
                     "version", "started", "heartbeat")
     list_filter = ("status", _EveryQueueFilter, "hostname")

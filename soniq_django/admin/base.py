@@ -1,0 +1,74 @@
+"""What every soniq admin shares: offered lookups only, read-only rows, listed columns only."""
+
+from django.contrib import admin
+from django.contrib.admin import FieldListFilter, ListFilter, SimpleListFilter
+from django.contrib.admin.utils import get_fields_from_path
+from django.contrib.admin.views.main import ChangeList
+from django.db.models.constants import LOOKUP_SEP
+
+FENCE_COLUMNS = frozenset({
+    "claim_token", "claim_owner", "claim_generation", "submission_id", "submission_fingerprint",
+})
+"""Columns of a claim or submission fence: never a changelist lookup, whatever an admin offers."""
+
+
+class OfferedLookupsOnly:
+    """Refuse every changelist URL lookup except those the admin's own filters make.
+
+    Django's admin lets a changelist URL filter on any field of the model
+    (``?claim_token__regex=^a``), so a user with only the view permission
+    could learn a column the pages never show, one guess at a time. Here
+    only the parameters of ``list_filter`` (each filter's
+    ``expected_parameters()``, or a SimpleListFilter's ``parameter_name``)
+    and of ``date_hierarchy`` (``<field>__year``, ``__month``, ``__day``)
+    pass, and nothing that names a fence column ever does. Django answers
+    a refused lookup with 400 Bad Request (DisallowedModelAdminLookup).
+    Search (``q``), ordering (``o``) and paging are not lookups: they only
+    reach ``search_fields`` and the listed columns.
+    """
+
+    def lookup_allowed(self, lookup, value, request=None):
+        if FENCE_COLUMNS & set(lookup.split(LOOKUP_SEP)):
+            return False
+        return lookup in self.offered_lookups(request)
+
+    def offered_lookups(self, request) -> frozenset[str]:
+        """The query-string parameters this admin's filters and date drill-down produce."""
+        offered = set()
+        if self.date_hierarchy:
+            offered |= {f"{self.date_hierarchy}{LOOKUP_SEP}{part}"
+                        for part in ("year", "month", "day")}
+        list_filter = self.get_list_filter(request) if request is not None else self.list_filter
+        for item in list_filter:
+            if isinstance(item, type) and issubclass(item, SimpleListFilter):
+                offered.add(item.parameter_name)  # without running its lookups()
+            elif isinstance(item, type) and issubclass(item, ListFilter):
+                offered.update(item(request, {}, self.model, self).expected_parameters())
+            else:
+                field_path, filter_class = (
+                    item if isinstance(item, (list, tuple)) else (item, FieldListFilter.create))
+                field = get_fields_from_path(self.model, field_path)[-1]
+                spec = filter_class(field, request, {}, self.model, self, field_path=field_path)
+                offered.update(spec.expected_parameters())
+        return frozenset(offered)
+
+
+class ReadOnlyAdmin(OfferedLookupsOnly, admin.ModelAdmin):
+    """Rows are shown, never added, edited or deleted through the admin."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class OnlyListedColumns(ChangeList):
+    """A changelist that loads just the columns its rows show (``list_columns``)."""
+
+    def get_queryset(self, request, exclude_parameters=None):
+        queryset = super().get_queryset(request, exclude_parameters)
+        return queryset.only(*self.model_admin.list_columns)
