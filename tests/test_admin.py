@@ -21,7 +21,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from soniq_django import bulk_enqueue, dashboard, enqueue, operations, replay
-from soniq_django.admin import JobAdmin, add_dashboard
+from soniq_django.admin import JobAdmin, add_dashboard, register_task_registry
+from soniq_django.admin.registry import registration_url
 from soniq_django.job_request import JobRequest
 from soniq_django.models import (
     DeadLetterJob,
@@ -41,7 +42,7 @@ TRACEBACK = (
     '  File "billing/jobs.py", line 12, in charge\n'
     'ValueError: card declined <script>alert("x")</script>'
 )
-MODELS = ("job", "deadletterjob", "recurringjob", "worker")
+MODELS = ("job", "deadletterjob", "recurringjob", "worker", "taskregistration")
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ def rows() -> Rows:
     worker = Worker.objects.create(hostname="host-a", pid=4242, queues=["mail", "reports"],
                                    concurrency=4, version="soniq_django 0.1.0")
     TaskRegistration.objects.create(task_name="shop.send_receipt", worker_id=str(worker.id),
-                                    queue="mail", max_attempts=4, unique_job=False)
+                                    queue="mail", max_attempts=4, unique_job=False,
+                                    args_model_repr="Receipt(order: int, note: str = '<b>')")
     # As Soniq 0.1.0's worker writes it: no queue, attempts or unique flag.
     TaskRegistration.objects.create(task_name="shop.send_receipt", worker_id="soniq-run-once")
     RecurringJob.objects.create(job_name="reports.nightly", schedule_type="cron",
@@ -125,6 +127,7 @@ def _all_pages(rows: Rows) -> list[str]:
     pages += [_change("deadletterjob", rows.dead)]
     pages += [_change(model, obj.pk) for model, obj in (
         ("worker", Worker.objects.get()), ("recurringjob", RecurringJob.objects.get()))]
+    pages += [registration_url(row) for row in TaskRegistration.objects.all()]
     pages.append(reverse("admin:soniq_django_job_history", args=[rows.running]))
     return pages
 
@@ -480,12 +483,20 @@ def test_job_changelist_queries_do_not_grow_with_rows(admin_client, django_asser
             assert f'"soniq_jobs"."{column}"' not in select_list, column
 
 
-def test_dead_letter_worker_and_dashboard_queries_do_not_grow_with_rows(
+def _add_registrations(count: int, start: int) -> None:
+    TaskRegistration.objects.bulk_create([
+        TaskRegistration(task_name=f"flat.job_{i % 7}", worker_id=f"w{i}", queue=f"q{i % 3}",
+                         args_model_repr="Args(" + "n: int, " * 50 + ")")
+        for i in range(start, start + count)])
+
+
+def test_dead_letter_worker_registry_and_dashboard_queries_do_not_grow_with_rows(
         admin_client, django_assert_max_num_queries):
-    urls = [_changelist("deadletterjob"), _changelist("worker"),
+    urls = [_changelist("deadletterjob"), _changelist("worker"), _changelist("taskregistration"),
             reverse("admin:soniq_django_dashboard")]
     _add_dead_letters(10)
     _add_jobs(10, 0)
+    _add_registrations(10, 0)
     for i in range(3):
         Worker.objects.create(hostname=f"h{i}", pid=i, queues=None)
     small = {}
@@ -494,10 +505,16 @@ def test_dead_letter_worker_and_dashboard_queries_do_not_grow_with_rows(
         small[url], _ = _count_queries(admin_client, url)
     _add_dead_letters(990)
     _add_jobs(990, 10)
+    _add_registrations(290, 10)
     Worker.objects.bulk_create([Worker(hostname=f"h{i}", pid=i) for i in range(3, 300)])
     for url in urls:
-        with django_assert_max_num_queries(small[url]):
+        with django_assert_max_num_queries(small[url]) as captured:
             assert admin_client.get(url).status_code == 200
+        pages = [q["sql"] for q in captured.captured_queries
+                 if 'FROM "soniq_task_registry"' in q["sql"] and "LIMIT" in q["sql"]]
+        assert bool(pages) == (url == _changelist("taskregistration")), url
+        for sql in pages:
+            assert '"args_model_repr"' not in sql.split(" FROM ")[0], sql
 
 
 # -- the dashboard --------------------------------------------------------------
@@ -657,7 +674,9 @@ def test_dashboard_page(admin_client, rows):
     assert "soniq_django 0.1.0" in html
     tasks = html.split('id="soniq-tasks"')[1].split("</table>")[0]
     # One job name over two registry rows: ours (live worker) and one Soniq wrote.
-    assert re.search(r"shop\.send_receipt</th>\s*<td>mail</td>\s*<td class=\"num\">4</td>\s*"
+    registry = f'{_changelist("taskregistration")}?task_name=shop.send_receipt'
+    assert re.search(r'<a href="' + re.escape(registry) + r'">shop\.send_receipt</a></th>\s*'
+                     r"<td>mail</td>\s*<td class=\"num\">4</td>\s*"
                      r"<td class=\"num\">1</td>\s*<td class=\"num\">2</td>", tasks), tasks
     # Server-rendered only: no script at all, no external asset.
     assert "<script" not in html.split('<div id="soniq-dashboard">')[1]
@@ -667,18 +686,97 @@ def test_dashboard_page(admin_client, rows):
 def test_a_workers_page_lists_the_job_names_it_registered(admin_client, rows):
     worker = Worker.objects.get()
     html = admin_client.get(_change("worker", worker.pk)).content.decode()
-    assert "shop.send_receipt (mail)" in html
+    row = TaskRegistration.objects.get(worker_id=str(worker.id))
+    assert f'<a href="{registration_url(row)}">shop.send_receipt</a> (mail)' in html
     assert "soniq_django 0.1.0" in html
 
 
-def test_the_registry_has_soniqs_composite_key_which_djangos_admin_cannot_register():
-    # Why soniq_task_registry is shown on the dashboard and the worker pages
-    # instead of a changelist of its own.
+# -- the task registry: read-only, keyed by (job name, worker id) ------------------
+
+def test_registry_list_filters_and_search(admin_client, rows):
+    worker = Worker.objects.get()
+    TaskRegistration.objects.create(task_name="reports.build", worker_id=str(worker.id),
+                                    queue="reports", max_attempts=2)
+    url = _changelist("taskregistration")
+
+    def listed(params=None):
+        response = admin_client.get(url, params or {})
+        assert response.status_code == 200
+        return [(row.task_name, row.worker_id) for row in response.context["cl"].result_list]
+
+    ours, soniqs = ("shop.send_receipt", str(worker.id)), ("shop.send_receipt", "soniq-run-once")
+    assert listed() == [("reports.build", str(worker.id)), ours, soniqs]
+    assert listed({"task_name": "shop.send_receipt"}) == [ours, soniqs]
+    assert listed({"queue": "mail"}) == [ours]
+    assert listed({"queue__isnull": "True"}) == [soniqs]
+    assert listed({"q": "run-once"}) == [soniqs]
+    assert listed({"q": "reports"}) == [("reports.build", str(worker.id))]
+    html = admin_client.get(url).content.decode()
+    for row in TaskRegistration.objects.all():
+        assert f'href="{registration_url(row)}"' in html
+    # No actions, so no row checkboxes (they would need a one-column key).
+    assert 'name="_selected_action"' not in html and 'name="action"' not in html
+    # Facet counts would COUNT a two-column key: not offered.
+    assert "_facets" not in html
+    assert admin_client.get(url, {"_facets": "True"}).status_code == 200
+
+
+def test_a_registry_rows_page_is_read_only_and_shows_its_repr_escaped(admin_client, rows):
+    worker = Worker.objects.get()
+    ours = TaskRegistration.objects.get(worker_id=str(worker.id))
+    response = admin_client.get(registration_url(ours))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert re.search(r"<pre[^>]*>Receipt\(order: int, note: str = &#x27;&lt;b&gt;&#x27;\)</pre>",
+                     html), html
+    assert f'href="{_change("worker", worker.id)}"' in html  # the worker that registered it
+    assert 'name="_save"' not in html and "/history/" not in html
+    soniqs = admin_client.get(registration_url(TaskRegistration.objects.get(
+        worker_id="soniq-run-once"))).content.decode()
+    assert "soniq-run-once" in soniqs and "<a href" not in soniqs.split("soniq-run-once")[0][-40:]
+    # Nothing can be added, changed or deleted.
+    assert admin_client.get(reverse("admin:soniq_django_taskregistration_add")).status_code == 403
+    assert admin_client.post(registration_url(ours), {"queue": "x"}).status_code == 403
+    key = registration_url(ours).split("/")[-3]
+    delete = reverse("admin:soniq_django_taskregistration_delete", args=[key])
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 403
+    assert TaskRegistration.objects.get(worker_id=str(worker.id)).queue == "mail"
+    # A key that names no row, or is not a key at all, is "not found", not an error.
+    for missing in ('["no.such", "w"]', "garbage", '["one"]'):
+        gone = reverse("admin:soniq_django_taskregistration_change", args=[missing])
+        assert admin_client.get(gone).status_code == 302
+
+
+def test_registry_needs_its_view_permission(client, django_user_model, rows):
+    user = django_user_model.objects.create_user("viewer", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename="view_job"))
+    client.force_login(user)
+    url = _changelist("taskregistration")
+    assert client.get(url).status_code == 403
+    user.user_permissions.add(Permission.objects.get(codename="view_taskregistration"))
+    assert client.get(url).status_code == 200
+    index = client.get(reverse("admin:app_list", args=["soniq_django"])).content.decode()
+    assert f'href="{url}"' in index and "Registered tasks" in index
+
+
+def test_register_task_registry_serves_it_on_a_custom_admin_site(rf, django_user_model, rows):
+    # Django's register() refuses a composite primary key outright; soniq
+    # registers the registry's admin itself, once however often it is asked.
     from django.core.exceptions import ImproperlyConfigured
 
     assert TaskRegistration._meta.is_composite_pk
+    site = AdminSite(name="ops")
     with pytest.raises(ImproperlyConfigured, match="composite primary key"):
-        AdminSite(name="probe").register(TaskRegistration)
+        site.register(TaskRegistration)
+    register_task_registry(site)
+    first = site.get_model_admin(TaskRegistration)
+    register_task_registry(site)
+    assert site.get_model_admin(TaskRegistration) is first
+    request = rf.get("/ops/soniq_django/taskregistration/")
+    request.user = django_user_model.objects.create_superuser("root", "r@example.com", None)
+    response = first.changelist_view(request)
+    assert response.status_code == 200
+    assert len(response.context_data["cl"].result_list) == 2
 
 
 def test_workers_filter_by_every_queue_or_named_queues(admin_client):

@@ -4,8 +4,8 @@ Debian's ``chromium`` and ``chromium-driver`` packages are driven by
 Selenium with the system chromedriver (no browser download). The test logs
 in, opens the jobs list and a job's page, cancels a job, opens the
 dashboard from the app index and replays a dead letter, checking the
-database after each action; it also tries a claim-token lookup (refused).
-Screenshots go to ``.test-results/screenshots/``.
+database after each action; it also tries a claim-token lookup (refused), and opens
+a task registry row. Screenshots go to ``.test-results/screenshots/``.
 
 It runs in both passes: the actions go through different storage code on
 each database (SQL functions on PostgreSQL, write transactions on SQLite),
@@ -23,7 +23,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from soniq_django import enqueue
-from soniq_django.models import DeadLetterJob, Job, Worker
+from soniq_django.models import DeadLetterJob, Job, TaskRegistration, Worker
 from soniq_django.owned import OwnedJobSource
 from soniq_django.stats import ThroughputCounter
 from tests.ci import unavailable
@@ -119,7 +119,11 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model):
     assert source.fail_owned(_claim("billing").claim_fence,
                              "Traceback (most recent call last):\n  ...\nValueError: declined",
                              retry=False)
-    Worker.objects.create(hostname="web-1", pid=321, queues=["mail", "reports"], concurrency=4)
+    web = Worker.objects.create(hostname="web-1", pid=321, queues=["mail", "reports"],
+                                concurrency=4)
+    TaskRegistration.objects.create(task_name="reports.build", worker_id=str(web.id),
+                                    queue="reports", max_attempts=3,
+                                    args_model_repr="BuildArgs(day: str, regions: list[str])")
     counter = ThroughputCounter()
     now = timezone.now()
     for minutes_ago, kind, count in ((1, "done", 6), (1, "failed", 1), (7, "done", 3),
@@ -172,11 +176,23 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model):
     assert "permanent_failure" in browser.find_element(By.ID, "soniq-dead-letters").text
     shots(browser, "04-dashboard", height=1500)
 
+    # The task registry, from the app index: filter by job name, open a row.
+    browser.get(live_server.url + reverse("admin:app_list", args=["soniq_django"]))
+    browser.find_element(By.LINK_TEXT, "Registered tasks").click()
+    browser.find_element(By.CSS_SELECTOR,
+                         '#changelist-filter a[href*="task_name=reports.build"]').click()
+    assert "task_name=reports.build" in browser.current_url
+    browser.find_element(By.CSS_SELECTOR, "#result_list tbody th a").click()
+    pre = browser.find_element(By.CSS_SELECTOR, "pre")
+    assert pre.text == "BuildArgs(day: str, regions: list[str])"
+    assert not browser.find_elements(By.NAME, "_save")
+    shots(browser, "05-registry-row")
+
     # Replay the dead letter.
     browser.get(live_server.url + reverse("admin:soniq_django_deadletterjob_changelist"))
     message = _run_action(browser, "replay_selected", dead)
     assert message == "Replayed 1 dead letter into the queue."
     assert Job.objects.get(id=dead).status == "queued"
     assert DeadLetterJob.objects.get(id=dead).resurrection_count == 1
-    shots(browser, "05-replayed")
+    shots(browser, "06-replayed")
     assert Job.objects.get(id=done).status == "done"

@@ -15,13 +15,13 @@ from django.utils import timezone
 from soniq_django import enqueue
 from soniq_django.admin import FENCE_COLUMNS, OfferedLookupsOnly
 from soniq_django.job_request import JobRequest
-from soniq_django.models import DeadLetterJob, Job, RecurringJob, Worker
+from soniq_django.models import DeadLetterJob, Job, RecurringJob, TaskRegistration, Worker
 from soniq_django.owned import OwnedJobSource
 from tests.owned_helpers import nonce
 
 pytestmark = pytest.mark.django_db
 
-MODELS = ("job", "deadletterjob", "recurringjob", "worker")
+MODELS = ("job", "deadletterjob", "recurringjob", "worker", "taskregistration")
 
 
 @pytest.fixture
@@ -50,6 +50,8 @@ def secrets_in_rows():
     assert source.fail_owned(doomed.claim_fence, "declined", retry=False)
     worker = Worker.objects.create(hostname="host-a", pid=7, queues=["fenced"],
                                    metadata={"region": "eu"})
+    TaskRegistration.objects.create(task_name="shop.charge", worker_id=str(worker.id),
+                                    queue="fenced", args_model_repr="Charge(order: int)")
     RecurringJob.objects.create(job_name="shop.nightly", schedule_type="interval",
                                 schedule_value="3600", job_kwargs={"scope": "all"})
     row = Job.objects.get(id=live)
@@ -159,6 +161,9 @@ def test_lookups_no_filter_offers_are_refused_on_every_admin(viewer, secrets_in_
         ("worker", {"metadata__region": "eu"}, ["host-a"]),
         ("worker", {"pid": "7"}, ["host-a"]),
         ("worker", {"id__startswith": str(worker.id)[:2]}, ["host-a"]),
+        ("taskregistration", {"worker_id": str(worker.id)}, ["Charge"]),
+        ("taskregistration", {"args_model_repr__contains": "order"}, ["Charge"]),
+        ("taskregistration", {"last_seen_at__gte": "2000-01-01"}, ["Charge"]),
     ):
         _refused(viewer, model, params, shown)
 
@@ -189,6 +194,7 @@ def test_the_offered_filters_keep_working(viewer, secrets_in_rows):
                                     "queue": "default"})) == 1
     assert len(ids("worker", {"status__exact": "active", "serves": "some",
                               "hostname": "host-a"})) == 1
+    assert len(ids("taskregistration", {"task_name": "shop.charge", "queue": "fenced"})) == 1
     # Search, ordering and paging are not lookups.
     assert ids("job", {"q": "shop.mail", "o": "2", "p": "1"}) == [queued]
     assert ids("job", {"q": job.claim_token}) == []  # the token is not searched
@@ -209,6 +215,7 @@ def test_each_admin_offers_exactly_its_filters_parameters(rf, admin_user):
         "recurringjob": {"status__exact", "status__isnull", "schedule_type__exact",
                          "schedule_type__isnull", "queue", "queue__isnull"},
         "worker": {"status__exact", "status__isnull", "serves", "hostname", "hostname__isnull"},
+        "taskregistration": {"task_name", "task_name__isnull", "queue", "queue__isnull"},
     }
     admins = {model_admin.opts.model_name: model_admin
               for model, model_admin in admin.site._registry.items()

@@ -2,8 +2,8 @@
 
 Jobs and dead letters are read-only: every change goes through a service
 (``operations``, ``replay``) called by an action, never through ``save()``.
-Recurring schedules can be added and edited. Workers are read-only.
-``claim_token`` is never loaded, listed, searched or shown:
+Recurring schedules can be added and edited. Workers and the task registry
+are read-only. ``claim_token`` is never loaded, listed, searched or shown:
 it is the secret half of a claim fence. No changelist accepts a URL lookup
 its own filters do not make, and none on a fence column at all.
 Changelists load only the columns they list, so a page costs the same
@@ -14,13 +14,16 @@ from django.contrib import admin
 
 from .base import FENCE_COLUMNS, OfferedLookupsOnly, ReadOnlyAdmin
 from .jobs import DeadLetterJobAdmin, JobAdmin
+from .registry import TaskRegistrationAdmin, register_task_registry
 from .schedules import RecurringJobAdmin, RecurringJobForm
 from .views import add_dashboard, dashboard_view
 from .workers import WorkerAdmin
 
 __all__ = [
     "FENCE_COLUMNS", "DeadLetterJobAdmin", "JobAdmin", "OfferedLookupsOnly", "ReadOnlyAdmin",
-    "RecurringJobAdmin", "RecurringJobForm", "WorkerAdmin", "add_dashboard", "dashboard_view",
+    "RecurringJobAdmin", "RecurringJobForm", "TaskRegistrationAdmin", "WorkerAdmin",
+    "add_dashboard", "dashboard_view", "register_task_registry",
 ]
 
+register_task_registry(admin.site)
 add_dashboard(admin.site)

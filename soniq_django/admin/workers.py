@@ -1,10 +1,4 @@
-"""Read-only admin for ``soniq_workers``; the task registry is shown on it and on the dashboard.
-
-``soniq_task_registry`` has Soniq's composite primary key (job name,
-worker id), and Django's admin cannot register such a model. Its rows are
-shown instead on each worker's page (the job names that worker handles) and,
-summed per job name, on the dashboard.
-"""
+"""Read-only admin for ``soniq_workers``; each worker's page lists the job names it registered."""
 
 from django.contrib import admin
 from django.db.models import Q
@@ -15,6 +9,7 @@ from .. import dashboard
 from ..models import TaskRegistration, Worker, WorkerState
 from .base import ReadOnlyAdmin
 from .display import pretty_json, when
+from .registry import registration_url
 
 
 class _EveryQueueFilter(admin.SimpleListFilter):
@@ -69,10 +64,11 @@ class WorkerAdmin(ReadOnlyAdmin):
 
     @admin.display(description="handles")
     def handles(self, obj):
-        """The job names this worker registered in soniq_task_registry."""
+        """The job names this worker registered in soniq_task_registry, each linked to its row."""
         rows = TaskRegistration.objects.using(obj._state.db).filter(
-            worker_id=str(obj.id)).order_by("task_name").values_list("task_name", "queue")
+            worker_id=str(obj.id)).order_by("task_name").only("task_name", "worker_id", "queue")
         if not rows:
             return "-"
-        return format_html_join(
-            ", ", "{}{}", ((name, f" ({queue})" if queue else "") for name, queue in rows))
+        return format_html_join(", ", '<a href="{}">{}</a>{}', (
+            (registration_url(row, self.admin_site.name), row.task_name,
+             f" ({row.queue})" if row.queue else "") for row in rows))
