@@ -1,0 +1,110 @@
+"""The worker at the protocol's edges: refusals are not outages; timeouts never stall heartbeats."""
+
+import logging
+import threading
+import time
+import uuid
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from soniq_django import enqueue
+from soniq_django.models import Job
+from soniq_django.owned_types import ClaimedJob, QueueClaimFence
+from soniq_django.worker import Worker
+from soniq_django.worker.context import JobContext
+from soniq_django.worker.flight import InFlight
+from tests.owned_helpers import nonce
+from tests.worker_helpers import run_burst
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"RETRY_BASE_SECONDS": 0, "LEASE_SECONDS": 5, "HEARTBEAT_SECONDS": 0.1,
+        "POLL_INTERVAL": 0.2}
+
+
+@pytest.fixture(autouse=True)
+def fast(settings):
+    settings.SONIQ = dict(FAST)
+
+
+def _refuse_requeueing() -> None:
+    """A trigger that refuses to put any job back in the queue (a hostile schema)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'refused by a test trigger'; END $$")
+            cursor.execute(
+                "CREATE TRIGGER test_refuse BEFORE UPDATE ON soniq_jobs FOR EACH ROW "
+                "WHEN (OLD.status = 'processing' AND NEW.status = 'queued') "
+                "EXECUTE FUNCTION test_refuse()")
+        else:
+            cursor.execute(
+                "CREATE TRIGGER test_refuse BEFORE UPDATE ON soniq_jobs "
+                "WHEN OLD.status = 'processing' AND NEW.status = 'queued' "
+                "BEGIN SELECT RAISE(ABORT, 'refused by a test trigger'); END")
+
+
+def _drop_trigger() -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("DROP TRIGGER IF EXISTS test_refuse ON soniq_jobs")
+            cursor.execute("DROP FUNCTION IF EXISTS test_refuse()")
+        else:
+            cursor.execute("DROP TRIGGER IF EXISTS test_refuse")
+
+
+def test_a_refused_final_write_is_logged_as_a_refusal_not_an_outage(caplog):
+    caplog.set_level(logging.INFO, logger="soniq_django")
+    job_id = enqueue("tests.worker.always_fails", {"message": "boom"})
+    _refuse_requeueing()
+    try:
+        assert run_burst(timeout=20) == 0
+    finally:
+        _drop_trigger()
+    text = caplog.text
+    assert "database unavailable" not in text
+    assert "refused by the database (QUEUE_DATABASE_REFUSED" in text
+    assert "SQLSTATE" in text
+    assert "boom" not in text.split("refused by the database")[1].splitlines()[0]
+    assert Job.objects.get(id=job_id).status == "processing"  # its lease will lapse
+
+
+def _timed_out_flight() -> InFlight:
+    job_id = uuid.uuid4()
+    fence = QueueClaimFence(queue="default", job_id=str(job_id), worker_id="w", generation=1,
+                            claim_token=nonce())
+    claimed = ClaimedJob(job_id=job_id, job_name="tests.worker.sleep", args={}, queue="default",
+                         priority=100, attempts=1, max_attempts=4,
+                         lease_expires_at=timezone.now(), claim_fence=fence)
+    flight = InFlight(claimed, JobContext(job_id=str(job_id), job_name=claimed.job_name,
+                                          queue="default", attempts=1, max_attempts=4))
+    flight.started = time.monotonic() - 60
+    return flight
+
+
+def test_a_timeouts_write_never_blocks_the_heartbeat_thread(settings):
+    settings.SONIQ = {**FAST, "JOB_TIMEOUT_SECONDS": 1}
+    worker = Worker()
+    written, release = threading.Event(), threading.Event()
+
+    def slow_fail(fence, error, **options):  # the database is slow to answer
+        release.wait(10)
+        written.set()
+        return True
+
+    worker.source.fail_owned = slow_fail
+    flight = _timed_out_flight()
+    started = time.monotonic()
+    worker._beat(flight)  # the heartbeat thread's turn for this job
+    assert time.monotonic() - started < 1.0, "the heartbeat waited for the timeout's write"
+    assert flight.done and flight.context.cancel_requested
+    worker._beat(flight)  # the next beat does not write it twice
+    # The job thread, finishing meanwhile, waits for the write instead of racing it.
+    assert not flight.settled.acquire(blocking=False)
+    release.set()
+    assert written.wait(5)
+    assert flight.settled.acquire(timeout=5)
+    flight.settled.release()
