@@ -22,24 +22,28 @@ PROTECTED = Q(fence_required=True) | Q(submission_id__isnull=False)
 
 @dataclass(frozen=True)
 class CancelReport:
-    cancelled: int  # were queued: cancelled at once
-    requested: int  # were processing: their workers were asked to stop
+    cancelled: int  # cancelled at once: were queued, or running with a lapsed lease
+    requested: int  # running with a live lease: their workers were asked to stop
     skipped: int  # missing or already finished
 
 
 def cancel_jobs(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> CancelReport:
-    """Cancel queued jobs and request cancellation of running ones."""
+    """Cancel queued jobs and request cancellation of running ones.
+
+    What happened to each job is read from its row afterwards: a running job
+    whose lease had lapsed is cancelled at once, not asked to stop.
+    """
     source = OwnedJobSource(using)
     cancelled = requested = skipped = 0
     for job_id in job_ids:
-        status = Job.objects.using(using).filter(id=job_id).values_list("status", flat=True).first()
-        if source.request_cancel(job_id):
-            if status == JobStatus.PROCESSING:
-                requested += 1
-            else:
-                cancelled += 1
-        else:
+        if not source.request_cancel(job_id):
             skipped += 1
+            continue
+        status = Job.objects.using(using).filter(id=job_id).values_list("status", flat=True).first()
+        if status == JobStatus.PROCESSING:
+            requested += 1
+        else:
+            cancelled += 1
     return CancelReport(cancelled, requested, skipped)
 
 

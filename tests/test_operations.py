@@ -12,7 +12,7 @@ from soniq_django.models import Job, RecurringJob
 from soniq_django.operations import cancel_jobs, delete_finished, retry_now, set_schedule_status
 from soniq_django.owned import OwnedJobSource
 from soniq_django.stats import ThroughputCounter, per_minute
-from tests.owned_helpers import nonce
+from tests.owned_helpers import nonce, rewrite
 
 pytestmark = pytest.mark.django_db
 
@@ -27,6 +27,15 @@ def test_cancel_jobs_cancels_queued_and_asks_running_ones():
     assert Job.objects.get(id=queued).status == "cancelled"
     row = Job.objects.get(id=running)
     assert row.status == "processing" and row.cancel_requested
+
+
+def test_cancel_jobs_reports_a_lapsed_claim_as_cancelled_at_once():
+    job_id = enqueue("a.running")
+    OwnedJobSource().claim_next_owned("w", claim_token=nonce())
+    rewrite(job_id, lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    report = cancel_jobs([job_id])
+    assert (report.cancelled, report.requested, report.skipped) == (1, 0, 0)
+    assert Job.objects.get(id=job_id).status == "cancelled"
 
 
 def test_retry_now_moves_only_waiting_queued_jobs():
