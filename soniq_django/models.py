@@ -316,7 +316,9 @@ class TaskRegistration(models.Model):
     """``soniq_task_registry``: which worker handles which job name, for people to read.
 
     Soniq's own table: one row per (job name, worker), refreshed when that
-    worker starts. Nothing reads it to route or run a job. soniq_django's
+    worker starts. Nothing reads it to route a job; the reaper reads
+    ``max_attempts`` to count lapsed claims of a job whose own
+    ``max_attempts`` is NULL (sql/claim_protocol_v3.sql). soniq_django's
     workers also fill ``queue``, ``max_attempts`` and ``unique_job``, which
     stay NULL in rows that Soniq's workers write.
     """
