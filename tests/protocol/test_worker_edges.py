@@ -108,3 +108,14 @@ def test_a_timeouts_write_never_blocks_the_heartbeat_thread(settings):
     assert written.wait(5)
     assert flight.settled.acquire(timeout=5)
     flight.settled.release()
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db(transaction=True, databases=["default", "server_binding"])
+def test_a_worker_on_a_server_binding_connection_runs_its_rounds(caplog):
+    # tests/settings.py: the test database again, with OPTIONS["server_side_binding"].
+    caplog.set_level(logging.WARNING, logger="soniq_django")
+    ids = [enqueue("tests.worker.ok", {"n": n}) for n in range(9)]
+    assert run_burst(timeout=30, using="server_binding", concurrency=3) == 0
+    assert set(Job.objects.filter(id__in=ids).values_list("status", flat=True)) == {"done"}
+    assert "outcome unknown" not in caplog.text  # no round fell back to recovery
