@@ -1,4 +1,4 @@
-"""Soniq 0.1.0's side of tests/test_soniq_interop.py: a ``Soniq`` instance with the test handlers.
+"""Soniq's side of tests/test_soniq_interop.py: a ``Soniq`` instance with the test handlers.
 
 The handlers carry the same job names as soniq_django's test handlers in
 tests/testapp/jobs.py, so a row enqueued by either side can be run by
@@ -6,12 +6,18 @@ either side's worker. Like those, they append one line per start to the
 file named by ``SONIQ_TEST_RUN_LOG`` (``start <job_id> <attempt> <pid>
 <unix time>``), which tells the test which process ran which attempt.
 
-``soniq worker tests.soniq_app:app`` runs Soniq's own worker on them; the
-database is ``SONIQ_DATABASE_URL``. Only the test process imports this
-module and the soniq package; soniq_django never does.
+``soniq worker tests.soniq_app:app`` runs Soniq's own worker on them, and
+``python -m tests.soniq_app enqueue`` Soniq's own ``enqueue``; the database
+is ``SONIQ_DATABASE_URL``. Both run in the environment of the Soniq release
+under test (.venv holds 0.1.0, .venv-soniq-0.2 holds 0.2), so this module
+runs unchanged on each and imports nothing but soniq; soniq_django never
+imports it.
 """
 
+import asyncio
+import json
 import os
+import sys
 import time
 
 from soniq import JobContext, Soniq
@@ -55,3 +61,20 @@ def make_app(database_url: str | None = None) -> Soniq:
 
 
 app = make_app()
+
+
+async def _enqueue_all(calls: list) -> list[str]:
+    """``app.enqueue(name, **options)`` for each ``[name, options]`` of ``calls``."""
+    soniq = make_app()
+    try:
+        return [await soniq.enqueue(name, **options) for name, options in calls]
+    finally:
+        await soniq.close()
+
+
+if __name__ == "__main__":
+    # python -m tests.soniq_app enqueue: a JSON list of [name, options] on
+    # stdin; prints the job ids, as a JSON list, on the last line of stdout.
+    if sys.argv[1:] != ["enqueue"]:
+        sys.exit("usage: python -m tests.soniq_app enqueue < calls.json")
+    print(json.dumps(asyncio.run(_enqueue_all(json.load(sys.stdin)))))

@@ -1,31 +1,37 @@
-"""Soniq 0.1.0 and soniq_django share one PostgreSQL database, in both directions.
+"""Soniq and soniq_django share one PostgreSQL database, in both directions.
 
-Everything Soniq does here is Soniq's own code: its migrations (``soniq
-setup``), its ``enqueue`` and its worker (``soniq worker``, a real process).
-soniq_django's side runs as real processes too (``manage.py migrate``,
-``manage.py soniq_worker``) with tests/worker_settings.py pointed at the
-database of the test. Each test makes its own database on the test server
-(named after the test database) and drops it at the end, so Soniq's
+Every test runs once per Soniq release: 0.1.0 (in .venv, from the ``test``
+extra) and 0.2 (tests/requirements-soniq-0.2.txt, in .venv-soniq-0.2; the two
+cannot share an environment). Everything Soniq does here is that release's
+own code, run by that environment's interpreter: its migrations (``soniq
+setup``), its ``enqueue`` (``python -m tests.soniq_app enqueue``) and its
+worker (``soniq worker``, a real process). soniq_django's side always runs
+from the test's own environment, as real processes too (``manage.py
+migrate``, ``manage.py soniq_worker``) with tests/worker_settings.py pointed
+at the database of the test. Each test makes its own database on the test
+server (named after the test database) and drops it at the end, so Soniq's
 migrations always start from nothing.
 
 The handlers of both sides share job names (tests/testapp/jobs.py,
 tests/soniq_app.py) and log every start to one run log, which tells which
 process ran which attempt. docs/interop.md is what these tests prove.
 
-soniq is part of the ``test`` extra (pyproject.toml); without it these tests
-skip, except under CI=true, where they fail.
+scripts/venv.sh (``make test``) installs both releases; without one, its
+tests skip, except under CI=true, where they fail.
 """
 
-import asyncio
+import functools
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections import Counter
-from importlib import metadata
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -37,27 +43,70 @@ from tests.ci import unavailable
 from tests.worker_helpers import RunLog, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-SONIQ_VERSION = "0.1.0"
 
 pytestmark = [pytest.mark.postgresql_only]
 
 
-def _installed_soniq() -> str | None:
+# -- the Soniq releases, each in its own environment ---------------------------
+
+def _pinned(requirements) -> str:
+    """The X of the one ``soniq==X`` among ``requirements``."""
+    (version,) = [match[1] for line in requirements
+                  if (match := re.fullmatch(r"\s*soniq==(\S+)\s*", line))]
+    return version
+
+
+def _releases() -> dict[str, str]:
+    """{version: the interpreter of the environment that holds it}, from the pins."""
+    with open(ROOT / "pyproject.toml", "rb") as pyproject:
+        extra = tomllib.load(pyproject)["project"]["optional-dependencies"]["test"]
+    second = (ROOT / "tests" / "requirements-soniq-0.2.txt").read_text().splitlines()
+    return {_pinned(extra): sys.executable,  # .venv, this interpreter's own
+            _pinned(second): str(ROOT / ".venv-soniq-0.2" / "bin" / "python")}
+
+
+RELEASES = _releases()
+
+
+@dataclass(frozen=True)
+class SoniqRelease:
+    """A Soniq release, and the interpreter of the environment that holds it."""
+
+    version: str
+    python: str
+
+    @property
+    def line(self) -> str:
+        """``0.1``, ``0.2``: what the tests tell apart."""
+        return ".".join(self.version.split(".")[:2])
+
+
+@functools.cache
+def _installed(python: str) -> str | None:
+    """The soniq version importable by ``python`` (None without one)."""
     try:
-        return metadata.version("soniq")
-    except metadata.PackageNotFoundError:
+        done = subprocess.run(
+            [python, "-c", "from importlib import metadata; print(metadata.version('soniq'))"],
+            capture_output=True, text=True, timeout=60)
+    except OSError:
         return None
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
-@pytest.fixture
-def soniq_package():
-    """Soniq 0.1.0 must be importable: skip without it, but fail under CI=true."""
-    found = _installed_soniq()
-    if found == SONIQ_VERSION:
-        return
-    why = (f"soniq=={SONIQ_VERSION} is not installed (found {found or 'none'}); the test extra "
-           "installs it: pip install -e '.[test]' (make test does)")
-    unavailable(why)
+def _release_id(version: str) -> str:
+    return f"soniq-{version}"
+
+
+@pytest.fixture(params=list(RELEASES), ids=_release_id)
+def soniq(request) -> SoniqRelease:
+    """The Soniq release of this run: skip without it, but fail under CI=true."""
+    version = request.param
+    python = RELEASES[version]
+    found = _installed(python)
+    if found != version:
+        unavailable(f"soniq=={version} is not installed for {python} (found "
+                    f"{found or 'none'}); scripts/venv.sh installs it (make test does)")
+    return SoniqRelease(version, python)
 
 
 # -- one private database, and the processes that use it ----------------------
@@ -102,9 +151,13 @@ class Process:
 
 
 class Shared:
-    """A fresh database on the test server, and both sides' tools pointed at it."""
+    """A fresh database on the test server, and both sides' tools pointed at it.
 
-    def __init__(self, tmp_path: Path):
+    Soniq's side is ``soniq``'s release, run by its environment's interpreter.
+    """
+
+    def __init__(self, tmp_path: Path, soniq: SoniqRelease):
+        self.soniq = soniq
         base = settings.DATABASES["default"].get("TEST", {}).get("NAME") or "test_soniq"
         self.name = f"{base}_x{os.getpid()}_{secrets.token_hex(3)}"
         self.url = _server_url(self.name)
@@ -183,7 +236,7 @@ class Shared:
         done = self.manage("soniq_worker", "--burst", *args)
         return done.stdout + done.stderr
 
-    # Soniq 0.1.0 ----------------------------------------------------------
+    # Soniq (self.soniq's release, in its own environment) ----------------
 
     def _soniq_env(self) -> dict:
         env = dict(os.environ)
@@ -195,13 +248,16 @@ class Shared:
         })
         return env
 
-    def soniq_cli(self, *args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "soniq.cli.main", *args], cwd=ROOT,
-                              env=self._soniq_env(), capture_output=True, text=True, timeout=180)
+    def _soniq_run(self, args: list[str], what: str, stdin: str | None = None) -> str:
+        done = subprocess.run([self.soniq.python, *args], cwd=ROOT, env=self._soniq_env(),
+                              input=stdin, capture_output=True, text=True, timeout=180)
         if done.returncode != 0:
-            raise AssertionError(f"soniq {' '.join(args)} exited {done.returncode}:\n"
-                                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            raise AssertionError(f"{what} (soniq {self.soniq.version}) exited {done.returncode}:"
+                                 f"\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         return done.stdout
+
+    def soniq_cli(self, *args: str) -> str:
+        return self._soniq_run(["-m", "soniq.cli.main", *args], f"soniq {' '.join(args)}")
 
     def soniq_setup(self) -> str:
         """Soniq's own migrations (``soniq setup``)."""
@@ -209,21 +265,14 @@ class Shared:
 
     def soniq_worker(self, *args: str) -> Process:
         """``soniq worker tests.soniq_app:app``: Soniq's own worker process."""
-        return self._start("soniq worker", [sys.executable, "-m", "soniq.cli.main", "worker",
+        return self._start("soniq worker", [self.soniq.python, "-m", "soniq.cli.main", "worker",
                                             "tests.soniq_app:app", *args], self._soniq_env())
 
     def soniq_enqueue(self, *calls: tuple[str, dict]) -> list[str]:
         """Enqueue with Soniq's own API: ``app.enqueue(name, **options)`` for each call."""
-        from tests.soniq_app import make_app
-
-        async def enqueue_all():
-            app = make_app(self.url)
-            try:
-                return [await app.enqueue(name, **options) for name, options in calls]
-            finally:
-                await app.close()
-
-        return asyncio.run(enqueue_all())
+        out = self._soniq_run(["-m", "tests.soniq_app", "enqueue"], "soniq enqueue",
+                              stdin=json.dumps(calls))
+        return json.loads(out.strip().splitlines()[-1])
 
     def _start(self, kind: str, command: list[str], env: dict) -> Process:
         output = self.tmp_path / f"process-{len(self.processes)}.log"
@@ -255,8 +304,8 @@ class Shared:
 
 
 @pytest.fixture
-def shared(tmp_path, soniq_package):
-    db = Shared(tmp_path)
+def shared(tmp_path, soniq):
+    db = Shared(tmp_path, soniq)
     try:
         yield db
     finally:
@@ -292,8 +341,8 @@ def _catalog(shared: Shared, table: str) -> dict:
     return {"columns": columns, "indexes": indexes, "constraints": checks}
 
 
-def test_the_worker_tables_are_soniqs_own_column_for_column(tmp_path, soniq_package):
-    soniq_made, django_made = Shared(tmp_path), Shared(tmp_path)
+def test_the_worker_tables_are_soniqs_own_column_for_column(tmp_path, soniq):
+    soniq_made, django_made = Shared(tmp_path, soniq), Shared(tmp_path, soniq)
     try:
         soniq_made.soniq_setup()
         django_made.migrate()
@@ -317,6 +366,8 @@ def test_the_worker_tables_are_soniqs_own_column_for_column(tmp_path, soniq_pack
 # Where Soniq 0.1.0's job tables differ from format 1 as soniq_django creates
 # it (docs/interop.md lists these; a new Soniq release that changes them
 # fails here first). column: (Soniq's (type, nullable, default), ours).
+# Soniq 0.2 differs in one: its migration 0006_sql_api sets the default of
+# soniq_jobs.max_attempts to 4, as format 1 has it.
 JOB_TABLE_DIFFERENCES = {
     "soniq_jobs": {
         "args": (("jsonb", False, None), ("jsonb", False, "'{}'::jsonb")),
@@ -351,12 +402,35 @@ JOB_TABLE_DIFFERENCES = {
 }
 
 
-def test_soniqs_job_tables_differ_from_format_1_exactly_as_documented(tmp_path, soniq_package):
-    soniq_made, django_made = Shared(tmp_path), Shared(tmp_path)
+# The functions `soniq setup` makes, by release: 0.2's 0006_sql_api is
+# Soniq's own SQL producer API, under three of soniq_django's names
+# (soniq_enqueue, soniq_get_job, soniq_args_hash; docs/interop.md).
+SONIQ_FUNCTIONS = {
+    "0.1": set(),
+    "0.2": {"soniq_enqueue", "soniq_get_job", "soniq_args_hash", "soniq_args_canonical",
+            "soniq_json_string"},
+}
+
+
+ENQUEUE_SIGNATURE = ("soniq_enqueue(text, jsonb, text, integer, timestamptz, integer, boolean, "
+                     "text, text, uuid)")
+
+
+def _functions(shared: Shared) -> set[str]:
+    return {name for (name,) in shared.rows(
+        "SELECT proname FROM pg_proc WHERE pronamespace = current_schema()::regnamespace")}
+
+
+def test_soniqs_job_tables_differ_from_format_1_exactly_as_documented(tmp_path, soniq):
+    soniq_made, django_made = Shared(tmp_path, soniq), Shared(tmp_path, soniq)
+    differences = {table: dict(columns) for table, columns in JOB_TABLE_DIFFERENCES.items()}
+    if soniq.line != "0.1":
+        del differences["soniq_jobs"]["max_attempts"]
     try:
         soniq_made.soniq_setup()
+        assert _functions(soniq_made) == SONIQ_FUNCTIONS[soniq.line]
         django_made.migrate("soniq_django", "0002")  # format 1 and the SQL API, nothing owned
-        for table, expected in JOB_TABLE_DIFFERENCES.items():
+        for table, expected in differences.items():
             soniq_side = _catalog(soniq_made, table)["columns"]
             ours = _catalog(django_made, table)["columns"]
             found = {name: (soniq_side.get(name), ours.get(name))
@@ -379,6 +453,17 @@ def test_soniqs_job_tables_differ_from_format_1_exactly_as_documented(tmp_path, 
 
 
 # -- (a) a Soniq database, adopted by soniq_django ----------------------------
+#
+# On a database made by Soniq 0.2's `soniq setup`, the four tests of this
+# section assert what adoption must do, which soniq_django does not do yet.
+# Open defect, for the owner of the SQL API (soniq_django/sql,
+# migrations/0002_producer_api.py): Soniq 0.2's migration 0006_sql_api
+# creates soniq_args_hash(jsonb), soniq_enqueue(...) and soniq_get_job(uuid);
+# 0002 runs producer_api_v1.sql, whose plain CREATE FUNCTION then fails:
+# `migrate soniq_django 0002 --fake-initial` exits 1 with 'function
+# "soniq_args_hash" already exists with same argument types'. The fix: 0002
+# replaces those three (CREATE OR REPLACE: same signatures, and producers
+# keep their grants). docs/interop.md has the workaround until then.
 
 def test_a_soniq_database_is_adopted_and_its_queued_jobs_run_on_soniq_worker(shared):
     shared.soniq_setup()
@@ -397,6 +482,9 @@ def test_a_soniq_database_is_adopted_and_its_queued_jobs_run_on_soniq_worker(sha
         ("tests.worker.ok", {"args": {"n": 3}, "dedup_key": "soniq-dedup"}),
     )
     unique_id, dedup_id = queued[3], queued[4]
+    if SONIQ_FUNCTIONS[shared.soniq.line]:
+        # Soniq 0.2 has its own soniq_enqueue, and producers granted it.
+        shared.connection.execute(f"GRANT EXECUTE ON FUNCTION {ENQUEUE_SIGNATURE} TO pg_monitor")
 
     # The documented adoption (docs/interop.md): 0001 is faked, its tables
     # being there; the admission report; then the rest, including the owned
@@ -404,6 +492,13 @@ def test_a_soniq_database_is_adopted_and_its_queued_jobs_run_on_soniq_worker(sha
     output = shared.migrate("soniq_django", "0002", "--fake-initial")
     assert "soniq_django.0001_format1... FAKED" in output, output
     assert "soniq_django.0002_producer_api... OK" in output, output
+    # 0002 puts soniq_django's producer API in place of Soniq 0.2's, under
+    # the same names and signatures, keeping the producers' grants.
+    assert "SONIQ_INVALID_MAX_ATTEMPTS" in shared.value(
+        "SELECT prosrc FROM pg_proc WHERE proname = 'soniq_enqueue'")
+    if SONIQ_FUNCTIONS[shared.soniq.line]:
+        assert shared.value("SELECT has_function_privilege('pg_monitor', %s, 'EXECUTE')",
+                            [ENQUEUE_SIGNATURE]) is True
     report = shared.manage("soniq_check_schema").stdout  # exits non-zero on a problem
     assert "ok soniq_jobs.claim_token" in report, report
     output = shared.migrate()
@@ -553,11 +648,23 @@ def test_rows_enqueued_by_soniq_django_run_on_soniqs_worker(shared):
         "                     producer_id => 'checkout-go')")]
     every = from_python + from_sql
     assert shared.value("SELECT count(*) FROM soniq_jobs WHERE max_attempts = 4") == len(every) - 1
+    # A NULL max_attempts ("the handler's retries"): Soniq 0.1.0 cannot run it
+    # (docs/interop.md's first rule), 0.2 can.
+    (null_job,) = shared.django(
+        "import json; from soniq_django import enqueue; print(json.dumps([str(enqueue("
+        "'tests.worker.flaky', {'fail_times': 1}, max_attempts=None))]))")
 
     # Soniq's worker, on tables soniq_django created, without Soniq's own migrations.
     soniq = shared.soniq_worker()
     soniq_worker_id = shared.wait_registered(soniq)
-    jobs = shared.wait_finished(every, soniq)
+    if shared.soniq.line == "0.1":
+        jobs = shared.wait_finished(every, soniq)
+        wait_until(lambda: soniq.alive() and "TypeError" in soniq.log(), 20,
+                   "Soniq 0.1.0 to fail on the NULL max_attempts")
+        assert shared.jobs()[null_job]["status"] == "processing"  # and there it stays
+    else:
+        jobs = shared.wait_finished([*every, null_job], soniq)
+        assert (jobs[null_job]["attempts"], jobs[null_job]["result"]["by"]) == (2, "soniq")
     assert soniq.stop() == 0
 
     for job_id in every:
@@ -577,7 +684,17 @@ def test_rows_enqueued_by_soniq_django_run_on_soniqs_worker(shared):
 
     # Soniq's own migrations then apply to soniq_django's tables: every
     # worker_id names a worker row, so its foreign key can be added.
-    assert "Applied 5 migrations successfully" in shared.soniq_setup()
+    migrations = {"0.1": 5, "0.2": 6}[shared.soniq.line]
+    assert f"Applied {migrations} migrations successfully" in shared.soniq_setup()
+    if SONIQ_FUNCTIONS[shared.soniq.line]:
+        # Soniq 0.2's 0006_sql_api has just replaced soniq_django's
+        # soniq_enqueue, soniq_get_job and soniq_args_hash with its own (same
+        # names and signatures): soniq_django's enqueue(max_attempts=None) is
+        # refused from now on. An open defect, not fixed here (docs/interop.md,
+        # "Soniq 0.2's soniq setup on a soniq_django database"); the rest of
+        # this test needs nothing that Soniq's versions lack.
+        assert "soniq: max_attempts must be >= 1" in shared.value(
+            "SELECT prosrc FROM pg_proc WHERE proname = 'soniq_enqueue'")
     assert shared.value("SELECT count(*) FROM pg_constraint "
                         "WHERE conname = 'soniq_jobs_worker_id_fkey'") == 1
     # soniq_django's worker keeps registering and running with that key in place.
@@ -642,3 +759,41 @@ def test_soniqs_worker_cannot_start_an_owned_submission(shared):
     shared.django_burst()
     assert shared.jobs()[owned]["status"] == "done"
     assert len(shared.run_log.events("start", owned)) == 1
+
+
+def test_soniqs_stale_worker_sweep_leaves_a_draining_soniq_django_worker_alone(shared):
+    shared.migrate()
+    (job_id,) = shared.django("import json; from soniq_django import enqueue; print(json.dumps("
+                              "[str(enqueue('tests.worker.sleep', {'seconds': 4}))]))")
+    ours = shared.django_worker()
+    shared.run_log.wait_for("start", job_id)
+    ours.popen.send_signal(signal.SIGTERM)  # it drains: its row says 'stopping' meanwhile
+    ours_id = shared.value("SELECT worker_id::text FROM soniq_jobs WHERE id = %s", [job_id])
+    wait_until(lambda: shared.value("SELECT status FROM soniq_workers WHERE id = %s",
+                                    [ours_id]) == "stopping", 10, "soniq_django to drain")
+    # A job held by a worker that is gone, as Soniq leaves one: no claim token, no lease.
+    decoy = str(shared.value(
+        "WITH gone AS (INSERT INTO soniq_workers (id, hostname, pid, status) "
+        "              VALUES (gen_random_uuid(), 'gone', 1, 'stopped') RETURNING id) "
+        "INSERT INTO soniq_jobs (id, job_name, args, status, attempts, worker_id) "
+        "SELECT gen_random_uuid(), 'tests.worker.ok', '{\"n\": 9}', 'processing', 1, id "
+        "FROM gone RETURNING id"))
+
+    # Soniq's worker sweeps when it starts (then every cleanup_interval). 0.2's
+    # sweep puts back every 'processing' job of a worker that is not 'active'
+    # (0.1.0's only those of workers silent for heartbeat_timeout): the decoy,
+    # which it then runs, and the job soniq_django is draining, whose live
+    # claim (a token and a lease) the protection trigger keeps.
+    soniq = shared.soniq_worker()
+    if shared.soniq.line != "0.1":
+        shared.wait_finished([decoy], soniq)
+        assert shared.rows("SELECT status FROM soniq_jobs WHERE id = %s", [job_id]) == [
+            ("processing",)]
+    assert ours.popen.wait(30) == 0
+    jobs = shared.jobs()
+    assert (jobs[job_id]["status"], jobs[job_id]["attempts"]) == ("done", 1)
+    assert _pids(shared.run_log, job_id) == [ours.pid]
+    assert not shared.rows("SELECT 1 FROM soniq_dead_letter_jobs")
+    assert soniq.stop() == 0
+    if shared.soniq.line == "0.1":
+        assert jobs[decoy]["status"] == "processing"
