@@ -763,8 +763,10 @@ def test_soniqs_worker_cannot_start_an_owned_submission(shared):
 
 def test_soniqs_stale_worker_sweep_leaves_a_draining_soniq_django_worker_alone(shared):
     shared.migrate()
-    (job_id,) = shared.django("import json; from soniq_django import enqueue; print(json.dumps("
-                              "[str(enqueue('tests.worker.sleep', {'seconds': 4}))]))")
+    go = shared.tmp_path / "go"  # the job runs until this file exists
+    (job_id,) = shared.django(
+        "import json; from soniq_django import enqueue; print(json.dumps([str(enqueue("
+        f"'tests.worker.wait_for_file', {{'path': {str(go)!r}}}))]))")
     ours = shared.django_worker()
     shared.run_log.wait_for("start", job_id)
     ours.popen.send_signal(signal.SIGTERM)  # it drains: its row says 'stopping' meanwhile
@@ -785,10 +787,13 @@ def test_soniqs_stale_worker_sweep_leaves_a_draining_soniq_django_worker_alone(s
     # which it then runs, and the job soniq_django is draining, whose live
     # claim (a token and a lease) the protection trigger keeps.
     soniq = shared.soniq_worker()
-    if shared.soniq.line != "0.1":
+    if shared.soniq.line == "0.1":
+        shared.wait_registered(soniq)
+    else:
         shared.wait_finished([decoy], soniq)
-        assert shared.rows("SELECT status FROM soniq_jobs WHERE id = %s", [job_id]) == [
-            ("processing",)]
+    assert shared.rows("SELECT status FROM soniq_jobs WHERE id = %s", [job_id]) == [
+        ("processing",)]
+    go.touch()
     assert ours.popen.wait(30) == 0
     jobs = shared.jobs()
     assert (jobs[job_id]["status"], jobs[job_id]["attempts"]) == ("done", 1)
