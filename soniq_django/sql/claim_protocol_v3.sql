@@ -123,6 +123,7 @@ DECLARE
     r record;
     v_now timestamptz;
     v_count integer := 0;
+    v_seen boolean := false;
 BEGIN
     FOR r IN
         SELECT j.id, j.job_name, j.attempts, j.max_attempts, j.cancel_requested
@@ -132,6 +133,7 @@ BEGIN
          LIMIT batch
            FOR UPDATE SKIP LOCKED
     LOOP
+        v_seen := true;
         v_now := pg_catalog.clock_timestamp();
         BEGIN
             PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
@@ -157,7 +159,9 @@ BEGIN
                 r.id, SQLSTATE;
         END;
     END LOOP;
-    PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+    IF v_seen THEN  -- in the common case nothing lapsed and nothing was opened
+        PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+    END IF;
     RETURN v_count;
 END
 $fn$;
