@@ -26,3 +26,31 @@ def rewrite(job_id, **values) -> None:
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("SELECT set_config('soniq.fenced_write', 'off', false)")
+
+
+def refuse_updates(pg_condition: str, sqlite_condition: str) -> None:
+    """Install a trigger that fails every UPDATE of soniq_jobs matching the condition.
+
+    A hostile schema, for the tests of what a refusal does. The conditions
+    are SQL over OLD/NEW in each database's dialect. ``drop_refusal`` removes it.
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'refused by a test trigger'; END $$")
+            cursor.execute("CREATE TRIGGER test_refuse BEFORE UPDATE ON soniq_jobs FOR EACH ROW "
+                           f"WHEN ({pg_condition}) EXECUTE FUNCTION test_refuse()")
+        else:
+            cursor.execute(f"CREATE TRIGGER test_refuse BEFORE UPDATE ON soniq_jobs "
+                           f"WHEN {sqlite_condition} "
+                           "BEGIN SELECT RAISE(ABORT, 'refused by a test trigger'); END")
+
+
+def drop_refusal() -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("DROP TRIGGER IF EXISTS test_refuse ON soniq_jobs")
+            cursor.execute("DROP FUNCTION IF EXISTS test_refuse()")
+        else:
+            cursor.execute("DROP TRIGGER IF EXISTS test_refuse")

@@ -22,7 +22,7 @@ from soniq_django.owned_types import ClaimedJob
 from soniq_django.worker.context import JobContext
 from soniq_django.worker.flight import InFlight
 from soniq_django.worker.loop import Worker
-from tests.owned_helpers import nonce, rewrite
+from tests.owned_helpers import nonce, refuse_updates, rewrite
 
 pytestmark = pytest.mark.django_db
 
@@ -98,20 +98,8 @@ def test_a_claim_many_also_reaps_a_superseded_row(source):
 
 
 def _refuse_updates_of(job_id) -> None:
-    """Install a trigger that makes every UPDATE of this one row fail (a hostile schema)."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
-                "$$ BEGIN RAISE EXCEPTION 'refused by a test trigger'; END $$")
-            cursor.execute(
-                "CREATE TRIGGER test_refuse BEFORE UPDATE ON soniq_jobs FOR EACH ROW "
-                f"WHEN (OLD.id = '{job_id}') EXECUTE FUNCTION test_refuse()")
-        else:
-            cursor.execute(
-                "CREATE TRIGGER test_refuse BEFORE UPDATE ON soniq_jobs "
-                f"WHEN OLD.id = '{uuid.UUID(str(job_id)).hex}' "
-                "BEGIN SELECT RAISE(ABORT, 'refused by a test trigger'); END")
+    """Make every UPDATE of this one row fail (a hostile schema)."""
+    refuse_updates(f"OLD.id = '{job_id}'", f"OLD.id = '{uuid.UUID(str(job_id)).hex}'")
 
 
 def test_one_lapsed_row_the_reaper_cannot_settle_never_fails_a_claim(source):

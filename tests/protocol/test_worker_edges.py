@@ -6,7 +6,6 @@ import time
 import uuid
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from soniq_django import enqueue
@@ -15,7 +14,7 @@ from soniq_django.owned_types import ClaimedJob, QueueClaimFence
 from soniq_django.worker import Worker
 from soniq_django.worker.context import JobContext
 from soniq_django.worker.flight import InFlight
-from tests.owned_helpers import nonce
+from tests.owned_helpers import drop_refusal, nonce, refuse_updates
 from tests.worker_helpers import run_burst
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,30 +29,9 @@ def fast(settings):
 
 
 def _refuse_requeueing() -> None:
-    """A trigger that refuses to put any job back in the queue (a hostile schema)."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
-                "$$ BEGIN RAISE EXCEPTION 'refused by a test trigger'; END $$")
-            cursor.execute(
-                "CREATE TRIGGER test_refuse BEFORE UPDATE ON soniq_jobs FOR EACH ROW "
-                "WHEN (OLD.status = 'processing' AND NEW.status = 'queued') "
-                "EXECUTE FUNCTION test_refuse()")
-        else:
-            cursor.execute(
-                "CREATE TRIGGER test_refuse BEFORE UPDATE ON soniq_jobs "
-                "WHEN OLD.status = 'processing' AND NEW.status = 'queued' "
-                "BEGIN SELECT RAISE(ABORT, 'refused by a test trigger'); END")
-
-
-def _drop_trigger() -> None:
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("DROP TRIGGER IF EXISTS test_refuse ON soniq_jobs")
-            cursor.execute("DROP FUNCTION IF EXISTS test_refuse()")
-        else:
-            cursor.execute("DROP TRIGGER IF EXISTS test_refuse")
+    """Make every UPDATE that puts a job back in the queue fail (a hostile schema)."""
+    condition = "OLD.status = 'processing' AND NEW.status = 'queued'"
+    refuse_updates(condition, condition)
 
 
 def test_a_refused_final_write_is_logged_as_a_refusal_not_an_outage(caplog):
@@ -63,7 +41,7 @@ def test_a_refused_final_write_is_logged_as_a_refusal_not_an_outage(caplog):
     try:
         assert run_burst(timeout=20) == 0
     finally:
-        _drop_trigger()
+        drop_refusal()
     text = caplog.text
     assert "database unavailable" not in text
     assert "refused by the database (QUEUE_DATABASE_REFUSED" in text
