@@ -454,16 +454,12 @@ def test_soniqs_job_tables_differ_from_format_1_exactly_as_documented(tmp_path, 
 
 # -- (a) a Soniq database, adopted by soniq_django ----------------------------
 #
-# On a database made by Soniq 0.2's `soniq setup`, the four tests of this
-# section assert what adoption must do, which soniq_django does not do yet.
-# Open defect, for the owner of the SQL API (soniq_django/sql,
-# migrations/0002_producer_api.py): Soniq 0.2's migration 0006_sql_api
-# creates soniq_args_hash(jsonb), soniq_enqueue(...) and soniq_get_job(uuid);
-# 0002 runs producer_api_v1.sql, whose plain CREATE FUNCTION then fails:
-# `migrate soniq_django 0002 --fake-initial` exits 1 with 'function
-# "soniq_args_hash" already exists with same argument types'. The fix: 0002
-# replaces those three (CREATE OR REPLACE: same signatures, and producers
-# keep their grants). docs/interop.md has the workaround until then.
+# A database made by Soniq 0.2's `soniq setup` already holds soniq_args_hash,
+# soniq_enqueue and soniq_get_job (its migration 0006_sql_api), under
+# soniq_django's names and signatures: 0002 replaces them (CREATE OR REPLACE,
+# see migrations/0002_producer_api.py), and producers keep their grants.
+# Before that, `migrate soniq_django 0002 --fake-initial` failed with
+# 'function "soniq_args_hash" already exists with same argument types'.
 
 def test_a_soniq_database_is_adopted_and_its_queued_jobs_run_on_soniq_worker(shared):
     shared.soniq_setup()

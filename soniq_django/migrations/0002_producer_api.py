@@ -10,7 +10,10 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunPython(
-            run_file("producer_api_v1.sql"),
+            # A database Soniq 0.2 created has its own three public functions
+            # under these names and signatures: replace them (docs/interop.md).
+            run_file("producer_api_v1.sql",
+                     adopt=("soniq_args_hash", "soniq_enqueue", "soniq_get_job")),
             run_file("producer_api_v1.down.sql"),
             elidable=False,
         ),

@@ -47,20 +47,33 @@ def released_function(name: str, function: str) -> str:
     return "CREATE OR REPLACE " + text[start:end]
 
 
-def run_file(name: str, *, restore: tuple[tuple[str, str], ...] = ()):
+def run_file(name: str, *, restore: tuple[tuple[str, str], ...] = (),
+             adopt: tuple[str, ...] = ()):
     """A ``RunPython`` callable that executes ``sql/<name>`` on PostgreSQL only.
 
     ``restore`` names ``(released file, function)`` pairs whose released
-    definitions are executed afterwards (see ``released_function``). SQLite
-    has no SQL functions; there the step does nothing.
+    definitions are executed afterwards (see ``released_function``).
+    ``adopt`` names functions the file creates that another program may have
+    created already under the same name and signature (Soniq 0.2's
+    ``soniq setup`` makes its own ``soniq_enqueue``, ``soniq_get_job`` and
+    ``soniq_args_hash``): those are created with CREATE OR REPLACE, so
+    adopting such a database replaces them -- keeping their grants -- instead
+    of failing. SQLite has no SQL functions; there the step does nothing.
     """
 
     def apply(apps, schema_editor):
         connection = schema_editor.connection
         if connection.vendor != "postgresql":
             return
+        text = render(name, connection)
+        schema = connection.ops.quote_name(table_schema(connection))
+        for function in adopt:
+            created = f"CREATE FUNCTION {schema}.{function}("
+            if text.count(created) != 1:
+                raise ValueError(f"{name} does not create {function} once")
+            text = text.replace(created, f"CREATE OR REPLACE FUNCTION {schema}.{function}(")
         with connection.cursor() as cursor:
-            cursor.execute(render(name, connection))
+            cursor.execute(text)
             for released, function in restore:
                 cursor.execute(_fill(released_function(released, function), connection))
 
