@@ -166,6 +166,7 @@ _REPLACED_BY_0011 = (
     ("claim_protocol_v1.sql", "soniq_move_to_dead_letter_v1"),
     ("claim_protocol_v1.sql", "soniq_fail"),
     ("claim_protocol_v1.sql", "soniq_request_cancel"),
+    ("claim_protocol_v1.sql", "soniq_claim"),
     ("producer_api_v2.sql", "soniq_enqueue"),
     ("producer_api_v2.sql", "soniq_enqueue_many"),
 )

@@ -4,7 +4,8 @@ A retry whose key a queued twin holds is finished as superseded instead of
 failing; the reaper settles each lapsed row on its own and counts lapsed
 claims against the job's attempt limit; the dead-letter move keeps a
 protected identity; soniq_request_cancel answers false for an unknown id;
-an id held by a dead-lettered job is taken. Reversing puts the released
+an id held by a dead-lettered job is taken; soniq_claim becomes a batch of
+one of soniq_claim_many. Reversing puts the released
 bodies of the earlier versions back.
 """
 
@@ -24,6 +25,7 @@ class Migration(migrations.Migration):
                 ("claim_protocol_v1.sql", "soniq_move_to_dead_letter_v1"),
                 ("claim_protocol_v1.sql", "soniq_fail"),
                 ("claim_protocol_v1.sql", "soniq_request_cancel"),
+                ("claim_protocol_v1.sql", "soniq_claim"),
             )),
             elidable=False,
         ),

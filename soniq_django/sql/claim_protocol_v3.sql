@@ -1,7 +1,7 @@
 -- soniq_django claim protocol, version 3 (PostgreSQL only): the protocol's edges.
 --
 -- Version 1 (claim_protocol_v1.sql) and version 2 (claim_protocol_v2.sql)
--- stay as they are; this file gives four of their functions new bodies with
+-- stay as they are; this file gives five of their functions new bodies with
 -- the same names, signatures and grants, and adds two helpers. Loaded by
 -- migration 0011_protocol_edges; never edited once released. The reverse
 -- (claim_protocol_v3.down.sql, then the released bodies read back from
@@ -35,6 +35,8 @@
 -- 5. soniq_request_cancel answers false, not NULL, for an unknown id, and
 --    cancels at once a processing job whose lease has already lapsed (no
 --    live worker is left to see a request).
+-- 6. soniq_claim is a batch of one of soniq_claim_many (as soniq_complete is
+--    of soniq_complete_many since version 2): one copy of the claim rules.
 
 -- soniq_default_max_attempts_v1 --
 -- The attempt limit of a job whose max_attempts is NULL: what its handler
@@ -327,6 +329,30 @@ BEGIN
     PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
     RETURN true;
 END
+$fn$;
+
+-- soniq_claim (version 3 body; same signature, answers and error codes as version 1) --
+-- Claim the next eligible job for worker_id with the fresh nonce
+-- claim_token: the first queued, due job by (priority, created_at) in the
+-- given queues (NULL: any queue). Returns one row, or none when nothing is
+-- eligible. A batch of one: soniq_claim_many holds the only copy of the rules.
+CREATE OR REPLACE FUNCTION {schema}.soniq_claim(
+    worker_id text,
+    claim_token text,
+    queues text[] DEFAULT NULL,
+    lease_seconds double precision DEFAULT 30,
+    result_ttl_seconds double precision DEFAULT 300,
+    pid integer DEFAULT NULL
+) RETURNS TABLE (
+    job_id uuid, job_name text, args jsonb, queue text, priority integer, attempts integer,
+    max_attempts integer, lease_expires_at timestamptz, generation bigint,
+    owner text, token text
+)
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT * FROM {schema}.soniq_claim_many(
+        worker_id, ARRAY[claim_token], queues, lease_seconds, result_ttl_seconds, pid)
 $fn$;
 
 REVOKE ALL ON FUNCTION {schema}.soniq_default_max_attempts_v1(text) FROM PUBLIC;
