@@ -18,7 +18,49 @@ from .fields import QueueListField
 
 
 class JobStatus(models.TextChoices):
-    """States of a row in ``soniq_jobs``. Dead-lettered jobs live in another table."""
+    """States of a row in ``soniq_jobs``. Dead-lettered jobs live in another table.
+
+    The job state machine, every writer included. "Fenced" writes present the
+    claim's whole fence and apply only to a live claim (docs/claim-protocol.md);
+    the PL/pgSQL functions (sql/claim_protocol_v*.sql) and their SQLite twin
+    (owned_store.SqliteClaims) implement the same table.
+
+    ========================  ==========  ===========  ==========================================
+    writer                    from        to           columns set
+    ========================  ==========  ===========  ==========================================
+    enqueue, submit_owned     (new row)   queued       every authored column; attempts 0
+    claim (soniq_claim[_many])  queued    processing   attempts+1, claim_generation+1,
+                                                       claim_owner, claim_token, worker_id,
+                                                       lease_expires_at, pid, cancel_requested=f
+    heartbeat (fenced)        processing  processing   lease_expires_at
+    complete (fenced)         processing  done         result, expires_at (+RESULT_TTL);
+                                                       lease, pid cleared
+    fail, retry, attempts     processing  queued       last_error, scheduled_at (+backoff);
+    left (fenced)                                      lease, pid cleared
+    ... a queued twin holds   processing  cancelled    last_error "superseded: ...",
+    its unique/dedup key                               expires_at; lease, pid cleared
+    fail, none left or no     processing  (dead        row moved to soniq_dead_letter_jobs
+    retry (fenced)                        letter)      (max_retries_exceeded or the reason)
+    request_cancel            queued      cancelled    expires_at (+RESULT_TTL)
+    request_cancel, lease     processing  cancelled    cancel_requested, expires_at;
+    lapsed                                             lease, pid cleared
+    request_cancel, live      processing  processing   cancel_requested=t
+    acknowledge_cancel        processing  cancelled    expires_at; lease, pid cleared
+    (fenced, requested)
+    reaper (in every claim),  processing  cancelled    expires_at; lease, pid cleared
+    lease lapsed, requested
+    reaper, attempts reached  processing  (dead        max_retries_exceeded; NULL
+    the limit                             letter)      max_attempts counts against the registry
+    reaper, otherwise         processing  queued       last_error "lease lapsed ...";
+                                                       (or cancelled "superseded", as above)
+    submit_owned(force=True)  queued or   cancelled    expires_at (+RESULT_TTL); lease, pid
+    of an active key          processing               cleared
+    dead-letter replay        (dead       queued       the dead letter's job under its own id;
+                              letter)                  resurrection_count+1 on the letter
+    housekeeping purge        done or     (deleted)    when expires_at passed; never a
+                              cancelled                protected owned submission
+    ========================  ==========  ===========  ==========================================
+    """
 
     QUEUED = "queued"
     """Waiting to run: put here by enqueue, by a retry, or by a replay."""
