@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.db import connection, migrations
 from django.db.migrations.loader import MigrationLoader
 
-from soniq_django.sql import SQL_DIR
+from soniq_django.sql import SQL_DIR, current
 
 from .test_sql_support import (
     PUBLIC_FUNCTIONS, Roles, fetch, producer_api_functions, schema,
@@ -37,6 +37,7 @@ def test_every_sql_file_is_loaded_by_exactly_one_migration():
             if hasattr(function, "sql_file"):
                 loaded[function.sql_file] += 1
     on_disk = {path.relative_to(SQL_DIR).as_posix() for path in SQL_DIR.rglob("*.sql")}
+    on_disk.discard("current.sql")  # generated for reading (test below), never executed
     assert {"producer_api_v1.sql", "producer_api_v1.down.sql", "producer_api_v2.sql",
             "producer_api_v2.down.sql"} <= on_disk
     assert set(loaded) == on_disk
@@ -199,3 +200,22 @@ def test_reversing_0011_restores_the_released_bodies_and_reapplying_gives_versio
                for _, function in _REPLACED_BY_0011)
     assert _may_enqueue(producer)
     assert fetch("SELECT soniq_request_cancel(gen_random_uuid())") == [(False,)]
+
+
+def test_current_sql_is_up_to_date():
+    # Rewrite it with: python -m soniq_django.sql.current
+    assert (SQL_DIR / "current.sql").read_text(encoding="utf-8") == current.render()
+
+
+@pytest.mark.django_db
+def test_current_sql_holds_exactly_the_functions_the_database_runs():
+    installed = {name: source for name, source in fetch(
+        "SELECT p.proname, p.prosrc FROM pg_proc AS p "
+        "WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'soniq%%'")}
+    text = (SQL_DIR / "current.sql").read_text(encoding="utf-8")
+    documented = {name: statement for name, statement in current.definitions(text)
+                  if "FUNCTION" in statement.split("(")[0]}
+    assert set(documented) == set(installed)
+    quoted = connection.ops.quote_name(schema())
+    for name, statement in documented.items():
+        assert installed[name] == statement.split("$fn$")[1].replace("{schema}", quoted), name
