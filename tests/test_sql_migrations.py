@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.db import connection, migrations
 from django.db.migrations.loader import MigrationLoader
 
-from soniq_django.sql import SQL_DIR, current
+from soniq_django.sql import SQL_DIR, current, definitions
 
 from .test_sql_support import (
     PUBLIC_FUNCTIONS, Roles, fetch, producer_api_functions, schema,
@@ -213,7 +213,7 @@ def test_current_sql_holds_exactly_the_functions_the_database_runs():
         "SELECT p.proname, p.prosrc FROM pg_proc AS p "
         "WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'soniq%%'")}
     text = (SQL_DIR / "current.sql").read_text(encoding="utf-8")
-    documented = {name: statement for name, statement in current.definitions(text)
+    documented = {name: statement for name, statement in definitions(text)
                   if "FUNCTION" in statement.split("(")[0]}
     assert set(documented) == set(installed)
     quoted = connection.ops.quote_name(schema())

@@ -5,9 +5,16 @@ filled in with the connection's ``current_schema()``, quoted, when a
 migration loads the file.
 """
 
+import re
 from pathlib import Path
 
 SQL_DIR = Path(__file__).resolve().parent
+
+# The start of one definition in a released file.
+_DEFINITION = re.compile(
+    r"^CREATE (?:OR REPLACE )?(?P<kind>FUNCTION|TRIGGER) (?:\{schema\}\.)?(?P<name>\w+)",
+    re.MULTILINE)
+_CREATE = re.compile(r"^CREATE (?:OR REPLACE )?")
 
 
 def table_schema(connection) -> str:
@@ -29,6 +36,26 @@ def _fill(text: str, connection) -> str:
     return text.replace("{schema}", connection.ops.quote_name(table_schema(connection)))
 
 
+def definitions(text: str) -> list[tuple[str, str]]:
+    """``(name, statement)`` for each function and trigger a SQL file creates, in file order.
+
+    A function's statement runs from its CREATE to the closing ``$fn$;`` of
+    its body (every file quotes bodies with ``$fn$``), a trigger's to its
+    first ``;``. The one parser of released files: reverses and
+    ``sql/current.sql`` both read definitions through it.
+    """
+    found = []
+    for match in _DEFINITION.finditer(text):
+        start = match.start()
+        if match["kind"] == "FUNCTION":
+            body = text.index("AS $fn$", start) + len("AS $fn$")
+            end = text.index("$fn$;", body) + len("$fn$;")
+        else:
+            end = text.index(";", start) + 1
+        found.append((match["name"], text[start:end]))
+    return found
+
+
 def released_function(name: str, function: str) -> str:
     """``function``'s definition in the released file ``sql/<name>``, as CREATE OR REPLACE.
 
@@ -36,15 +63,10 @@ def released_function(name: str, function: str) -> str:
     that released it, so the restored text cannot drift from it.
     """
     text = (SQL_DIR / name).read_text(encoding="utf-8")
-    signature = f"FUNCTION {{schema}}.{function}("
-    for opening in ("CREATE ", "CREATE OR REPLACE "):
-        if opening + signature in text:
-            start = text.index(opening + signature) + len(opening)
-            break
-    else:
-        raise ValueError(f"{name} defines no function {function}")
-    end = text.index("$fn$;", text.index("AS $fn$", start) + len("AS $fn$")) + len("$fn$;")
-    return "CREATE OR REPLACE " + text[start:end]
+    statements = [statement for found, statement in definitions(text) if found == function]
+    if len(statements) != 1:
+        raise ValueError(f"{name} does not define the function {function} exactly once")
+    return _CREATE.sub("CREATE OR REPLACE ", statements[0], count=1)
 
 
 def run_file(name: str, *, restore: tuple[tuple[str, str], ...] = (),

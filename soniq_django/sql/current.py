@@ -9,18 +9,11 @@ it; tests/test_sql_migrations.py fails while it is out of date.
 """
 
 import importlib
-import re
 import sys
 
-from . import SQL_DIR
+from . import SQL_DIR, definitions
 
 MIGRATIONS = "soniq_django.migrations"
-
-# The start of one definition: a function (up to its closing "$fn$;") or a
-# trigger (up to its first ";").
-_DEFINITION = re.compile(
-    r"^CREATE (?:OR REPLACE )?(?P<kind>FUNCTION|TRIGGER) (?:\{schema\}\.)?(?P<name>\w+)",
-    re.MULTILINE)
 
 
 def forward_files() -> list[str]:
@@ -41,20 +34,6 @@ def forward_files() -> list[str]:
     for name in names:
         walk(importlib.import_module(f"{package.__name__}.{name}").Migration.operations)
     return files
-
-
-def definitions(text: str) -> list[tuple[str, str]]:
-    """``(name, statement)`` for each function and trigger a file creates, in file order."""
-    found = []
-    for match in _DEFINITION.finditer(text):
-        start = match.start()
-        if match["kind"] == "FUNCTION":
-            body = text.index("AS $fn$", start) + len("AS $fn$")
-            end = text.index("$fn$;", body) + len("$fn$;")
-        else:
-            end = text.index(";", start) + 1
-        found.append((match["name"], text[start:end]))
-    return found
 
 
 def render() -> str:
