@@ -1,0 +1,1 @@
+"""Model-based (stateful) tests of the owned claim protocol."""
