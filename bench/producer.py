@@ -83,7 +83,7 @@ def _bulk(db, opts, common) -> None:
     from django.db import connection
 
     from soniq_django import bulk_enqueue, enqueue
-    from soniq_django.job_request import JobRequest, prepare
+    from soniq_django.producer.request import JobRequest, prepare
 
     count = opts.bulk_jobs
     rates, prepares = [], []

@@ -22,7 +22,7 @@ def main(argv: list[str]) -> None:
     from django.db import connection
 
     from soniq_django import bulk_enqueue, enqueue
-    from soniq_django.job_request import JobRequest
+    from soniq_django.producer.request import JobRequest
 
     from bench.common import emit
 
@@ -69,7 +69,7 @@ def _call_costs(count: int) -> dict:
     from django.db import close_old_connections, connection
 
     from soniq_django import bulk_enqueue, enqueue
-    from soniq_django.job_request import JobRequest
+    from soniq_django.producer.request import JobRequest
     from soniq_django.owned import OwnedJobSource
 
     def mean_ms(body) -> float:

@@ -14,7 +14,7 @@ _HOMES = {
     "enqueue": "soniq_django.producer",
     "get_job": "soniq_django.producer",
     "job": "soniq_django.registry",
-    "periodic": "soniq_django.schedules",
+    "periodic": "soniq_django.periodic_jobs",
 }
 
 

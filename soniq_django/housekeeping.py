@@ -26,7 +26,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from .models import DeadLetterJob, Job, JobStatus
-from .owned_store import guarded, take_sqlite_write_lock
+from .owned._store import guarded, take_sqlite_write_lock
 
 FINISHED = (JobStatus.DONE, JobStatus.CANCELLED)
 

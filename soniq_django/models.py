@@ -23,7 +23,7 @@ class JobStatus(models.TextChoices):
     The job state machine, every writer included. "Fenced" writes present the
     claim's whole fence and apply only to a live claim (docs/claim-protocol.md);
     the PL/pgSQL functions (sql/claim_protocol_v*.sql) and their SQLite twin
-    (owned_store.SqliteClaims) implement the same table.
+    (owned._store.SqliteClaims) implement the same table.
 
     ========================  ==========  ===========  ==========================================
     writer                    from        to           columns set

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from .models import Job, JobStatus, RecurringJob, ScheduleStatus
 from .owned import OwnedJobSource
-from .owned_store import fenced_writes
+from .owned._store import fenced_writes
 
 PROTECTED = Q(fence_required=True) | Q(submission_id__isnull=False)
 

@@ -19,7 +19,7 @@ from django.db import transaction
 
 from .conf import soniq_settings
 from .errors import ErrorCode, SoniqError
-from .job_request import JobRequest, prepare
+from .producer.request import JobRequest, prepare
 
 _registry: dict[str, "JobHandler"] = {}
 _resolvers: list[Callable[[str], Any]] = []
@@ -191,7 +191,7 @@ class ConfiguredJob:
 
     def enqueue(self, *args: Any, **kwargs: Any) -> uuid.UUID:
         """Insert the job now, inside the caller's transaction; return its id."""
-        from .producer import insert_prepared, write_alias
+        from .producer.api import insert_prepared, write_alias
 
         return insert_prepared(prepare(self.request(*args, **kwargs)), write_alias(self.options.using))
 
@@ -203,7 +203,7 @@ class ConfiguredJob:
         is the one the new row would get: if an equal job is still queued at
         commit, no row is inserted and that job runs instead.
         """
-        from .producer import insert_prepared, write_alias
+        from .producer.api import insert_prepared, write_alias
 
         prepared = prepare(self.request(*args, **kwargs))
         alias = write_alias(self.options.using)

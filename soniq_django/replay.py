@@ -60,7 +60,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from .models import DeadLetterJob, Job, JobStatus
-from .owned_store import guarded, take_sqlite_write_lock
+from .owned._store import guarded, take_sqlite_write_lock
 
 # Generations of one incarnation fit below this; each replay starts above it.
 GENERATION_STRIDE = 2**32

@@ -16,7 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from .models import DeadLetterJob, Job, JobStatus
-from .owned_store import fenced_writes
+from .owned._store import fenced_writes
 
 #: Rows fetched and cleared per transaction, so no lock is held for long.
 BATCH_SIZE = 500

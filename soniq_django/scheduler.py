@@ -20,9 +20,9 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from .errors import ErrorCode, SoniqError
-from .job_request import MAX_LABEL_LENGTH
+from .producer.request import MAX_LABEL_LENGTH
 from .models import RecurringJob, ScheduleStatus
-from .schedules import PeriodicSchedule, Timing, code_schedules
+from .periodic_jobs import PeriodicSchedule, Timing, code_schedules
 from .producer import enqueue
 
 logger = logging.getLogger("soniq_django.scheduler")

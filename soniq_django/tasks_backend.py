@@ -119,7 +119,7 @@ class SoniqTaskBackend(BaseTaskBackend):
         super().validate_task(task)
         if "." in task.func.__qualname__:
             raise InvalidTaskError("Task function must be defined at a module level.")
-        from .job_request import validate_job_name
+        from .producer.request import validate_job_name
 
         try:
             validate_job_name(task.module_path)
@@ -141,8 +141,8 @@ class SoniqTaskBackend(BaseTaskBackend):
         function or are not JSON; nothing is written then. ``aenqueue``
         (inherited) is its async twin.
         """
-        from .job_request import JobRequest, prepare
-        from .producer import insert_prepared, write_alias
+        from .producer.request import JobRequest, prepare
+        from .producer.api import insert_prepared, write_alias
 
         self.validate_task(task)
         args, kwargs = list(args), dict(kwargs)

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.migrations.recorder import MigrationRecorder
 
-from soniq_django import owned_schema
+from soniq_django.schema import owned_metadata as owned_schema
 
 JOB_TABLES = ("soniq_jobs", "soniq_dead_letter_jobs")
 

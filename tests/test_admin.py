@@ -20,10 +20,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from soniq_django import bulk_enqueue, dashboard, enqueue, operations, replay
+from soniq_django import bulk_enqueue, enqueue, operations, overview, replay
 from soniq_django.admin import JobAdmin, add_dashboard, register_task_registry
 from soniq_django.admin.registry import registration_url
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import (
     DeadLetterJob,
     Job,
@@ -32,7 +32,7 @@ from soniq_django.models import (
     Worker,
 )
 from soniq_django.owned import OwnedJobSource
-from soniq_django.stats import ThroughputCounter, minute_of
+from soniq_django.throughput import ThroughputCounter, minute_of
 from tests.owned_helpers import nonce, rewrite
 
 pytestmark = pytest.mark.django_db
@@ -431,7 +431,7 @@ def test_recurring_job_add_and_edit(admin_client):
 
 def test_saving_a_schedule_defined_in_code_warns_that_the_scheduler_rewrites_it(admin_client):
     in_code = {"reports.hourly": None}
-    with mock.patch("soniq_django.admin.schedules.code_schedules", return_value=in_code):
+    with mock.patch("soniq_django.admin.recurring.code_schedules", return_value=in_code):
         response = admin_client.post(reverse("admin:soniq_django_recurringjob_add"),
                                      _schedule_form())
     notes = [str(m) for m in get_messages(response.wsgi_request)]
@@ -560,7 +560,7 @@ def test_snapshot_counts_waits_dead_letters_workers_and_throughput(settings):
             counter.add("alpha", kind, now - dt.timedelta(minutes=ago))
     counter.flush("default")
 
-    snap = dashboard.snapshot("default", now=now)
+    snap = overview.snapshot("default", now=now)
 
     table = {row.queue: dict(row.cells) for row in snap.queues}
     assert list(table) == ["alpha", "beta", "gamma"]
@@ -592,7 +592,7 @@ def test_snapshot_counts_waits_dead_letters_workers_and_throughput(settings):
 
 
 def test_status_counts_live_workers_by_what_runs_them():
-    from soniq_django.status import queue_summary
+    from soniq_django.overview import queue_summary
 
     now = timezone.now()
     for pid, version in enumerate(["soniq_django 1.0", "soniq_django 1.0", None]):
@@ -606,32 +606,32 @@ def test_status_counts_live_workers_by_what_runs_them():
 
 def test_live_window_is_three_heartbeats_but_at_least_a_minute(settings):
     settings.SONIQ = {}
-    assert dashboard.live_window() == dt.timedelta(seconds=60)
+    assert overview.live_window() == dt.timedelta(seconds=60)
     settings.SONIQ = {"HEARTBEAT_SECONDS": 45}
-    assert dashboard.live_window() == dt.timedelta(seconds=135)
+    assert overview.live_window() == dt.timedelta(seconds=135)
 
 
 def test_snapshot_takes_the_same_queries_however_many_rows(django_assert_num_queries):
     with django_assert_num_queries(8):
-        dashboard.snapshot()
+        overview.snapshot()
     _add_jobs(500, 0)
     _add_dead_letters(200)
     Worker.objects.bulk_create([Worker(hostname=f"h{i}", pid=i) for i in range(50)])
     TaskRegistration.objects.bulk_create([
         TaskRegistration(task_name=f"t.n{i % 7}", worker_id=f"w{i}") for i in range(200)])
     with django_assert_num_queries(8):
-        dashboard.snapshot()
+        overview.snapshot()
 
 
 def test_chart_geometry():
     start = minute_of(timezone.now()) - dt.timedelta(minutes=59)
-    minutes = tuple(dashboard.MinuteCount(start + dt.timedelta(minutes=i), {})
+    minutes = tuple(overview.MinuteCount(start + dt.timedelta(minutes=i), {})
                     for i in range(60))
-    empty = dashboard.chart(minutes)
+    empty = overview.chart(minutes)
     assert empty.empty and empty.peak == 4 and all(not bar.segments for bar in empty.bars)
-    minutes = minutes[:30] + (dashboard.MinuteCount(minutes[30].minute, {
+    minutes = minutes[:30] + (overview.MinuteCount(minutes[30].minute, {
         "done": 6, "failed": 2, "dead_lettered": 1, "cancelled": 0}),) + minutes[31:]
-    chart = dashboard.chart(minutes, width=720, height=220)
+    chart = overview.chart(minutes, width=720, height=220)
     assert not chart.empty and chart.peak == 20 and len(chart.bars) == 60
     bar = chart.bars[30]
     assert [s.kind for s in bar.segments] == ["done", "failed", "dead_lettered"]
@@ -649,12 +649,12 @@ def test_chart_geometry():
 @pytest.mark.parametrize(("value", "ceiling"), [(0, 4), (4, 4), (5, 8), (9, 20), (21, 40),
                                                 (81, 200), (1999, 2000)])
 def test_chart_axis_tops_divide_into_whole_quarters(value, ceiling):
-    assert dashboard._nice_ceiling(value) == ceiling
+    assert overview._nice_ceiling(value) == ceiling
     assert ceiling % 4 == 0
 
 
 def test_duration_text():
-    assert [dashboard.duration_text(dt.timedelta(seconds=s)) for s in (5, 192, 7500, 273600)] == [
+    assert [overview.duration_text(dt.timedelta(seconds=s)) for s in (5, 192, 7500, 273600)] == [
         "5 s", "3 min 12 s", "2 h 5 min", "3 d 4 h"]
 
 

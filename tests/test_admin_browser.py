@@ -25,7 +25,7 @@ from django.utils import timezone
 from soniq_django import enqueue
 from soniq_django.models import DeadLetterJob, Job, TaskRegistration, Worker
 from soniq_django.owned import OwnedJobSource
-from soniq_django.stats import ThroughputCounter
+from soniq_django.throughput import ThroughputCounter
 from tests.ci import unavailable
 from tests.owned_helpers import nonce
 

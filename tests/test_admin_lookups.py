@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from soniq_django import enqueue
 from soniq_django.admin import FENCE_COLUMNS, OfferedLookupsOnly
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import DeadLetterJob, Job, RecurringJob, TaskRegistration, Worker
 from soniq_django.owned import OwnedJobSource
 from tests.owned_helpers import nonce

@@ -10,8 +10,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, transaction
 
-from soniq_django import admission, owned_schema, schema_catalog
-from soniq_django.admission import SchemaAdmissionError, admit_owned_schema, check_owned_schema
+from soniq_django.schema import admission, catalog as schema_catalog, owned_metadata as owned_schema
+from soniq_django.schema.admission import SchemaAdmissionError, admit_owned_schema, check_owned_schema
 from tests.ci import unavailable
 from tests.owned_schema_helpers import (  # noqa: F401 (fixtures)
     applied_soniq_migrations, at_format1, at_latest_afterwards, execute, fetchall,

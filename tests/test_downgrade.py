@@ -13,7 +13,7 @@ from django.core.management.base import CommandError
 from django.db import connection, connections, transaction
 
 from soniq_django.models import DeadLetterJob, Job
-from soniq_django.owned_schema import (
+from soniq_django.schema.owned_metadata import (
     OWNED_COLUMNS, OWNED_HELPERS, PG_OWNED_HELPERS, UNIQUE_IDENTITIES, DowngradeRefused,
     controlled_downgrade, lock_owned_tables, owned_schema_applied,
 )

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from soniq_django import args_hash, bulk_enqueue, enqueue, get_job
 from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import DeadLetterJob, Job
 
 pytestmark = pytest.mark.django_db

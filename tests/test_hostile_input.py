@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from soniq_django import enqueue, get_job
 from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 

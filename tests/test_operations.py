@@ -7,11 +7,11 @@ import pytest
 from django.utils import timezone
 
 from soniq_django import enqueue
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import Job, RecurringJob
 from soniq_django.operations import cancel_jobs, delete_finished, retry_now, set_schedule_status
 from soniq_django.owned import OwnedJobSource
-from soniq_django.stats import ThroughputCounter, per_minute
+from soniq_django.throughput import ThroughputCounter, per_minute
 from tests.owned_helpers import nonce, rewrite
 
 pytestmark = pytest.mark.django_db

@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from soniq_django import bulk_enqueue, enqueue
 from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import DeadLetterJob, Job, Worker
 from soniq_django.owned import OwnedJobSource, OwnedJobState
-from soniq_django.owned_types import MAX_CLAIM_BATCH
+from soniq_django.owned.types import MAX_CLAIM_BATCH
 from tests.concurrency import run_threads
 from tests.owned_helpers import nonce, rewrite
 

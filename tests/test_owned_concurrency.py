@@ -9,7 +9,7 @@ from django.test import override_settings
 
 from soniq_django import bulk_enqueue, enqueue
 from soniq_django.errors import ErrorCode, SoniqError
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 from tests.concurrency import run_threads

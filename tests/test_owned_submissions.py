@@ -10,10 +10,10 @@ from django.utils import timezone
 
 from soniq_django import enqueue
 from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.owned import OwnedJobSource
-from soniq_django.owned_submit import fingerprint
+from soniq_django.owned._submit import fingerprint
 from tests.owned_helpers import nonce, rewrite
 
 pytestmark = pytest.mark.django_db

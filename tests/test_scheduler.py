@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection
 from django.utils import timezone
 
-from soniq_django import job, periodic, registry, schedules
+from soniq_django import job, periodic, periodic_jobs, registry
 from soniq_django.models import Job, RecurringJob
 from soniq_django.scheduler import Scheduler, tick_dedup_key
 from tests.concurrency import run_threads
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(autouse=True)
 def private_registries(monkeypatch):
     # Schedules made here must not leak into other tests' schedulers.
-    monkeypatch.setattr(schedules, "_schedules", {})
+    monkeypatch.setattr(periodic_jobs, "_schedules", {})
     monkeypatch.setattr(registry, "_registry", dict(registry._registry))
 
 
@@ -114,7 +114,7 @@ def test_periodic_goes_on_top_of_a_job_handler_and_returns_it():
         periodic(every=60)(plain)
     handler = job(name="sched.plain")(plain)
     assert periodic(every=60)(handler) is handler
-    assert schedules.code_schedules()["sched.plain"].handler is handler
+    assert periodic_jobs.code_schedules()["sched.plain"].handler is handler
 
 
 def test_one_schedule_per_job_name():
@@ -128,7 +128,7 @@ def test_timings_are_normalized():
     scheduled_job("sched.minutes", every=dt.timedelta(minutes=15))
     scheduled_job("sched.seconds", every=30)
     scheduled_job("sched.cron", cron="  */5   * * * * ")
-    found = {name: s.timing.value for name, s in schedules.code_schedules().items()}
+    found = {name: s.timing.value for name, s in periodic_jobs.code_schedules().items()}
     assert found == {"sched.minutes": "900", "sched.seconds": "30", "sched.cron": "*/5 * * * *"}
 
 

@@ -740,7 +740,7 @@ def test_soniqs_worker_cannot_start_an_owned_submission(shared):
     shared.migrate()
     owned = shared.django(
         "import json; from soniq_django.owned import OwnedJobSource; "
-        "from soniq_django.job_request import JobRequest; "
+        "from soniq_django.producer.request import JobRequest; "
         "print(json.dumps(str(OwnedJobSource().submit_owned("
         "JobRequest('tests.worker.ok', {'n': 7}), submission_id='order-7'))))")
     soniq = shared.soniq_worker()

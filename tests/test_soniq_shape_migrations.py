@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from soniq_django import enqueue
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 from tests.owned_helpers import nonce

@@ -18,7 +18,7 @@ from django.utils import timezone
 from soniq_django import args_hash
 from soniq_django.errors import ErrorCode
 from soniq_django.models import DeadLetterJob, Job
-from soniq_django.pg_functions import translate
+from soniq_django.producer._pg import translate
 
 from .test_sql_support import GET_JOB_COLUMNS, fails, fetch, job_count, value
 
@@ -587,7 +587,7 @@ def test_get_job_of_a_replayed_dead_letter_describes_the_replayed_job():
 
 
 # --------------------------------------------------------------------------
-# Python's mapping of these errors (soniq_django.pg_functions.translate)
+# Python's mapping of these errors (soniq_django.producer._pg.translate)
 
 
 def _django_error(sql, params=()):

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from soniq_django import bulk_enqueue, enqueue
 from soniq_django.errors import ErrorCode, SoniqError
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import DeadLetterJob, Job, TaskRegistration, Worker as WorkerRow
 from soniq_django.owned import OwnedJobSource
 from soniq_django.registry import registered_handlers
@@ -511,7 +511,7 @@ def test_a_new_worker_in_the_same_process_replaces_the_old_row_and_detaches_its_
 
 
 def test_a_replaced_row_is_detached_even_from_protected_jobs(run_log):
-    from soniq_django.job_request import JobRequest
+    from soniq_django.producer.request import JobRequest
 
     first = Worker(burst=True)
     owned = OwnedJobSource().submit_owned(JobRequest("tests.worker.ok", {}), submission_id="s-1")
@@ -554,7 +554,7 @@ def test_the_task_registry_lists_every_handler_for_this_worker():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_purges_expired_rows_but_never_protected_ones():
-    from soniq_django.job_request import JobRequest
+    from soniq_django.producer.request import JobRequest
     from soniq_django.owned import OwnedJobSource
     from soniq_django.worker import Worker
     from tests.owned_helpers import nonce, rewrite

@@ -25,7 +25,7 @@ from django.db import connection
 from django.utils import timezone
 
 from soniq_django import bulk_enqueue, enqueue
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import DeadLetterJob, Job, Worker as WorkerRow
 from soniq_django.owned import OwnedJobSource, QueueClaimFence
 from tests.worker_helpers import RunLog, wait_until

@@ -15,7 +15,7 @@ from django.contrib import admin
 from .base import FENCE_COLUMNS, OfferedLookupsOnly, ReadOnlyAdmin
 from .jobs import DeadLetterJobAdmin, JobAdmin
 from .registry import TaskRegistrationAdmin, register_task_registry
-from .schedules import RecurringJobAdmin, RecurringJobForm
+from .recurring import RecurringJobAdmin, RecurringJobForm
 from .views import add_dashboard, dashboard_view
 from .workers import WorkerAdmin
 

@@ -7,7 +7,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
 
-from .. import dashboard
+from .. import overview
 from ..models import Job
 
 
@@ -16,14 +16,14 @@ def dashboard_view(request, site: admin.AdminSite):
     if not request.user.has_perm("soniq_django.view_job"):
         raise PermissionDenied
     request.current_app = site.name  # {% url 'admin:…' %} resolves on this site
-    snapshot = dashboard.snapshot(router.db_for_read(Job))
+    snapshot = overview.snapshot(router.db_for_read(Job))
     context = {
         **site.each_context(request),
         "title": "Soniq dashboard",
         "snapshot": snapshot,
-        "chart": dashboard.chart(snapshot.throughput),
-        "columns": [(status, dashboard.LABELS[status]) for status in dashboard.STATUS_COLUMNS],
-        "legend": [(kind, dashboard.LABELS[kind]) for kind in dashboard.CHART_KINDS],
+        "chart": overview.chart(snapshot.throughput),
+        "columns": [(status, overview.LABELS[status]) for status in overview.STATUS_COLUMNS],
+        "legend": [(kind, overview.LABELS[kind]) for kind in overview.CHART_KINDS],
         "time_zone": timezone.get_current_timezone_name(),
         "app_label": Job._meta.app_label,
     }

@@ -5,7 +5,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.html import format_html_join
 
-from .. import dashboard
+from .. import overview
 from ..models import TaskRegistration, Worker, WorkerState
 from .base import ReadOnlyAdmin
 from .display import pretty_json, when
@@ -43,7 +43,7 @@ class WorkerAdmin(ReadOnlyAdmin):
 
     @admin.display(description="live", boolean=True)
     def alive(self, obj):
-        recent = obj.last_heartbeat >= timezone.now() - dashboard.live_window()
+        recent = obj.last_heartbeat >= timezone.now() - overview.live_window()
         return obj.status != WorkerState.STOPPED and recent
 
     @admin.display(description="started", ordering="started_at")

@@ -1,4 +1,4 @@
-"""Owned-queue metadata, additive (see soniq_django.owned_schema).
+"""Owned-queue metadata, additive (see soniq_django.schema.owned_metadata).
 
 The database side is hand-written so that it can check what already exists
 before changing anything, and so that its reverse is the controlled
@@ -7,7 +7,7 @@ downgrade; the state side is what Django derives from the models.
 
 from django.db import migrations, models
 
-from soniq_django.owned_schema import migrate_forward, migrate_backward
+from soniq_django.schema.owned_metadata import migrate_forward, migrate_backward
 
 
 class Migration(migrations.Migration):

@@ -14,7 +14,7 @@ def _guarded_reverse(apps, schema_editor):
     protection trigger in 0004's own transaction before 0003's reverse
     refused because protected submissions are still retained.
     """
-    from soniq_django.owned_schema import lock_and_refuse_if_protected
+    from soniq_django.schema.owned_metadata import lock_and_refuse_if_protected
 
     lock_and_refuse_if_protected(schema_editor.connection)
     _drop_functions(apps, schema_editor)

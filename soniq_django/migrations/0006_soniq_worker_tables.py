@@ -1,4 +1,4 @@
-"""soniq_workers and soniq_task_registry take Soniq 0.1.0's own shape (see soniq_django.worker_tables).
+"""soniq_workers and soniq_task_registry take Soniq 0.1.0's own shape (see soniq_django.schema.worker_tables).
 
 On PostgreSQL a hand-written step transforms soniq_django's 0001 tables, or
 leaves Soniq's own tables (an adopted database) as they are and adds what
@@ -10,7 +10,7 @@ import django.utils.timezone
 from django.db import migrations, models
 
 import soniq_django.fields
-from soniq_django import worker_tables
+from soniq_django.schema import worker_tables
 
 
 class Migration(migrations.Migration):

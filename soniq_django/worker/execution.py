@@ -8,7 +8,7 @@ from typing import Any
 from ..encoding import normalize_json
 from ..errors import JobCancelled, PermanentFailure, SoniqError
 from ..models import DeadLetterReason
-from ..owned_types import ClaimedJob
+from ..owned.types import ClaimedJob
 from ..registry import JobHandler, get_handler
 from .context import JobContext, bind, unbind
 

@@ -4,7 +4,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..owned_types import ClaimedJob
+from ..owned.types import ClaimedJob
 from .context import JobContext
 from .execution import Outcome
 

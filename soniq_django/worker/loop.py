@@ -31,8 +31,8 @@ from django.db import close_old_connections, connections
 
 from ..conf import soniq_settings
 from ..owned import OwnedJobSource
-from ..owned_types import MAX_CLAIM_BATCH, ClaimedJob
-from ..stats import ThroughputCounter
+from ..owned.types import MAX_CLAIM_BATCH, ClaimedJob
+from ..throughput import ThroughputCounter
 from . import registration
 from .context import JobContext
 from .execution import Outcome, execute

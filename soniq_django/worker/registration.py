@@ -22,7 +22,7 @@ from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from ..models import Job, TaskRegistration, Worker, WorkerState
-from ..owned_store import fenced_writes
+from ..owned._store import fenced_writes
 from ..registry import registered_handlers
 
 STATES = {

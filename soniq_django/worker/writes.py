@@ -16,7 +16,7 @@ from django.db import close_old_connections, connections
 from ..conf import soniq_settings
 from ..errors import ErrorCode, SoniqError
 from ..models import Job
-from ..owned_store import guarded
+from ..owned._store import guarded
 from ..registry import get_handler
 from .execution import Outcome
 from .flight import InFlight

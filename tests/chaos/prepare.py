@@ -20,7 +20,7 @@ def main(spec_path: str) -> None:
     from django.db import connection, transaction
 
     from soniq_django import bulk_enqueue
-    from soniq_django.job_request import JobRequest
+    from soniq_django.producer.request import JobRequest
     from tests.chaos.schema import SCHEMA_SQL
 
     call_command("migrate", interactive=False, verbosity=0)

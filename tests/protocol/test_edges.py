@@ -15,10 +15,10 @@ from django.utils import timezone
 
 from soniq_django import bulk_enqueue, enqueue, get_job
 from soniq_django.errors import ErrorCode, SoniqError
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import DeadLetterJob, Job, TaskRegistration
 from soniq_django.owned import OwnedJobSource
-from soniq_django.owned_types import ClaimedJob
+from soniq_django.owned.types import ClaimedJob
 from soniq_django.worker.context import JobContext
 from soniq_django.worker.flight import InFlight
 from soniq_django.worker.loop import Worker
@@ -195,7 +195,7 @@ def test_the_dead_letter_move_never_replaces_a_protected_identity(source):
 
 
 def _flight(job_id: uuid.UUID, generation: int) -> InFlight:
-    from soniq_django.owned_types import QueueClaimFence
+    from soniq_django.owned.types import QueueClaimFence
 
     fence = QueueClaimFence(queue="default", job_id=str(job_id), worker_id="w",
                             generation=generation, claim_token=nonce())

@@ -99,7 +99,7 @@ from hypothesis.stateful import (
 )
 
 from soniq_django.errors import ErrorCode, SoniqError
-from soniq_django.job_request import JobRequest
+from soniq_django.producer.request import JobRequest
 from soniq_django.models import DeadLetterJob, Job, TaskRegistration
 from soniq_django.owned import OwnedJobSource, QueueClaimFence
 from soniq_django.producer import enqueue, get_job

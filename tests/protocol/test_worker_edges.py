@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from soniq_django import enqueue
 from soniq_django.models import Job
-from soniq_django.owned_types import ClaimedJob, QueueClaimFence
+from soniq_django.owned.types import ClaimedJob, QueueClaimFence
 from soniq_django.worker import Worker
 from soniq_django.worker.context import JobContext
 from soniq_django.worker.flight import InFlight

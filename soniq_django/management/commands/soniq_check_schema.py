@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from soniq_django.admission import check_report
+from soniq_django.schema.admission import check_report
 
 
 class Command(BaseCommand):

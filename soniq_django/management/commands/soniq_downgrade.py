@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS
 
 from soniq_django.errors import SoniqError
-from soniq_django.owned_schema import downgrade_to_format1
+from soniq_django.schema.owned_metadata import downgrade_to_format1
 
 
 class Command(BaseCommand):

@@ -3,7 +3,7 @@ import json
 from django.core.management.base import BaseCommand
 from django.db import DEFAULT_DB_ALIAS
 
-from soniq_django.status import STATUSES, queue_summary
+from soniq_django.overview import STATUSES, queue_summary
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 """Read-only facts about columns and indexes, on PostgreSQL and SQLite.
 
 The admission checks (``soniq_django.admission``) judge these facts and the
-owned-schema DDL (``soniq_django.owned_schema``) uses them to add only what
+owned-schema DDL (``soniq_django.schema.owned_metadata``) uses them to add only what
 is missing and to drop what uses an owned column. Nothing here writes.
 """
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 
-from . import schema_catalog
-from .owned_schema import (
+from . import catalog
+from .owned_metadata import (
     OWNED_COLUMNS, OWNED_HELPERS, PG_OWNED_HELPERS, UNIQUE_IDENTITIES, owned_schema_applied,
 )
 
@@ -119,7 +119,7 @@ def check_report(connection) -> tuple[list[str], list[Problem]]:
     for column in OWNED_COLUMNS:
         if (column.table, column.name) in refused:
             continue
-        absent = schema_catalog.column_facts(connection, column.table, column.name) is None
+        absent = catalog.column_facts(connection, column.table, column.name) is None
         note = " (absent; 0003 adds it)" if absent else ""
         lines.append(f"ok {column.table}.{column.name}{note}")
     if not any(problem.name == "" for problem in problems):
@@ -133,7 +133,7 @@ def check_report(connection) -> tuple[list[str], list[Problem]]:
 
 def _database_problems(connection) -> list[Problem]:
     if connection.vendor == "postgresql":
-        if not schema_catalog.pg_default_collation_deterministic(connection):
+        if not catalog.pg_default_collation_deterministic(connection):
             return [_problem("database", "", "database-collation")]
         return []
     if not sqlite_binary_probe(connection):
@@ -192,7 +192,7 @@ def _run_probe(cursor, columns) -> bool:
 
 
 def _owned_column_problems(connection, column, applied) -> list[Problem]:
-    facts = schema_catalog.column_facts(connection, column.table, column.name)
+    facts = catalog.column_facts(connection, column.table, column.name)
     if facts is None:
         return [_problem(column.table, column.name, "column-missing")] if applied else []
     problems = [_problem(column.table, column.name, rule, detail)
@@ -295,10 +295,10 @@ def _holds_values(connection, column) -> bool:
 
 
 def _identity_index_problems(connection, table, column_name, applied) -> list[Problem]:
-    facts = schema_catalog.column_facts(connection, table, column_name)
+    facts = catalog.column_facts(connection, table, column_name)
     if facts is None:
         return []  # reported (or not) with the column
-    indexes = schema_catalog.indexes_on(connection, table, column_name)
+    indexes = catalog.indexes_on(connection, table, column_name)
     problems = [_problem(table, index.name, rule, f"on {table}.{column_name}")
                 for index in indexes for rule in index_rules(index, facts, connection.vendor)]
     if applied and not any(not index_rules(i, facts, connection.vendor) for i in indexes):
@@ -331,15 +331,15 @@ def _helper_problems(connection, applied) -> list[Problem]:
     helpers = OWNED_HELPERS + (PG_OWNED_HELPERS if connection.vendor == "postgresql" else ())
     problems = []
     for table, name in helpers:
-        taken = schema_catalog.name_taken(connection, table, name)
+        taken = catalog.name_taken(connection, table, name)
         if applied and not taken:
             problems.append(_problem(table, name, "object-missing"))
         if not applied and taken:
             problems.append(_problem(table, name, "name-taken", "drop or rename it first"))
     if not applied:
         for table, column_name, name in UNIQUE_IDENTITIES:
-            adoptable = {index.name for index in schema_catalog.indexes_on(connection, table,
+            adoptable = {index.name for index in catalog.indexes_on(connection, table,
                                                                             column_name)}
-            if name not in adoptable and schema_catalog.name_taken(connection, table, name):
+            if name not in adoptable and catalog.name_taken(connection, table, name):
                 problems.append(_problem(table, name, "name-taken", "drop or rename it first"))
     return problems

@@ -26,9 +26,9 @@ import psycopg
 from django.db import Error as DatabaseError
 from django.db import transaction
 
-from .conf import soniq_settings
-from .errors import ConfigValidationError, ErrorCode, SoniqError
-from .job_request import PreparedJob
+from ..conf import soniq_settings
+from ..errors import ConfigValidationError, ErrorCode, SoniqError
+from .request import PreparedJob
 
 # HINT codes of SQLSTATE 22023, with the reason Python callers are given.
 _HINTED = {

@@ -19,7 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .conf import soniq_settings
 from .errors import SoniqError
-from .job_request import INT32_MAX, JobRequest, prepare
+from .producer.request import INT32_MAX, JobRequest, prepare
 from .registry import JobHandler
 
 _schedules: dict[str, "PeriodicSchedule"] = {}

@@ -14,9 +14,9 @@ import uuid
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from .conf import DEFAULTS, configured
-from .encoding import hash_normalized_args, normalize_args
-from .errors import ConfigValidationError, ErrorCode, SoniqError
+from ..conf import DEFAULTS, configured
+from ..encoding import hash_normalized_args, normalize_args
+from ..errors import ConfigValidationError, ErrorCode, SoniqError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_LABEL_LENGTH = 255

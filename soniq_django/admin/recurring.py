@@ -5,9 +5,9 @@ from django.contrib import admin, messages
 
 from .. import operations
 from ..errors import ErrorCode, SoniqError
-from ..job_request import JobRequest, prepare
+from ..producer.request import JobRequest, prepare
 from ..models import RecurringJob
-from ..schedules import Timing, code_schedules
+from ..periodic_jobs import Timing, code_schedules
 from .base import OfferedLookupsOnly
 from .display import plural, sentence, when
 

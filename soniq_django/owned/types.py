@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigValidationError, ErrorCode, SoniqError
+from ..errors import ConfigValidationError, ErrorCode, SoniqError
 
 MAX_IDENTITY = 255
 MAX_JOB_ID = 36

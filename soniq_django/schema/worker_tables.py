@@ -33,7 +33,7 @@ intact.
 
 from django.db import migrations
 
-from .errors import ErrorCode, SoniqError
+from ..errors import ErrorCode, SoniqError
 
 WORKER_STATES = ("active", "stopping", "stopped")
 

@@ -21,14 +21,14 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS
 
-from .conf import soniq_settings
-from .encoding import normalize_json
-from .errors import ConfigValidationError
-from .job_request import JobRequest, coerce_job_id
-from .models import DeadLetterReason
-from .owned_store import claims_for
-from .owned_submit import OwnedSubmission, snapshot, submit
-from .owned_types import (
+from ..conf import soniq_settings
+from ..encoding import normalize_json
+from ..errors import ConfigValidationError
+from ..producer.request import JobRequest, coerce_job_id
+from ..models import DeadLetterReason
+from ._store import claims_for
+from ._submit import OwnedSubmission, snapshot, submit
+from .types import (
     INT32_MAX,
     MAX_CLAIM_BATCH,
     MAX_DLQ_RECORD_ID,

@@ -15,8 +15,8 @@ from django.core.management import call_command
 from django.db import connections, transaction
 from django.db.migrations.recorder import MigrationRecorder
 
-from . import schema_catalog
-from .errors import ErrorCode, SoniqError
+from . import catalog
+from ..errors import ErrorCode, SoniqError
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,10 @@ def add_owned_schema(connection) -> None:
     vendor, quote = connection.vendor, connection.ops.quote_name
     with connection.cursor() as cursor:
         for column in OWNED_COLUMNS:
-            if schema_catalog.column_facts(connection, column.table, column.name) is None:
+            if catalog.column_facts(connection, column.table, column.name) is None:
                 cursor.execute(f"ALTER TABLE {quote(column.table)} ADD COLUMN {column.ddl(vendor)}")
         for table, column_name, name in UNIQUE_IDENTITIES:
-            if schema_catalog.indexes_on(connection, table, column_name):
+            if catalog.indexes_on(connection, table, column_name):
                 continue  # admitted, hence exact: adopt it under its own name
             if vendor == "postgresql":
                 cursor.execute(f"ALTER TABLE {quote(table)} ADD CONSTRAINT {quote(name)} "
@@ -238,12 +238,12 @@ def drop_owned_schema(connection) -> None:
         for _table, name in OWNED_HELPERS:
             cursor.execute(f"DROP INDEX IF EXISTS {quote(name)}")
         for column in reversed(OWNED_COLUMNS):
-            if schema_catalog.column_facts(connection, column.table, column.name) is None:
+            if catalog.column_facts(connection, column.table, column.name) is None:
                 continue
             if connection.vendor != "postgresql":
                 # SQLite refuses to drop an indexed column; PostgreSQL drops the
                 # column's indexes and constraints with it.
-                for index in schema_catalog.indexes_on(connection, column.table, column.name):
+                for index in catalog.indexes_on(connection, column.table, column.name):
                     cursor.execute(f"DROP INDEX IF EXISTS {quote(index.name)}")
             cursor.execute(f"ALTER TABLE {quote(column.table)} DROP COLUMN {quote(column.name)}")
 

@@ -24,9 +24,9 @@ from django.db.models import F as models_F
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from .errors import ConfigValidationError, ErrorCode, SoniqError
-from .models import DeadLetterJob, Job, JobStatus, TaskRegistration, Worker
-from .owned_types import INT64_MAX, QueueClaimFence
+from ..errors import ConfigValidationError, ErrorCode, SoniqError
+from ..models import DeadLetterJob, Job, JobStatus, TaskRegistration, Worker
+from .types import INT64_MAX, QueueClaimFence
 
 CLAIM_COLUMNS = (
     "job_id", "job_name", "args", "queue", "priority", "attempts", "max_attempts",

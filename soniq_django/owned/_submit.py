@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .conf import soniq_settings
-from .encoding import canonical_json
-from .errors import ConfigValidationError, ErrorCode, SoniqError
-from .job_request import JobRequest, PreparedJob, prepare
-from .models import DeadLetterJob, Job, JobStatus
-from .owned_store import fenced_writes, guarded, take_sqlite_write_lock
-from .owned_types import INT32_MAX, identity, positive_int
+from ..conf import soniq_settings
+from ..encoding import canonical_json
+from ..errors import ConfigValidationError, ErrorCode, SoniqError
+from ..producer.request import JobRequest, PreparedJob, prepare
+from ..models import DeadLetterJob, Job, JobStatus
+from ._store import fenced_writes, guarded, take_sqlite_write_lock
+from .types import INT32_MAX, identity, positive_int
 
 FINGERPRINT_VERSION = "v1"
 SUBMISSION_TABLE = "soniq_jobs"

@@ -14,11 +14,11 @@ from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from . import pg_functions
-from .errors import ErrorCode, SoniqError
-from .conf import configured
-from .job_request import JobRequest, PreparedJob, coerce_job_id, prepare
-from .models import DeadLetterJob, Job, JobStatus
+from . import _pg
+from ..errors import ErrorCode, SoniqError
+from ..conf import configured
+from .request import JobRequest, PreparedJob, coerce_job_id, prepare
+from ..models import DeadLetterJob, Job, JobStatus
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +98,7 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     alias = write_alias(using)
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        return pg_functions.enqueue_many(prepared, connection, alias)
+        return _pg.enqueue_many(prepared, connection, alias)
     ids: list[uuid.UUID] = []
     with transaction.atomic(using=alias):
         plain = [job for job in prepared if not job.deduplicates]
@@ -123,7 +123,7 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
     """
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        return pg_functions.enqueue(job, connection, alias)
+        return _pg.enqueue(job, connection, alias)
     return _insert_portable(job, alias)
 
 
@@ -218,7 +218,7 @@ def get_job(job_id: uuid.UUID | str, *, using: str | None = None) -> JobInfo | N
     alias = using or router.db_for_read(Job)
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        row = pg_functions.get_job_row(job_id, connection)
+        row = _pg.get_job_row(job_id, connection)
         return None if row is None else JobInfo(**dict(zip(_PG_FIELDS, row)))
     live = (
         Job.objects.using(alias)

@@ -1,4 +1,4 @@
-"""What the admin dashboard shows, as plain data.
+"""What the queues look like now, as plain data: for the admin dashboard and ``soniq_status``.
 
 ``snapshot()`` reads the queues in a fixed number of queries (eight, however
 many jobs there are) and returns frozen values; ``chart()`` turns the last
@@ -7,6 +7,7 @@ only draws. Nothing here writes.
 """
 
 import datetime as dt
+from collections import Counter
 from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS
@@ -16,7 +17,7 @@ from django.utils import timezone
 
 from .conf import soniq_settings
 from .models import DeadLetterJob, Job, JobStatus, TaskRegistration, Worker, WorkerState
-from .stats import minute_of, per_minute
+from .throughput import minute_of, per_minute
 
 DEAD_LETTER = "dead_letter"
 STATUS_COLUMNS = (*JobStatus.values, DEAD_LETTER)
@@ -78,7 +79,7 @@ class RegisteredTask:
 
 @dataclass(frozen=True)
 class MinuteCount:
-    """Jobs finished in one minute, by outcome (KINDS of soniq_django.stats)."""
+    """Jobs finished in one minute, by outcome (KINDS of soniq_django.throughput)."""
 
     minute: dt.datetime
     counts: dict[str, int]
@@ -322,3 +323,30 @@ def _nice_ceiling(value: int) -> int:
     while ceiling < value:
         ceiling = ceiling * 2 if str(ceiling)[0] in "24" else ceiling * 5 // 2
     return ceiling
+
+
+# -- manage.py soniq_status ---------------------------------------------------
+
+STATUSES = list(STATUS_COLUMNS)
+UNKNOWN_VERSION = "unknown"
+"""How a live worker that wrote no ``version`` is counted (Soniq 0.1.0's workers write none)."""
+
+
+def queue_summary(using: str = "default") -> dict:
+    """Counts per queue and status, oldest due job's wait, dead letters by reason, live workers.
+
+    ``live_workers_by_version`` tells the kinds of worker apart while a
+    database is shared with Soniq's own workers (docs/interop.md).
+    """
+    view = snapshot(using)
+    return {
+        "queues": {row.queue: dict(row.cells) for row in view.queues},
+        "oldest_queued_seconds": {
+            row.queue: round(row.oldest_wait.total_seconds(), 3)
+            for row in view.queues if row.oldest_wait is not None
+        },
+        "dead_letters_by_reason": dict(view.dead_letters_by_reason),
+        "live_workers": len(view.live_workers),
+        "live_workers_by_version": dict(sorted(Counter(
+            worker.version or UNKNOWN_VERSION for worker in view.live_workers).items())),
+    }

@@ -1,0 +1,32 @@
+"""Producers: what a caller asks to enqueue, and the Python twins of the SQL API.
+
+- ``request``: ``JobRequest`` and its validation (the same rules and codes
+  as ``soniq_enqueue``), ``prepare()`` into a ``PreparedJob``;
+- ``api``: ``enqueue``, ``bulk_enqueue``, ``get_job`` and ``JobInfo``;
+- ``_pg`` (private): the calls to the PostgreSQL producer functions and the
+  translation of their errors.
+
+Names are imported lazily (see ``soniq_django/__init__.py``).
+"""
+
+from importlib import import_module
+
+__all__ = ["JobInfo", "JobRequest", "bulk_enqueue", "enqueue", "get_job"]
+
+_HOMES = {
+    "JobInfo": "soniq_django.producer.api",
+    "JobRequest": "soniq_django.producer.request",
+    "bulk_enqueue": "soniq_django.producer.api",
+    "enqueue": "soniq_django.producer.api",
+    "get_job": "soniq_django.producer.api",
+}
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(import_module(_HOMES[name]), name)
+    raise AttributeError(f"module 'soniq_django.producer' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)
