@@ -14,7 +14,7 @@ from soniq_django import enqueue
 from soniq_django.housekeeping import purge_dead_letters, purge_expired
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.owned import JobRequest, OwnedJobSource
-from tests.owned_helpers import nonce, rewrite
+from tests.support.owned import nonce, rewrite
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from soniq_django.models import Job, RecurringJob
 from soniq_django.operations import cancel_jobs, delete_finished, retry_now, set_schedule_status
 from soniq_django.owned import OwnedJobSource
 from soniq_django.throughput import ThroughputCounter, per_minute
-from tests.owned_helpers import nonce, rewrite
+from tests.support.owned import nonce, rewrite
 
 pytestmark = pytest.mark.django_db
 

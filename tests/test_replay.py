@@ -16,7 +16,7 @@ from soniq_django.housekeeping import purge_expired
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.owned import JobRequest, OwnedJobSource
 from soniq_django.replay import GENERATION_STRIDE, replay_dead_letters
-from tests.owned_helpers import nonce
+from tests.support.owned import nonce
 
 pytestmark = pytest.mark.django_db
 

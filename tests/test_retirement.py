@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.retirement import count_retirable, cutoff_for, retire_submissions
-from tests.owned_schema_helpers import fetchall, open_fence_gate
+from tests.support.schema import fetchall, open_fence_gate
 
 pytestmark = pytest.mark.django_db
 

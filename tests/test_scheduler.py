@@ -21,7 +21,7 @@ from django.utils import timezone
 from soniq_django import job, periodic, periodic_jobs, registry
 from soniq_django.models import Job, RecurringJob
 from soniq_django.scheduler import Scheduler, tick_dedup_key
-from tests.concurrency import run_threads
+from tests.support.concurrency import run_threads
 
 T0 = dt.datetime(2030, 1, 1, 10, 0, tzinfo=dt.UTC)
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ Every test runs once per Soniq release: 0.1.0 (in .venv, from the ``test``
 extra) and 0.2 (tests/requirements-soniq-0.2.txt, in .venv-soniq-0.2; the two
 cannot share an environment). Everything Soniq does here is that release's
 own code, run by that environment's interpreter: its migrations (``soniq
-setup``), its ``enqueue`` (``python -m tests.soniq_app enqueue``) and its
+setup``), its ``enqueue`` (``python -m tests.support.soniq_app enqueue``) and its
 worker (``soniq worker``, a real process). soniq_django's side always runs
 from the test's own environment, as real processes too (``manage.py
 migrate``, ``manage.py soniq_worker``) with tests/worker_settings.py pointed
@@ -39,8 +39,8 @@ import psycopg
 import pytest
 from django.conf import settings
 
-from tests.ci import unavailable
-from tests.worker_helpers import RunLog, wait_until
+from tests.support.ci import unavailable
+from tests.support.workers import RunLog, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -264,13 +264,13 @@ class Shared:
         return self.soniq_cli("setup")
 
     def soniq_worker(self, *args: str) -> Process:
-        """``soniq worker tests.soniq_app:app``: Soniq's own worker process."""
+        """``soniq worker tests.support.soniq_app:app``: Soniq's own worker process."""
         return self._start("soniq worker", [self.soniq.python, "-m", "soniq.cli.main", "worker",
-                                            "tests.soniq_app:app", *args], self._soniq_env())
+                                            "tests.support.soniq_app:app", *args], self._soniq_env())
 
     def soniq_enqueue(self, *calls: tuple[str, dict]) -> list[str]:
         """Enqueue with Soniq's own API: ``app.enqueue(name, **options)`` for each call."""
-        out = self._soniq_run(["-m", "tests.soniq_app", "enqueue"], "soniq enqueue",
+        out = self._soniq_run(["-m", "tests.support.soniq_app", "enqueue"], "soniq enqueue",
                               stdin=json.dumps(calls))
         return json.loads(out.strip().splitlines()[-1])
 

@@ -30,7 +30,7 @@ from soniq_django.tasks_backend import (
     task_backends,
 )
 from soniq_django.worker import Worker
-from tests.owned_helpers import rewrite
+from tests.support.owned import rewrite
 from tests.testapp import jobs, tasks
 
 try:  # Django 6

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from tests.chaos.checker import Report, check
-from tests.ci import unavailable
+from tests.support.ci import unavailable
 from tests.chaos.cluster import Cluster, ClusterUnavailable
 from tests.chaos.driver import Config, Outcome, run
 

@@ -10,7 +10,6 @@ import datetime as dt
 import uuid
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from soniq_django import bulk_enqueue, enqueue, get_job
@@ -22,7 +21,7 @@ from soniq_django.owned.types import ClaimedJob
 from soniq_django.worker.context import JobContext
 from soniq_django.worker.flight import InFlight
 from soniq_django.worker.loop import Worker
-from tests.owned_helpers import nonce, refuse_updates, rewrite
+from tests.support.owned import nonce, refuse_updates, rewrite
 
 pytestmark = pytest.mark.django_db
 
@@ -158,7 +157,7 @@ def test_submit_owned_refuses_an_id_the_dead_letters_hold(source):
 
 @pytest.mark.postgresql_only
 def test_the_sql_functions_refuse_an_id_the_dead_letters_hold():
-    from tests.test_sql_support import fails
+    from tests.support.sql import fails
 
     job_id = _dead_letter()
     error = fails("SELECT soniq_enqueue('billing.send_invoice', job_id => %s)", [job_id])
@@ -287,7 +286,7 @@ def test_request_cancel_of_a_lapsed_claim_cancels_it_at_once(source):
 
 @pytest.mark.postgresql_only
 def test_soniq_request_cancel_of_an_unknown_id_is_false():
-    from tests.test_sql_support import fetch
+    from tests.support.sql import fetch
 
     assert fetch("SELECT soniq_request_cancel(gen_random_uuid())") == [(False,)]
 

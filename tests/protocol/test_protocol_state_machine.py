@@ -104,7 +104,7 @@ from soniq_django.models import DeadLetterJob, Job, TaskRegistration
 from soniq_django.owned import OwnedJobSource, QueueClaimFence
 from soniq_django.producer import enqueue, get_job
 from soniq_django.replay import GENERATION_STRIDE, replay_dead_letters
-from tests.owned_helpers import nonce, rewrite
+from tests.support.owned import nonce, rewrite
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

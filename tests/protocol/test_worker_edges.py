@@ -14,8 +14,8 @@ from soniq_django.owned.types import ClaimedJob, QueueClaimFence
 from soniq_django.worker import Worker
 from soniq_django.worker.context import JobContext
 from soniq_django.worker.flight import InFlight
-from tests.owned_helpers import drop_refusal, nonce, refuse_updates
-from tests.worker_helpers import run_burst
+from tests.support.owned import drop_refusal, nonce, refuse_updates
+from tests.support.workers import run_burst
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

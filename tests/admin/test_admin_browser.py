@@ -1,0 +1,198 @@
+"""The admin in a real browser: headless Chromium against a live server.
+
+Debian's ``chromium`` and ``chromium-driver`` packages are driven by
+Selenium with the system chromedriver (no browser download). The test logs
+in, opens the jobs list and a job's page, cancels a job, opens the
+dashboard from the app index and replays a dead letter, checking the
+database after each action; it also tries a claim-token lookup (refused), and opens
+a task registry row. Screenshots go to ``.test-results/screenshots/``.
+
+It runs in both passes: the actions go through different storage code on
+each database (SQL functions on PostgreSQL, write transactions on SQLite),
+and one browser session costs a few seconds.
+"""
+
+import datetime as dt
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.urls import reverse
+from django.utils import timezone
+
+from soniq_django import enqueue
+from soniq_django.models import DeadLetterJob, Job, TaskRegistration, Worker
+from soniq_django.owned import OwnedJobSource
+from soniq_django.throughput import ThroughputCounter
+from tests.support.ci import unavailable
+from tests.support.owned import nonce
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-quic", "--no-first-run", "--window-size=1600,1000")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / ".test-results" / "screenshots"
+def _unavailable(reason: str):
+    """Skip on a developer machine without the browser; fail under CI=true."""
+    unavailable(f"{reason}: install Debian's chromium and chromium-driver (apt-get install "
+                "chromium chromium-driver; scripts/run-tests does it when run as root)")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _unavailable("the selenium package is not installed")
+    for binary in (CHROMIUM, CHROMEDRIVER):
+        if not (os.access(binary, os.X_OK) or shutil.which(Path(binary).name)):
+            _unavailable(f"{binary} is missing")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM if os.access(CHROMIUM, os.X_OK) else shutil.which("chromium")
+    for flag in (*FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    driver_path = CHROMEDRIVER if os.access(CHROMEDRIVER, os.X_OK) else shutil.which("chromedriver")
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    driver.set_page_load_timeout(20)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def shots(backend):
+    """Save a screenshot as .test-results/screenshots/<backend>-<name>.png."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    def save(driver, name: str, height: int = 1000) -> None:
+        driver.set_window_size(1600, height)
+        assert driver.save_screenshot(str(SCREENSHOTS / f"{backend}-{name}.png"))
+
+    return save
+
+
+def _claim(queue: str):
+    return OwnedJobSource().claim_next_owned("worker-a", claim_token=nonce(), queues=[queue])
+
+
+def _run_action(driver, action: str, job_id) -> str:
+    """Tick ``job_id``, run ``action`` and return the message the next page shows."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    checkbox = f'input[name="_selected_action"][value="{job_id}"]'
+    driver.find_element(By.CSS_SELECTOR, checkbox).click()
+    Select(driver.find_element(By.NAME, "action")).select_by_value(action)
+    page = driver.find_element(By.TAG_NAME, "html")
+    driver.find_element(By.CSS_SELECTOR, 'button[name="index"]').click()
+    wait = WebDriverWait(driver, 10)
+    wait.until(expected_conditions.staleness_of(page))  # the action's page has replaced it
+    return wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "ul.messagelist li"))[0].text
+
+
+def test_admin_in_a_browser(browser, shots, live_server, django_user_model):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert "django.contrib.staticfiles" in settings.INSTALLED_APPS and settings.STATIC_URL, (
+        "tests/settings.py must list django.contrib.staticfiles and set STATIC_URL: without "
+        "STATIC_URL the live server fails every request, without staticfiles the admin has no CSS"
+    )
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "pw-browser")
+    source = OwnedJobSource()
+    queued = enqueue("shop.send_receipt", {"order": 41, "email": "a@example.com"}, queue="mail")
+    enqueue("shop.send_receipt", {"order": 42}, queue="mail",
+            run_at=timezone.now() + dt.timedelta(minutes=30))
+    running = enqueue("reports.build", {"day": "2024-05-01", "regions": ["eu", "us"]},
+                      queue="reports")
+    assert _claim("reports").job_id == running
+    token = Job.objects.get(id=running).claim_token
+    done = enqueue("reports.build", {"day": "2024-04-30"}, queue="reports")
+    assert source.complete_owned(_claim("reports").claim_fence, {"rows": 1200})
+    dead = enqueue("billing.charge", {"amount": 5}, queue="billing")
+    assert source.fail_owned(_claim("billing").claim_fence,
+                             "Traceback (most recent call last):\n  ...\nValueError: declined",
+                             retry=False)
+    web = Worker.objects.create(hostname="web-1", pid=321, queues=["mail", "reports"],
+                                concurrency=4)
+    TaskRegistration.objects.create(task_name="reports.build", worker_id=str(web.id),
+                                    queue="reports", max_attempts=3,
+                                    args_model_repr="BuildArgs(day: str, regions: list[str])")
+    counter = ThroughputCounter()
+    now = timezone.now()
+    for minutes_ago, kind, count in ((1, "done", 6), (1, "failed", 1), (7, "done", 3),
+                                     (20, "dead_lettered", 1), (35, "done", 9)):
+        for _ in range(count):
+            counter.add("reports", kind, now - dt.timedelta(minutes=minutes_ago))
+    counter.flush("default")
+
+    # Log in.
+    browser.get(live_server.url + reverse("admin:login"))
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("pw-browser")
+    browser.find_element(By.CSS_SELECTOR, 'input[type="submit"]').click()
+    # Wait for the page after the login (the click does not wait for it).
+    assert WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "user-tools"))
+
+    # The jobs list.
+    browser.get(live_server.url + reverse("admin:soniq_django_job_changelist"))
+    listed = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(listed) == 4
+    assert "reports.build" in browser.page_source and token not in browser.page_source
+    shots(browser, "01-jobs")
+
+    # A running job's page: read-only, args pretty-printed, no claim token.
+    browser.get(live_server.url + reverse("admin:soniq_django_job_change", args=[running]))
+    pre = browser.find_element(By.CSS_SELECTOR, "pre")
+    assert '"regions": [' in pre.text
+    assert not browser.find_elements(By.NAME, "_save")
+    assert token not in browser.page_source
+    shots(browser, "02-job-detail", height=1900)
+
+    # The token cannot be guessed through a changelist lookup either.
+    browser.get(live_server.url + reverse("admin:soniq_django_job_changelist")
+                + f"?claim_token__startswith={token[0]}")
+    assert "Bad Request (400)" in browser.page_source and str(running) not in browser.page_source
+
+    # Cancel the queued job from the list.
+    browser.get(live_server.url + reverse("admin:soniq_django_job_changelist"))
+    message = _run_action(browser, "cancel_selected", queued)
+    assert message == "Cancelled 1 job."
+    assert Job.objects.get(id=queued).status == "cancelled"
+    shots(browser, "03-cancelled")
+
+    # The dashboard, reached from the app index.
+    browser.get(live_server.url + reverse("admin:app_list", args=["soniq_django"]))
+    browser.find_element(By.LINK_TEXT, "Dashboard").click()
+    assert browser.current_url.endswith(reverse("admin:soniq_django_dashboard"))
+    assert browser.find_elements(By.CSS_SELECTOR, "#soniq-throughput svg rect.seg-done")
+    assert "web-1" in browser.find_element(By.ID, "soniq-workers").text
+    assert "permanent_failure" in browser.find_element(By.ID, "soniq-dead-letters").text
+    shots(browser, "04-dashboard", height=1500)
+
+    # The task registry, from the app index: filter by job name, open a row.
+    browser.get(live_server.url + reverse("admin:app_list", args=["soniq_django"]))
+    browser.find_element(By.LINK_TEXT, "Registered tasks").click()
+    browser.find_element(By.CSS_SELECTOR,
+                         '#changelist-filter a[href*="task_name=reports.build"]').click()
+    assert "task_name=reports.build" in browser.current_url
+    browser.find_element(By.CSS_SELECTOR, "#result_list tbody th a").click()
+    pre = browser.find_element(By.CSS_SELECTOR, "pre")
+    assert pre.text == "BuildArgs(day: str, regions: list[str])"
+    assert not browser.find_elements(By.NAME, "_save")
+    shots(browser, "05-registry-row")
+
+    # Replay the dead letter.
+    browser.get(live_server.url + reverse("admin:soniq_django_deadletterjob_changelist"))
+    message = _run_action(browser, "replay_selected", dead)
+    assert message == "Replayed 1 dead letter into the queue."
+    assert Job.objects.get(id=dead).status == "queued"
+    assert DeadLetterJob.objects.get(id=dead).resurrection_count == 1
+    shots(browser, "06-replayed")
+    assert Job.objects.get(id=done).status == "done"

@@ -1,0 +1,24 @@
+"""Fixtures of the SQL API tests."""
+
+import pytest
+
+from tests.support.sql import raw
+
+
+@pytest.fixture
+def committed_db(django_db_setup):
+    """The test database, for raw connections that commit; emptied of jobs before and after.
+
+    Cheaper than ``django_db(transaction=True)``, which flushes every table. Mark
+    the test ``django_db`` as well: pytest-django sets the database up only for
+    tests that carry that marker.
+    """
+
+    def empty():
+        with raw() as conn:
+            conn.execute("DELETE FROM soniq_jobs")
+            conn.execute("DELETE FROM soniq_dead_letter_jobs")
+
+    empty()
+    yield
+    empty()

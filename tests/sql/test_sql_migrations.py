@@ -1,0 +1,221 @@
+"""The migrations that install the SQL files: each file loaded once; reversible."""
+
+import collections
+import io
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, migrations
+from django.db.migrations.loader import MigrationLoader
+
+from soniq_django.sql import SQL_DIR, current, definitions
+
+from tests.support.sql import (
+    PUBLIC_FUNCTIONS, Roles, fetch, producer_api_functions, schema,
+)
+
+pytestmark = [pytest.mark.postgresql_only]
+
+
+def _run_python_callables(operations):
+    for operation in operations:
+        if isinstance(operation, migrations.SeparateDatabaseAndState):
+            yield from _run_python_callables(operation.database_operations)
+        elif isinstance(operation, migrations.RunPython):
+            yield operation.code
+            if operation.reverse_code is not None:
+                yield operation.reverse_code
+
+
+def test_every_sql_file_is_loaded_by_exactly_one_migration():
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    loaded = collections.Counter()
+    for (app, _name), migration in loader.disk_migrations.items():
+        if app != "soniq_django":
+            continue
+        for function in _run_python_callables(migration.operations):
+            if hasattr(function, "sql_file"):
+                loaded[function.sql_file] += 1
+    on_disk = {path.relative_to(SQL_DIR).as_posix() for path in SQL_DIR.rglob("*.sql")}
+    on_disk.discard("current.sql")  # generated for reading (test below), never executed
+    assert {"producer_api_v1.sql", "producer_api_v1.down.sql", "producer_api_v2.sql",
+            "producer_api_v2.down.sql"} <= on_disk
+    assert set(loaded) == on_disk
+    assert {name: count for name, count in loaded.items() if count != 1} == {}
+
+
+def _installed() -> dict[str, bool]:
+    """The producer API functions present in the soniq schema -> whether PUBLIC may run them."""
+    rows = fetch(
+        "SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') FROM pg_proc AS p "
+        "WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = ANY(%s)",
+        [producer_api_functions()],
+    )
+    return dict(rows)
+
+
+def _may_enqueue(role) -> bool:
+    return fetch("SELECT has_function_privilege(%s, 'soniq_enqueue'::regproc, 'EXECUTE')",
+                 [role])[0][0]
+
+
+@pytest.fixture
+def roles():
+    made = Roles()
+    yield made
+    made.drop_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_the_migration_drops_the_functions_and_reapplying_creates_them(roles):
+    names = producer_api_functions()
+    assert _installed() == dict.fromkeys(names, False)
+    producer = roles.create("soniq_producer")
+    call_command("soniq_grant", producer, stdout=io.StringIO())
+    assert _may_enqueue(producer)
+    try:
+        call_command("migrate", "soniq_django", "0001", verbosity=0)
+        assert _installed() == {}
+        assert fetch("SELECT to_regclass('soniq_jobs') IS NOT NULL") == [(True,)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _installed() == dict.fromkeys(names, False)
+    # The grants went with the dropped functions (docs/sql-api.md says to grant again).
+    assert not _may_enqueue(producer)
+    job_id = fetch("SELECT soniq_enqueue('migrated.again', '{\"n\": 1}', unique_job => true)")[0][0]
+    assert fetch("SELECT job_name FROM soniq_get_job(%s)", [job_id]) == [("migrated.again",)]
+    assert set(PUBLIC_FUNCTIONS) <= set(names)
+
+
+def _function_source(name: str) -> str | None:
+    rows = fetch("SELECT p.prosrc FROM pg_proc AS p WHERE p.pronamespace = "
+                 "current_schema()::regnamespace AND p.proname = %s", [name])
+    assert len(rows) <= 1
+    return rows[0][0] if rows else None
+
+
+def _file_source(file_name: str, function: str) -> str:
+    """The body (between $fn$ quotes) ``file_name`` gives ``function``, schema filled in."""
+    text = (SQL_DIR / file_name).read_text(encoding="utf-8")
+    start = text.index(f"FUNCTION {{schema}}.{function}(")
+    body = text[start:].split("$fn$", 2)[1]
+    return body.replace("{schema}", connection.ops.quote_name(schema()))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0010_restores_version_1_and_reapplying_gives_version_3(roles):
+    v1 = _file_source("producer_api_v1.sql", "soniq_enqueue")
+    v3 = _file_source("producer_api_v3.sql", "soniq_enqueue")
+    assert v1 != v3
+    assert _function_source("soniq_enqueue") == v3
+    assert _function_source("soniq_enqueue_many") == _file_source(
+        "producer_api_v3.sql", "soniq_enqueue_many")
+    producer = roles.create("soniq_producer")
+    call_command("soniq_grant", producer, stdout=io.StringIO())
+    try:
+        call_command("migrate", "soniq_django", "0009", verbosity=0)
+        assert _function_source("soniq_enqueue") == v1
+        assert _function_source("soniq_enqueue_many") is None
+        assert set(_installed()) == set(producer_api_functions()) - {"soniq_enqueue_many"}
+        # soniq_enqueue was replaced, not dropped: its grant and its revocation stay.
+        assert _may_enqueue(producer)
+        assert not any(_installed().values())
+        job_id = fetch("SELECT soniq_enqueue('back.to_v1', '{\"n\": 1}')")[0][0]
+        assert fetch("SELECT job_name FROM soniq_get_job(%s)", [job_id]) == [("back.to_v1",)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _function_source("soniq_enqueue") == v3
+    assert _installed() == dict.fromkeys(producer_api_functions(), False)
+    assert _may_enqueue(producer)
+    ids = fetch("SELECT soniq_enqueue_many('[{\"job_name\": \"again.v2\"}]')")[0][0]
+    assert fetch("SELECT job_name FROM soniq_get_job(%s)", [ids[0]]) == [("again.v2",)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
+    v1 = _file_source("claim_protocol_v1.sql", "soniq_complete")
+    v2 = _file_source("claim_protocol_v2.sql", "soniq_complete")
+    assert v1 != v2 and "soniq_complete_many" in v2
+    new = ("soniq_claim_many", "soniq_complete_many")
+    assert _function_source("soniq_complete") == v2
+    assert all(_function_source(name) == _file_source("claim_protocol_v2.sql", name)
+               for name in new)
+    try:
+        call_command("migrate", "soniq_django", "0008", verbosity=0)
+        assert _function_source("soniq_complete") == v1
+        assert all(_function_source(name) is None for name in new)
+        # Version 1 works again: claim, complete once.
+        fetch("SELECT soniq_enqueue('back.to_v1')")
+        job_id, generation = fetch(
+            "SELECT job_id::text, generation FROM soniq_claim('w', 'nonce-1')")[0]
+        complete = "SELECT soniq_complete(%s, 'w', %s, 'nonce-1', 'default', '1')"
+        assert fetch(complete, [job_id, generation]) == [(True,)]
+        assert fetch(complete, [job_id, generation]) == [(False,)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _function_source("soniq_complete") == v2
+    fetch("SELECT soniq_enqueue('again.v2')")
+    job_id, generation = fetch(
+        "SELECT job_id::text, generation FROM soniq_claim_many('w', ARRAY['nonce-2'])")[0]
+    assert fetch("SELECT soniq_complete(%s, 'w', %s, 'nonce-2', 'default')",
+                 [job_id, generation]) == [(True,)]
+
+
+#: What migration 0011 changes: (file that released the body it replaces, function).
+_REPLACED_BY_0011 = (
+    ("claim_protocol_v1.sql", "soniq_reap_lapsed_v1"),
+    ("claim_protocol_v1.sql", "soniq_move_to_dead_letter_v1"),
+    ("claim_protocol_v1.sql", "soniq_fail"),
+    ("claim_protocol_v1.sql", "soniq_request_cancel"),
+    ("claim_protocol_v1.sql", "soniq_claim"),
+    ("producer_api_v2.sql", "soniq_enqueue"),
+    ("producer_api_v2.sql", "soniq_enqueue_many"),
+)
+_ADDED_BY_0011 = ("soniq_requeue_v1", "soniq_default_max_attempts_v1")
+
+
+def _version_3_source(function: str) -> str:
+    name = "producer_api_v3.sql" if function.startswith("soniq_enqueue") else "claim_protocol_v3.sql"
+    return _file_source(name, function)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0011_restores_the_released_bodies_and_reapplying_gives_version_3(roles):
+    assert all(_function_source(function) == _version_3_source(function)
+               for _, function in _REPLACED_BY_0011 + tuple((None, f) for f in _ADDED_BY_0011))
+    producer = roles.create("soniq_producer")
+    call_command("soniq_grant", producer, stdout=io.StringIO())
+    try:
+        call_command("migrate", "soniq_django", "0010", verbosity=0)
+        for released, function in _REPLACED_BY_0011:
+            assert _function_source(function) == _file_source(released, function), function
+        assert all(_function_source(function) is None for function in _ADDED_BY_0011)
+        # Replaced, not dropped: the producer keeps its grant.
+        assert _may_enqueue(producer)
+        # Version 1's soniq_request_cancel is back, NULL for an unknown id and all.
+        assert fetch("SELECT soniq_request_cancel(gen_random_uuid())") == [(None,)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert all(_function_source(function) == _version_3_source(function)
+               for _, function in _REPLACED_BY_0011)
+    assert _may_enqueue(producer)
+    assert fetch("SELECT soniq_request_cancel(gen_random_uuid())") == [(False,)]
+
+
+def test_current_sql_is_up_to_date():
+    # Rewrite it with: python -m soniq_django.sql.current
+    assert (SQL_DIR / "current.sql").read_text(encoding="utf-8") == current.render()
+
+
+@pytest.mark.django_db
+def test_current_sql_holds_exactly_the_functions_the_database_runs():
+    installed = {name: source for name, source in fetch(
+        "SELECT p.proname, p.prosrc FROM pg_proc AS p "
+        "WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'soniq%%'")}
+    text = (SQL_DIR / "current.sql").read_text(encoding="utf-8")
+    documented = {name: statement for name, statement in definitions(text)
+                  if "FUNCTION" in statement.split("(")[0]}
+    assert set(documented) == set(installed)
+    quoted = connection.ops.quote_name(schema())
+    for name, statement in documented.items():
+        assert installed[name] == statement.split("$fn$")[1].replace("{schema}", quoted), name
