@@ -13,7 +13,7 @@ server (named after the test database) and drops it at the end, so Soniq's
 migrations always start from nothing.
 
 The handlers of both sides share job names (tests/testapp/jobs.py,
-tests/soniq_app.py) and log every start to one run log, which tells which
+tests/support/soniq_app.py) and log every start to one run log, which tells which
 process ran which attempt. docs/interop.md is what these tests prove.
 
 scripts/venv.sh (``make test``) installs both releases; without one, its

@@ -1,4 +1,4 @@
-"""Settings for worker processes started by the tests (tests/test_worker_processes.py).
+"""Settings for worker processes started by the tests (tests/worker/test_worker_processes.py).
 
 The parent test passes the database the child must use -- pytest-django's
 test database, not the one ``tests.settings`` would name -- as

@@ -5,7 +5,7 @@ migration that shipped must do tomorrow exactly what it did the day it
 shipped, so they import nothing from the live package but ``errors`` and
 each other, and they change only to fix a defect in what they always did.
 A new schema change gets a new function (or module) and a new migration;
-``tests/test_migrations.py`` checks that migrations import nothing else.
+``tests/schema/test_migrations.py`` checks that migrations import nothing else.
 
 - ``admission``: the admission checks of migration 0003 (``soniq_check_schema``);
 - ``catalog``: read-only facts about columns and indexes on both backends;

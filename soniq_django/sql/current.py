@@ -5,7 +5,7 @@ Released SQL files are never edited: a change ships as a new file whose
 runs today, one would have to replay the files in migration order; this
 module does that and writes the result to ``sql/current.sql``, a reading aid
 that no migration executes. ``python -m soniq_django.sql.current`` rewrites
-it; tests/test_sql_migrations.py fails while it is out of date.
+it; tests/sql/test_sql_migrations.py fails while it is out of date.
 """
 
 import importlib

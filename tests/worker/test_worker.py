@@ -2,7 +2,7 @@
 
 Each test runs ``Worker(...).run()`` in a thread (burst mode, or stopped
 with ``request_stop()``) against committed rows, exactly as a worker
-process would; tests/test_worker_processes.py does the same with real
+process would; tests/worker/test_worker_processes.py does the same with real
 processes and signals.
 """
 
