@@ -137,7 +137,7 @@ class SoniqTaskBackend(BaseTaskBackend):
         With ``enqueue_on_commit`` the row is inserted when the transaction
         commits (at once outside one) and the returned id is the id it will
         get. Raises ``InvalidTaskError`` for an invalid task and
-        ``SoniqError(TASK_ARGS_INVALID)`` when the arguments do not fit the
+        ``ConfigValidationError(TASK_ARGS_INVALID)`` when the arguments do not fit the
         function or are not JSON; nothing is written then. ``aenqueue``
         (inherited) is its async twin.
         """
@@ -226,9 +226,9 @@ def _check_call(task: Task, args: list, kwargs: dict) -> None:
     try:
         inspect.signature(task.func).bind(*leading, *args, **kwargs)
     except TypeError:
-        raise SoniqError(
-            ErrorCode.TASK_ARGS_INVALID,
+        raise ConfigValidationError(
             f"the arguments do not fit the signature of task {task.module_path}",
+            code=ErrorCode.TASK_ARGS_INVALID,
         ) from None
 
 

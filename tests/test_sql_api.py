@@ -602,11 +602,12 @@ def _django_error(sql, params=()):
 @pytest.mark.parametrize(
     ("call", "code", "error_class"),
     [
-        ("soniq_enqueue('Bad Name', '{}')", "SONIQ_INVALID_TASK_NAME", "SoniqError"),
-        ("soniq_enqueue('a.b', '[]')", "SONIQ_TASK_ARGS_INVALID", "SoniqError"),
-        ("soniq_args_hash('{\"n\": 1e400}')", "SONIQ_TASK_ARGS_INVALID", "SoniqError"),
+        ("soniq_enqueue('Bad Name', '{}')", "SONIQ_INVALID_TASK_NAME", "ConfigValidationError"),
+        ("soniq_enqueue('a.b', '[]')", "SONIQ_TASK_ARGS_INVALID", "ConfigValidationError"),
+        ("soniq_args_hash('{\"n\": 1e400}')", "SONIQ_TASK_ARGS_INVALID",
+         "ConfigValidationError"),
         ("soniq_enqueue('a.b', '{}', max_attempts => 0)", "SONIQ_INVALID_MAX_ATTEMPTS",
-         "SoniqError"),
+         "ConfigValidationError"),
         ("soniq_enqueue('a.b', '{}', queue => '')", "SONIQ_INVALID_OPTION",
          "ConfigValidationError"),
     ],

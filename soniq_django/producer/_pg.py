@@ -69,10 +69,8 @@ def translate(error: DatabaseError) -> SoniqError | None:
             code = ErrorCode(diag.message_hint)
         except ValueError:
             return None
-        if code is ErrorCode.INVALID_OPTION:
-            return ConfigValidationError(_HINTED[code], code=code)
         if code in _HINTED:
-            return SoniqError(code, _HINTED[code])
+            return ConfigValidationError(_HINTED[code], code=code)
     # An id is taken while either table holds it (soniq_enqueue says which).
     if sqlstate == "23505" and diag is not None and diag.constraint_name in (
         "soniq_jobs_pkey", "soniq_dead_letter_jobs_pkey"

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..conf import DEFAULTS, configured
 from ..encoding import hash_normalized_args, normalize_args
-from ..errors import ConfigValidationError, ErrorCode, SoniqError
+from ..errors import ConfigValidationError, ErrorCode
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_LABEL_LENGTH = 255
@@ -81,14 +81,15 @@ def validate_job_name(job_name: Any, pattern: str | None = None) -> str:
     ``pattern`` is the setting's value when the caller has already read it.
     """
     if type(job_name) is not str or not job_name:
-        raise SoniqError(ErrorCode.INVALID_TASK_NAME, "the job name must be a non-empty string")
+        raise ConfigValidationError("the job name must be a non-empty string",
+                                    code=ErrorCode.INVALID_TASK_NAME)
     if pattern is None:
         pattern = configured().get("TASK_NAME_PATTERN", DEFAULTS["TASK_NAME_PATTERN"])
     if _compiled(pattern).fullmatch(job_name) is None:
-        raise SoniqError(
-            ErrorCode.INVALID_TASK_NAME,
+        raise ConfigValidationError(
             "the job name does not match the task-name pattern "
             "(by default lowercase words joined by dots, like billing.send_invoice)",
+            code=ErrorCode.INVALID_TASK_NAME,
         )
     return job_name
 
@@ -98,9 +99,9 @@ def validate_max_attempts(value: Any) -> int | None:
     if value is None:
         return None
     if type(value) is not int or not 1 <= value <= INT32_MAX:
-        raise SoniqError(
-            ErrorCode.INVALID_MAX_ATTEMPTS,
+        raise ConfigValidationError(
             "max_attempts must be a whole number of at least 1 (retries plus one), or None",
+            code=ErrorCode.INVALID_MAX_ATTEMPTS,
         )
     return value
 
@@ -147,10 +148,10 @@ def prepare(request: JobRequest, config: dict | None = None) -> PreparedJob:
     """Validate ``request`` and return what to insert.
 
     ``config`` is ``settings.SONIQ`` when the caller has read it already (a
-    batch reads it once). Raises ``SoniqError`` with INVALID_TASK_NAME,
-    TASK_ARGS_INVALID or INVALID_MAX_ATTEMPTS (the codes SQL
-    ``soniq_enqueue`` uses), or ``ConfigValidationError`` (INVALID_OPTION)
-    for other options.
+    batch reads it once). Raises ``ConfigValidationError`` with
+    INVALID_TASK_NAME, TASK_ARGS_INVALID or INVALID_MAX_ATTEMPTS (the codes
+    SQL ``soniq_enqueue`` uses), INVALID_OPTION for other options, or CONFIG
+    when ``request`` is not a ``JobRequest``.
     """
     if not isinstance(request, JobRequest):
         raise ConfigValidationError("expected a JobRequest")
