@@ -22,8 +22,13 @@ QUEUE_DATABASE_REFUSED.
 """
 
 import enum
+import re
+from contextlib import contextmanager
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import Error as DatabaseError
+from django.db import IntegrityError, InterfaceError, OperationalError
+from django.db.transaction import TransactionManagementError
 
 
 class ErrorCode(enum.StrEnum):
@@ -163,3 +168,152 @@ class JobCancelled(SoniqError):
         self.code = ErrorCode.JOB_CANCELLED
         self.reason = _bounded(str(args[0]) if args else "") or "the job's cancel was requested"
         Exception.__init__(self, *args)
+
+
+# --------------------------------------------------------------------------
+# The one translation of database errors
+
+
+#: Reasons for the SQL API's validation HINTs (22023), one per code.
+_HINTED = {
+    ErrorCode.INVALID_TASK_NAME: "the job name does not match the database's task-name pattern",
+    ErrorCode.TASK_ARGS_INVALID: "the database refused the job args",
+    ErrorCode.INVALID_MAX_ATTEMPTS: "max_attempts must be at least 1",
+    ErrorCode.INVALID_OPTION: "the database refused an enqueue option",
+    ErrorCode.CONFIG: "the database refused an owned request",
+}
+_CLAIM_REASONS = frozenset({"nonce_reused", "generation_exhausted", "claim_identity_changed"})
+_JOB_IDS = frozenset({"soniq_jobs_pkey", "soniq_dead_letter_jobs_pkey"})
+_CLAIM_TOKEN = "soniq_jobs_claim_token_key"
+_JOB_TABLES = frozenset({"soniq_jobs", "soniq_dead_letter_jobs"})
+
+# SQLite has no SQLSTATE: its extended result codes, as the standard's classes.
+_SQLITE_STATES = {
+    "SQLITE_CONSTRAINT_PRIMARYKEY": "23505", "SQLITE_CONSTRAINT_UNIQUE": "23505",
+    "SQLITE_CONSTRAINT_NOTNULL": "23502", "SQLITE_CONSTRAINT_FOREIGNKEY": "23503",
+    "SQLITE_CONSTRAINT_CHECK": "23514",
+}
+_SQLITE_UNIQUE = re.compile(r"UNIQUE constraint failed: (\w+)\.(\w+)")
+
+
+def _driver_error(error: BaseException) -> BaseException:
+    """The driver's own exception: Django's wrapper keeps it as ``__cause__``."""
+    return error.__cause__ if isinstance(error, DatabaseError) and error.__cause__ else error
+
+
+def sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of a database error; SQLite's constraint failures as their class (23…)."""
+    driver = _driver_error(error)
+    state = getattr(driver, "sqlstate", None)
+    if state is not None:
+        return state
+    name = getattr(driver, "sqlite_errorname", None) or ""
+    if name.startswith("SQLITE_CONSTRAINT") or isinstance(error, IntegrityError):
+        return _SQLITE_STATES.get(name, "23000")
+    return None
+
+
+def _constraint(driver: BaseException) -> str | None:
+    """The violated constraint's name (PostgreSQL), or its equivalent on soniq's SQLite tables."""
+    name = getattr(getattr(driver, "diag", None), "constraint_name", None)
+    if name is not None or getattr(driver, "sqlite_errorname", None) is None:
+        return name
+    match = _SQLITE_UNIQUE.fullmatch(str(driver))
+    if match is None or match[1] not in _JOB_TABLES:
+        return None
+    if driver.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
+        return f"{match[1]}_pkey"
+    return _CLAIM_TOKEN if match.groups() == ("soniq_jobs", "claim_token") else None
+
+
+#: SQLSTATE classes of an unavailable database: connection exception,
+#: transaction rollback (serialization, deadlock), insufficient resources,
+#: object not in prerequisite state (lock not available), operator
+#: intervention (shutdown, cancel, statement timeout), system error.
+_UNAVAILABLE_CLASSES = frozenset({"08", "40", "53", "55", "57", "58"})
+#: SQLite's primary result codes of the same kind: BUSY and LOCKED ("database
+#: is locked"), NOMEM, INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL.
+_SQLITE_UNAVAILABLE = frozenset({5, 6, 7, 9, 10, 13, 14, 15})
+
+
+def _unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the database was unavailable, rather than that it refused."""
+    driver = _driver_error(error)
+    state = getattr(driver, "sqlstate", None)
+    if state:
+        return state[:2] in _UNAVAILABLE_CLASSES
+    code = getattr(driver, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _SQLITE_UNAVAILABLE
+    # No code at all (psycopg's "the connection is closed", a lost server):
+    # Django's OperationalError and InterfaceError, or a bare Error, say
+    # "unavailable". Psycopg's own classes carry the same names.
+    if isinstance(error, DatabaseError):
+        return type(error) is DatabaseError or isinstance(error, (OperationalError, InterfaceError))
+    return any(cls.__name__ in ("OperationalError", "InterfaceError")
+               for cls in type(error).__mro__)
+
+
+def database_refused(state: str | None, constraint: str | None = None, *,
+                     sqlite_name: str | None = None) -> SoniqError:
+    """QUEUE_DATABASE_REFUSED naming what refused (SQLSTATE and constraint, never driver text).
+
+    An SQLite error without a SQLSTATE equivalent is named by its result code.
+    """
+    where = f" on {constraint}" if constraint else ""
+    what = f"SQLSTATE {state}" if state else (sqlite_name or "SQLSTATE unknown")
+    return SoniqError(ErrorCode.QUEUE_DATABASE_REFUSED,
+                      f"the database refused the operation ({what}{where})")
+
+
+def translate(error: BaseException) -> SoniqError:
+    """The ``SoniqError`` a database error stands for; never echoes driver text.
+
+    ``error`` is a ``django.db`` error (the driver's error as its cause) or a
+    driver error itself. In this order:
+
+    - a HINT of the SQL API (``SONIQ_…`` validation codes, ``CONFIG``) ->
+      ``ConfigValidationError`` with that code; ``QUEUE_CLAIM_CONFLICT`` ->
+      that code, its DETAIL naming the reason;
+    - a unique violation (23505) of a job id -> DUPLICATE_JOB_ID; of a claim
+      token -> QUEUE_CLAIM_CONFLICT (``nonce_reused``);
+    - the database unavailable -> QUEUE_PERSISTENCE_FAILED: a SQLSTATE of
+      class 08, 40, 53, 55, 57 or 58, SQLite's BUSY, LOCKED, IOERR, FULL…,
+      or, without any code, Django's OperationalError or InterfaceError;
+    - anything else (a constraint, a trigger, a missing function or table, a
+      broken enclosing transaction) -> QUEUE_DATABASE_REFUSED naming the SQLSTATE.
+    """
+    if isinstance(error, SoniqError):
+        return error
+    driver = _driver_error(error)
+    diag = getattr(driver, "diag", None)
+    hint = getattr(diag, "message_hint", None)
+    if hint in _HINTED:
+        return ConfigValidationError(_HINTED[hint], code=ErrorCode(hint))
+    if hint == ErrorCode.QUEUE_CLAIM_CONFLICT:
+        detail = getattr(diag, "message_detail", None)
+        return SoniqError(ErrorCode.QUEUE_CLAIM_CONFLICT,
+                          detail if detail in _CLAIM_REASONS else "claim_conflict")
+    state, constraint = sqlstate(error), _constraint(driver)
+    if state == "23505" and constraint in _JOB_IDS:
+        return SoniqError(ErrorCode.DUPLICATE_JOB_ID,
+                          "a job with the requested job_id already exists")
+    if state == "23505" and constraint == _CLAIM_TOKEN:
+        return SoniqError(ErrorCode.QUEUE_CLAIM_CONFLICT, "nonce_reused")
+    if _unavailable(error):
+        return SoniqError(ErrorCode.QUEUE_PERSISTENCE_FAILED, "unavailable")
+    if isinstance(error, TransactionManagementError):
+        return SoniqError(ErrorCode.QUEUE_DATABASE_REFUSED,
+                          "Django refused the query: the enclosing transaction is broken by an "
+                          "earlier error, or in the wrong state (TransactionManagementError)")
+    return database_refused(state, constraint,
+                            sqlite_name=getattr(driver, "sqlite_errorname", None))
+
+
+@contextmanager
+def translating():
+    """Raise the ``SoniqError`` of any database error raised inside (see ``translate``)."""
+    try:
+        yield
+    except DatabaseError as error:
+        raise translate(error) from None
