@@ -17,7 +17,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
-from .conf import soniq_settings
+from .conf import get_settings
 from .errors import ConfigValidationError, ErrorCode
 from .producer.request import JobRequest, prepare
 
@@ -112,7 +112,7 @@ class JobHandler:
     def max_attempts(self) -> int:
         """Attempts a job of this handler gets: ``retries + 1``."""
         if self.retries is None:
-            return soniq_settings.DEFAULT_MAX_ATTEMPTS
+            return get_settings().DEFAULT_MAX_ATTEMPTS
         return self.retries + 1
 
     def configure(self, **options: Any) -> "ConfiguredJob":

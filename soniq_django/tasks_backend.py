@@ -26,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from .conf import soniq_settings
+from .conf import get_settings
 from .errors import ConfigValidationError, ErrorCode, SoniqError
 
 try:  # Django 6
@@ -111,7 +111,7 @@ class SoniqTaskBackend(BaseTaskBackend):
     def max_attempts(self) -> int:
         """Attempts each task gets before it fails for good."""
         if self._max_attempts is None:
-            return soniq_settings.DEFAULT_MAX_ATTEMPTS
+            return get_settings().DEFAULT_MAX_ATTEMPTS
         return self._max_attempts
 
     def validate_task(self, task: Task) -> None:
@@ -127,7 +127,7 @@ class SoniqTaskBackend(BaseTaskBackend):
             raise InvalidTaskError(
                 f"The task {task.module_path!r} cannot be stored as a soniq job: its module path "
                 f"is the job name, which must match SONIQ['TASK_NAME_PATTERN'] "
-                f"({soniq_settings.TASK_NAME_PATTERN}). Rename the module or function "
+                f"({get_settings().TASK_NAME_PATTERN}). Rename the module or function "
                 f"(lowercase letters, digits and underscores, joined by dots)."
             ) from None
 

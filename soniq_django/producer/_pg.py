@@ -26,7 +26,7 @@ from contextlib import contextmanager, nullcontext
 import psycopg
 from django.db import transaction
 
-from ..conf import soniq_settings
+from ..conf import get_settings
 from ..errors import translating
 from .request import PreparedJob
 
@@ -66,7 +66,7 @@ def _translated(connection, alias: str):
 
 def prepares_statements(connection) -> bool:
     """Whether soniq's enqueue statements are prepared on ``connection``."""
-    wanted = soniq_settings.PREPARED_STATEMENTS
+    wanted = get_settings().PREPARED_STATEMENTS
     if wanted is None:
         return not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
     return wanted

@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 
 from . import _pg
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
-from ..conf import configured
+from ..conf import DEFAULT_MAX_ATTEMPTS
 from .request import JobRequest, PreparedJob, coerce_job_id, prepare
 from ..models import DeadLetterJob, Job, JobStatus
 
@@ -51,7 +51,7 @@ def enqueue(
     queue: str | None = None,
     priority: int | None = None,
     run_at: dt.datetime | None = None,
-    max_attempts: int | None = 4,
+    max_attempts: int | None = DEFAULT_MAX_ATTEMPTS,
     unique_job: bool = False,
     dedup_key: str | None = None,
     producer_id: str | None = None,
@@ -94,8 +94,7 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     dedup jobs are resolved one by one (a later request can return an earlier
     one's id). Raises what ``enqueue`` raises.
     """
-    config = configured()
-    prepared = [prepare(request, config) for request in requests]
+    prepared = [prepare(request) for request in requests]
     if not prepared:
         return []
     alias = write_alias(using)
