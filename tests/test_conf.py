@@ -109,3 +109,29 @@ def test_only_conf_reads_settings_soniq():
                      if path.name != "conf.py" and _reads_soniq(path))
     assert readers == [], f"modules reading settings.SONIQ themselves: {readers}"
     assert _reads_soniq(PACKAGE / "conf.py")
+
+
+def test_the_default_attempt_limit_is_one_constant_everywhere():
+    import inspect
+
+    from soniq_django import enqueue
+    from soniq_django.conf import DEFAULT_MAX_ATTEMPTS
+    from soniq_django.models import Job, RecurringJob
+    from soniq_django.owned import _store
+    from soniq_django.producer.request import JobRequest
+
+    assert DEFAULT_MAX_ATTEMPTS == 4  # SPEC §5 and §9
+    assert JobRequest("a.b").max_attempts == DEFAULT_MAX_ATTEMPTS
+    assert inspect.signature(enqueue).parameters["max_attempts"].default == DEFAULT_MAX_ATTEMPTS
+    assert Settings().DEFAULT_MAX_ATTEMPTS == DEFAULT_MAX_ATTEMPTS
+    for model in (Job, RecurringJob):
+        field = model._meta.get_field("max_attempts")
+        db_default = getattr(field.db_default, "value", field.db_default)  # Value(4) or 4
+        assert (field.default, db_default) == (DEFAULT_MAX_ATTEMPTS,) * 2
+    assert _store.DEFAULT_MAX_ATTEMPTS is DEFAULT_MAX_ATTEMPTS
+    literal = re.compile(r"(?i)max_attempts.*[=:]\s*4\b")  # "default=4", "= 4", ": int = 4"
+    found = [f"{path.relative_to(PACKAGE)}:{number}"
+             for path in sorted(PACKAGE.rglob("*.py")) if "migrations" not in path.parts
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if literal.search(line) and not line.lstrip().startswith("#")]
+    assert [hit.partition(":")[0] for hit in found] == ["conf.py"], found

@@ -24,6 +24,7 @@ from django.db.models import F as models_F
 from django.db.models import Max, Q
 from django.utils import timezone
 
+from ..conf import DEFAULT_MAX_ATTEMPTS
 from ..errors import ConfigValidationError, ErrorCode, SoniqError, translate
 from ..models import DeadLetterJob, Job, JobStatus, TaskRegistration, Worker
 from .types import INT64_MAX, QueueClaimFence
@@ -33,8 +34,6 @@ CLAIM_COLUMNS = (
     "lease_expires_at", "generation", "owner", "token",
 )
 
-#: The attempt limit format 1 gives a row, and soniq_fail's default_max_attempts.
-FORMAT1_DEFAULT_MAX_ATTEMPTS = 4
 #: How long a retry finished as superseded is kept by a failure report
 #: (soniq_fail has no result-TTL parameter; 300 s is the default RESULT_TTL).
 FAIL_SUPERSEDED_TTL = 300.0
@@ -510,12 +509,12 @@ def default_max_attempts(alias: str, job_name: str) -> int:
     """The attempt limit of a job whose ``max_attempts`` is NULL, as the reaper counts it.
 
     What its handler declares in soniq_task_registry (the largest, when
-    workers of several releases disagree), else 4 -- the twin of
-    soniq_default_max_attempts_v1.
+    workers of several releases disagree), else ``DEFAULT_MAX_ATTEMPTS`` (4)
+    -- the twin of soniq_default_max_attempts_v1.
     """
     declared = TaskRegistration.objects.using(alias).filter(
         task_name=job_name, max_attempts__gte=1).aggregate(Max("max_attempts"))
-    return declared["max_attempts__max"] or FORMAT1_DEFAULT_MAX_ATTEMPTS
+    return declared["max_attempts__max"] or DEFAULT_MAX_ATTEMPTS
 
 
 def superseded_error(twin_id, key: str, error: str) -> str:
