@@ -249,7 +249,8 @@ def _unavailable(error: BaseException) -> bool:
     # Django's OperationalError and InterfaceError, or a bare Error, say
     # "unavailable". Psycopg's own classes carry the same names.
     if isinstance(error, DatabaseError):
-        return type(error) is DatabaseError or isinstance(error, (OperationalError, InterfaceError))
+        return (type(error) is DatabaseError
+                or isinstance(error, (OperationalError, InterfaceError)))
     return any(cls.__name__ in ("OperationalError", "InterfaceError")
                for cls in type(error).__mro__)
 
