@@ -132,9 +132,9 @@ class PostgresClaims:
         )
         return rows[0][0] is True
 
-    def settle(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float, owner: str,
-               tokens: list[str], queues: list[str] | None, lease: float, pid: int | None
-               ) -> tuple[list[bool], list[dict]]:
+    def complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float,
+                           owner: str, tokens: list[str], queues: list[str] | None,
+                           lease: float, pid: int | None) -> tuple[list[bool], list[dict]]:
         """Complete ``completions`` (all of ``owner``) and claim one job per token, in one go.
 
         Two statements in one query string run as one implicit transaction
@@ -147,8 +147,9 @@ class PostgresClaims:
         """
         if completions and tokens and _binds_on_server(connections[self.alias]):
             with guarded(self.alias, atomic=True):
-                completed, _ = self.settle(completions, ttl, owner, [], queues, lease, pid)
-                _, claimed = self.settle([], ttl, owner, tokens, queues, lease, pid)
+                completed, _ = self.complete_and_claim(
+                    completions, ttl, owner, [], queues, lease, pid)
+                _, claimed = self.complete_and_claim([], ttl, owner, tokens, queues, lease, pid)
             return completed, claimed
         statements, params = [], []
         if completions:
@@ -435,9 +436,9 @@ class SqliteClaims:
                 pid=None, expires_at=now + dt.timedelta(seconds=ttl),
             )
 
-    def settle(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float, owner: str,
-               tokens: list[str], queues: list[str] | None, lease: float, pid: int | None
-               ) -> tuple[list[bool], list[dict]]:
+    def complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float,
+                           owner: str, tokens: list[str], queues: list[str] | None,
+                           lease: float, pid: int | None) -> tuple[list[bool], list[dict]]:
         with guarded(self.alias, atomic=True) as connection:
             take_sqlite_write_lock(connection)
             completed = [self.complete(f, result, ttl) for f, result in completions]

@@ -135,7 +135,7 @@ def _row(submission: OwnedSubmission) -> Job:
 
 
 def _displace_predecessor(alias, connection, submission, now) -> uuid.UUID | None:
-    """Settle a live job holding the same active key, or refuse.
+    """Cancel a live job holding the same active key (``force``), or refuse.
 
     Returns the original id when, under the predecessor's lock, this turns
     out to be a replay after all; None when the new job may be inserted.

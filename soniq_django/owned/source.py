@@ -267,12 +267,14 @@ class OwnedJobSource:
         would have answered for it alone.
         """
         worker, checked = _completions(completions)
-        return self._settle(checked, worker, [], None, None)[0]
+        return self._complete_and_claim(checked, worker, [], None, None)[0]
 
     async def acomplete_many_owned(self, completions: list[tuple[QueueClaimFence, Any]]
                                    ) -> list[bool]:
         worker, checked = _completions(completions)
-        return (await sync_to_async(self._settle)(checked, worker, [], None, None))[0]
+        completed, _ = await sync_to_async(self._complete_and_claim)(
+            checked, worker, [], None, None)
+        return completed
 
     def complete_many_and_claim_owned(self, completions: list[tuple[QueueClaimFence, Any]], *,
                                       claim_tokens: list[str], queues: list[str] | None = None,
@@ -285,17 +287,18 @@ class OwnedJobSource:
         completions committed too) or re-send the completions with the same
         fences.
         """
-        return self._settle(*_settle_args(completions, claim_tokens, queues, pid))
+        args = _complete_and_claim_args(completions, claim_tokens, queues, pid)
+        return self._complete_and_claim(*args)
 
     async def acomplete_many_and_claim_owned(
         self, completions: list[tuple[QueueClaimFence, Any]], *, claim_tokens: list[str],
         queues: list[str] | None = None, pid: int | None = None,
     ) -> tuple[list[bool], list[ClaimedJob]]:
-        args = _settle_args(completions, claim_tokens, queues, pid)
-        return await sync_to_async(self._settle)(*args)
+        args = _complete_and_claim_args(completions, claim_tokens, queues, pid)
+        return await sync_to_async(self._complete_and_claim)(*args)
 
-    def _settle(self, completions, worker, tokens, queues, pid):
-        completed, rows = self._claims.settle(
+    def _complete_and_claim(self, completions, worker, tokens, queues, pid):
+        completed, rows = self._claims.complete_and_claim(
             completions, _result_ttl(), worker, tokens, queues,
             _lease(), pid,
         )
@@ -401,7 +404,7 @@ def _completions(completions) -> tuple[str, list[tuple[QueueClaimFence, Any]]]:
     return workers.pop(), checked
 
 
-def _settle_args(completions, claim_tokens, queues, pid) -> tuple:
+def _complete_and_claim_args(completions, claim_tokens, queues, pid) -> tuple:
     worker, checked = _completions(completions)
     worker, tokens, names, pid = _claim_many_args(worker, claim_tokens, queues, pid)
     return checked, worker, tokens, names, pid
