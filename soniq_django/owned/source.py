@@ -156,9 +156,7 @@ class OwnedJobSource:
     def _claim(self, worker_id: str, claim_token: str, queues: list[str] | None,
                pid: int | None):
         row = self._claims.claim(
-            worker_id, claim_token, queues, _lease(), _result_ttl(),
-            pid,
-        )
+            worker_id, claim_token, queues, _lease(), _result_ttl(), pid)
         return _claimed(row)
 
     async def aclaim_next_owned(self, worker_id: str, *, claim_token: str,
@@ -186,9 +184,7 @@ class OwnedJobSource:
     def _claim_many(self, worker_id: str, claim_tokens: list[str], queues: list[str] | None,
                     pid: int | None) -> list[ClaimedJob]:
         rows = self._claims.claim_many(
-            worker_id, claim_tokens, queues, _lease(), _result_ttl(),
-            pid,
-        )
+            worker_id, claim_tokens, queues, _lease(), _result_ttl(), pid)
         return [_claimed(row) for row in rows]
 
     async def aclaim_many_owned(self, worker_id: str, *, claim_tokens: list[str],
