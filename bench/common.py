@@ -93,7 +93,7 @@ def drop_database(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def settle(dbname: str) -> None:
+def quiesce(dbname: str) -> None:
     """Same starting line for every measurement: fresh statistics, no dirty buffers."""
     with connect(dbname) as conn:
         conn.execute("VACUUM ANALYZE")

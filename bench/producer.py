@@ -60,7 +60,7 @@ def main(argv: list[str]) -> None:
 def _reset(db, common) -> None:
     with common.connect(db) as conn:
         conn.execute("TRUNCATE soniq_jobs, raw_jobs")
-    common.settle(db)
+    common.quiesce(db)
 
 
 def _single(db, opts, common, raw) -> None:

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 from bench import raw
-from bench.common import connect, settle
+from bench.common import connect, quiesce
 
 CALLS = 500
 
@@ -49,7 +49,7 @@ def call_costs(soniq, count=CALLS) -> list[tuple[str, float, float]]:
         soniq.reset()
         with connect(db) as conn:
             conn.execute("TRUNCATE raw_jobs")
-        settle(db)
+        quiesce(db)
         with connect(db) as conn:
             conn.execute(f"SET synchronous_commit = {sync}")
             found = {}

@@ -37,7 +37,7 @@ from bench.common import (
     parse_result,
     percentile,
     read_stamps,
-    settle,
+    quiesce,
     summary,
 )
 
@@ -269,7 +269,7 @@ def drain(system: System, cfg, concurrency: int, processes: int, *, jobs: int | 
     window = cfg.window if window is None else window
     system.reset()
     system.preload(jobs)
-    settle(system.db)
+    quiesce(system.db)
     stamps_dir = Path(tempfile.mkdtemp(prefix="stamps-", dir=system.log_dir))
     state = {"first": None, "stopped": False, "drained_at": None}
 
@@ -316,7 +316,7 @@ def drain(system: System, cfg, concurrency: int, processes: int, *, jobs: int | 
 def latency(system: System, cfg) -> dict:
     """Enqueue-to-start on one idle worker (concurrency 1) that waits for work."""
     system.reset()
-    settle(system.db)
+    quiesce(system.db)
     stamps_dir = Path(tempfile.mkdtemp(prefix="stamps-", dir=system.log_dir))
     state: dict = {}
 
@@ -407,11 +407,11 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
         raw.reset_raw(raw_db)
         if rows:
             raw.copy_rows(raw_db, rows)
-        settle(raw_db)
+        quiesce(raw_db)
 
     def fresh(system: System) -> System:
         system.reset()
-        settle(system.db)
+        quiesce(system.db)
         return system
 
     # Producers, one job per transaction: the ceiling, enqueue() and the SQL function
@@ -442,7 +442,7 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
         res.add(f"raw.drain.{conc}", raw.raw_drain(raw_db, conc, cfg.window)["rate"])
         soniq.reset()
         soniq.preload(cfg.drain_jobs)
-        settle(soniq.db)
+        quiesce(soniq.db)
         res.add(f"soniq.protocol.{conc}", raw.protocol_drain(soniq.db, conc, cfg.window)["rate"])
         res.add(f"soniq.drain.1x{conc}", drain(soniq, cfg, conc, 1)["rate"])
         if cfg.what_if and conc in cfg.what_if_concurrency:

@@ -13,53 +13,52 @@ from django.core import checks
 from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
-from .conf import DEFAULTS
+from .conf import KEYS, Settings, get_settings
 from .registry import registered_handlers
 
 _POSITIVE = ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "POLL_INTERVAL")
 _NOT_NEGATIVE = ("RESULT_TTL", "RETRY_BASE_SECONDS", "RETRY_MAX_SECONDS")
 _INTEGERS = ("DEFAULT_PRIORITY", "DEFAULT_MAX_ATTEMPTS")
-
-
-def _configured() -> dict | None:
-    value = getattr(settings, "SONIQ", {})
-    return value if isinstance(value, dict) else None
+_DEFAULT = Settings()
 
 
 def _number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _value_errors(config: dict) -> list[checks.CheckMessage]:
+def _value_errors(config: Settings) -> list[checks.CheckMessage]:
+    """soniq.E003 for each value of the wrong type or range (a default is always right)."""
     errors = []
     for key in _POSITIVE:
-        if key in config and not (_number(config[key]) and config[key] > 0):
+        value = getattr(config, key)
+        if not (_number(value) and value > 0):
             errors.append(checks.Error(
                 f"SONIQ[{key!r}] must be a positive number of seconds.",
-                hint=f"The default is {DEFAULTS[key]}.", id="soniq.E003"))
+                hint=f"The default is {getattr(_DEFAULT, key)}.", id="soniq.E003"))
     for key in _NOT_NEGATIVE:
-        if key in config and not (_number(config[key]) and config[key] >= 0):
+        value = getattr(config, key)
+        if not (_number(value) and value >= 0):
             errors.append(checks.Error(
                 f"SONIQ[{key!r}] must be a number of seconds, 0 or more.",
-                hint=f"The default is {DEFAULTS[key]}.", id="soniq.E003"))
+                hint=f"The default is {getattr(_DEFAULT, key)}.", id="soniq.E003"))
     for key in _INTEGERS:
-        if key in config and type(config[key]) is not int:
+        if type(getattr(config, key)) is not int:
             errors.append(checks.Error(f"SONIQ[{key!r}] must be a whole number.",
-                                       hint=f"The default is {DEFAULTS[key]}.", id="soniq.E003"))
-    if "DEFAULT_MAX_ATTEMPTS" in config and type(config["DEFAULT_MAX_ATTEMPTS"]) is int \
-            and config["DEFAULT_MAX_ATTEMPTS"] < 1:
+                                       hint=f"The default is {getattr(_DEFAULT, key)}.",
+                                       id="soniq.E003"))
+    if type(config.DEFAULT_MAX_ATTEMPTS) is int and config.DEFAULT_MAX_ATTEMPTS < 1:
         errors.append(checks.Error("SONIQ['DEFAULT_MAX_ATTEMPTS'] must be at least 1.",
                                    hint="It counts the first attempt too.", id="soniq.E003"))
-    timeout = config.get("JOB_TIMEOUT_SECONDS")
+    timeout = config.JOB_TIMEOUT_SECONDS
     if timeout is not None and not (_number(timeout) and timeout > 0):
         errors.append(checks.Error("SONIQ['JOB_TIMEOUT_SECONDS'] must be None or a positive number.",
                                    id="soniq.E003"))
-    prepared = config.get("PREPARED_STATEMENTS")
+    prepared = config.PREPARED_STATEMENTS
     if prepared is not None and type(prepared) is not bool:
         errors.append(checks.Error("SONIQ['PREPARED_STATEMENTS'] must be None, True or False.",
                                    hint="None (the default) prepares them unless the database "
                                         "sets DISABLE_SERVER_SIDE_CURSORS.", id="soniq.E003"))
-    queue = config.get("DEFAULT_QUEUE", "default")
+    queue = config.DEFAULT_QUEUE
     if not isinstance(queue, str) or not queue or len(queue) > 255:
         errors.append(checks.Error("SONIQ['DEFAULT_QUEUE'] must be a queue name (1-255 characters).",
                                    id="soniq.E003"))
@@ -68,25 +67,25 @@ def _value_errors(config: dict) -> list[checks.CheckMessage]:
 
 @checks.register()
 def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
-    config = _configured()
-    if config is None:
+    config = get_settings()
+    if not config.is_dict:
         return [checks.Error("settings.SONIQ must be a dict.", hint="For example SONIQ = {}.",
                              id="soniq.E001")]
     messages = []
-    unknown = sorted(set(config) - set(DEFAULTS))
+    unknown = sorted(map(str, config.configured - set(KEYS)))
     if unknown:
         messages.append(checks.Error(
-            f"Unknown SONIQ setting(s): {', '.join(map(str, unknown))}.",
-            hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.", id="soniq.E002"))
+            f"Unknown SONIQ setting(s): {', '.join(unknown)}.",
+            hint=f"Known settings: {', '.join(sorted(KEYS))}.", id="soniq.E002"))
     messages += _value_errors(config)
-    pattern = config.get("TASK_NAME_PATTERN", DEFAULTS["TASK_NAME_PATTERN"])
+    pattern = config.TASK_NAME_PATTERN
     try:
         re.compile(pattern)
     except (re.error, TypeError):
         messages.append(checks.Error("SONIQ['TASK_NAME_PATTERN'] is not a valid regular expression.",
                                      id="soniq.E004"))
         return messages
-    lease, beat = config.get("LEASE_SECONDS", 30), config.get("HEARTBEAT_SECONDS", 10)
+    lease, beat = config.LEASE_SECONDS, config.HEARTBEAT_SECONDS
     if _number(lease) and _number(beat) and lease > 0 and beat > lease / 2:
         messages.append(checks.Warning(
             "SONIQ['HEARTBEAT_SECONDS'] is more than half of LEASE_SECONDS.",
@@ -97,7 +96,7 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
             messages.append(checks.Error(
                 f"The job name {name!r} does not match SONIQ['TASK_NAME_PATTERN'].",
                 hint="Rename the job with @job(name=...) or widen the pattern.", id="soniq.E007"))
-    if config.get("REQUIRE_SQL_API"):
+    if config.REQUIRE_SQL_API:
         for alias in settings.DATABASES:
             if connections[alias].vendor != "postgresql":
                 messages.append(checks.Error(
@@ -146,8 +145,7 @@ def check_database(app_configs=None, databases=None, **kwargs) -> list[checks.Ch
 
 
 def _pattern_messages(alias: str) -> list[checks.CheckMessage]:
-    config = _configured() or {}
-    pattern = config.get("TASK_NAME_PATTERN", DEFAULTS["TASK_NAME_PATTERN"])
+    pattern = get_settings().TASK_NAME_PATTERN
     with connections[alias].cursor() as cursor:
         cursor.execute("SELECT soniq_task_name_pattern_v1()")
         (database_pattern,) = cursor.fetchone()

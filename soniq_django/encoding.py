@@ -16,7 +16,7 @@ from decimal import Decimal
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from .errors import ErrorCode, SoniqError
+from .errors import ConfigValidationError, ErrorCode
 
 #: The args object itself is level 1; containers may nest to this level.
 MAX_NESTING = 499
@@ -24,8 +24,8 @@ MAX_NESTING = 499
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def _invalid(reason: str) -> SoniqError:
-    return SoniqError(ErrorCode.TASK_ARGS_INVALID, reason)
+def _invalid(reason: str) -> ConfigValidationError:
+    return ConfigValidationError(reason, code=ErrorCode.TASK_ARGS_INVALID)
 
 
 def _check_text(text: str, what: str) -> None:
@@ -83,7 +83,7 @@ def normalize_json(value: Any) -> Any:
 def normalize_args(args: Any) -> dict:
     """Validate job args and return a deep copy made of plain JSON values.
 
-    Raises ``SoniqError(TASK_ARGS_INVALID)`` unless ``args`` is a dict whose
+    Raises ``ConfigValidationError(TASK_ARGS_INVALID)`` unless ``args`` is a dict whose
     contents are dicts, lists/tuples, str, int, float, bool or None, with
     finite numbers within float64 range, no NUL characters, no lone
     surrogates, no two keys that stringify alike, and at most
@@ -186,7 +186,7 @@ def canonical_json(args: Any) -> str:
     Keys sorted at every level, ``,``/``:`` separators, strings escaped as
     ``json.dumps`` escapes them by default (ASCII only, lowercase ``\\uXXXX``,
     surrogate pairs above U+FFFF) and numbers as PostgreSQL prints them.
-    Raises ``SoniqError(TASK_ARGS_INVALID)`` for args ``normalize_args`` refuses.
+    Raises ``ConfigValidationError(TASK_ARGS_INVALID)`` for args ``normalize_args`` refuses.
     """
     return _encode(normalize_args(args))
 

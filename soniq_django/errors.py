@@ -1,12 +1,34 @@
-"""The one exception hierarchy of soniq_django.
+"""Every exception of soniq_django: one tree under ``SoniqError``.
 
 Every error carries a stable ``code`` (an :class:`ErrorCode`) and a short
 authored ``reason``. Messages never echo job ids, claim tokens, job
 arguments, connection strings or driver text: callers branch on ``code``,
 and people read ``reason``.
+
+::
+
+    SoniqError
+    ├── ConfigValidationError   bad input: INVALID_TASK_NAME, TASK_ARGS_INVALID,
+    │                           INVALID_MAX_ATTEMPTS, INVALID_OPTION, CONFIG
+    ├── SchemaAdmissionError    SCHEMA_REFUSED (also an ImproperlyConfigured)
+    ├── TablesShapeError        SCHEMA_REFUSED
+    ├── DowngradeRefused        QUEUE_SUBMISSION_CONFLICT
+    ├── PermanentFailure        PERMANENT_FAILURE (raised by a job handler)
+    └── JobCancelled            JOB_CANCELLED (raised inside a job handler)
+
+Plain ``SoniqError`` carries the other codes: DUPLICATE_JOB_ID,
+QUEUE_SUBMISSION_CONFLICT, QUEUE_CLAIM_CONFLICT, QUEUE_PERSISTENCE_FAILED,
+QUEUE_DATABASE_REFUSED.
 """
 
 import enum
+import re
+from contextlib import contextmanager
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import Error as DatabaseError
+from django.db import IntegrityError, InterfaceError, OperationalError
+from django.db.transaction import TransactionManagementError
 
 
 class ErrorCode(enum.StrEnum):
@@ -33,12 +55,28 @@ class ErrorCode(enum.StrEnum):
     connections, a lock or serialization conflict), or a commit was not acknowledged;
     the outcome is unknown and the same call may succeed later."""
     QUEUE_DATABASE_REFUSED = "QUEUE_DATABASE_REFUSED"
-    """The database refused an owned operation for a reason other than its availability
+    """The database refused the operation for a reason other than its availability
     (a constraint, a trigger, a missing function): nothing was written, and sending the
     same call again gives the same answer. The reason names the SQLSTATE."""
+    SCHEMA_REFUSED = "SCHEMA_REFUSED"
+    """A migration found tables or columns it cannot take over; it changed nothing."""
+    PERMANENT_FAILURE = "PERMANENT_FAILURE"
+    """A job handler says retrying cannot help: the job is dead-lettered at once."""
+    JOB_CANCELLED = "JOB_CANCELLED"
+    """A cancel of the running job was requested; its handler stops."""
 
+
+#: The codes of bad input, each raised as a ``ConfigValidationError``.
+INPUT_CODES = frozenset({
+    ErrorCode.INVALID_TASK_NAME, ErrorCode.TASK_ARGS_INVALID, ErrorCode.INVALID_MAX_ATTEMPTS,
+    ErrorCode.INVALID_OPTION, ErrorCode.CONFIG,
+})
 
 _MAX_REASON = 200
+
+
+def _bounded(reason: str) -> str:
+    return reason[:_MAX_REASON]
 
 
 class SoniqError(Exception):
@@ -50,24 +88,233 @@ class SoniqError(Exception):
 
     def __init__(self, code: ErrorCode, reason: str = ""):
         self.code = ErrorCode(code)
-        self.reason = (reason or self.code.value)[:_MAX_REASON]
+        self.reason = _bounded(reason or self.code.value)
         super().__init__(f"{self.code.value}: {self.reason}")
 
 
 class ConfigValidationError(SoniqError):
-    """Invalid caller input: an option, a request, a result or a fence."""
+    """Invalid caller input: an option, a request, a result or a fence.
+
+    ``code`` is one of ``INPUT_CODES`` (CONFIG unless a more precise one applies).
+    """
 
     def __init__(self, reason: str = "", code: ErrorCode = ErrorCode.CONFIG):
+        if code not in INPUT_CODES:
+            raise ValueError(f"{code} is not a code of bad input")
         super().__init__(code, reason)
 
 
-class PermanentFailure(Exception):
-    """Raise from a job handler when retrying cannot help.
+class SchemaAdmissionError(SoniqError, ImproperlyConfigured):
+    """The owned schema is refused; ``problems`` lists every reason.
 
-    The worker moves the job straight to the dead letters with the reason
-    ``permanent_failure`` instead of retrying it.
+    Also an ``ImproperlyConfigured``, which is what ``migrate`` callers catch.
+    The message lists every problem, one line each; ``reason`` counts them.
     """
 
+    def __init__(self, problems):
+        self.problems = tuple(problems)
+        self.code = ErrorCode.SCHEMA_REFUSED
+        rules = sorted({problem.rule for problem in self.problems})
+        self.reason = _bounded(f"owned-queue schema refused: {len(self.problems)} problem(s) "
+                               f"(rules {', '.join(rules)})")
+        lines = [f"- {problem.message}" for problem in self.problems]
+        Exception.__init__(self, "owned-queue schema refused:\n" + "\n".join(lines))
 
-class JobCancelled(Exception):
+
+class TablesShapeError(SoniqError):
+    """soniq_workers or soniq_task_registry is in neither shape migration 0006 knows."""
+
+    def __init__(self, reason: str):
+        super().__init__(ErrorCode.SCHEMA_REFUSED, reason)
+
+
+class DowngradeRefused(SoniqError):
+    """Protected submissions or live owned claims remain; nothing was changed.
+
+    ``code`` is ``QUEUE_SUBMISSION_CONFLICT``; ``retained`` holds the counts
+    (a ``schema.owned_metadata.Retained``). The reason names counts and
+    tables only, never ids, tokens or payloads.
+    """
+
+    def __init__(self, retained):
+        self.retained = retained
+        super().__init__(
+            ErrorCode.QUEUE_SUBMISSION_CONFLICT,
+            f"downgrade refused: protected submissions in soniq_jobs {retained.protected_jobs}, "
+            f"in soniq_dead_letter_jobs {retained.protected_dead_letters}; active owned claims "
+            f"{retained.active_claims}. Retire or finish them first.",
+        )
+
+
+class PermanentFailure(SoniqError):
+    """Raise from a job handler when retrying cannot help: ``PermanentFailure("card declined")``.
+
+    The worker moves the job straight to the dead letters with the reason
+    ``permanent_failure`` instead of retrying it. The message is the
+    handler's own and is kept whole (it goes into ``last_error``); ``reason``
+    is its first 200 characters.
+    """
+
+    def __init__(self, *args):
+        self.code = ErrorCode.PERMANENT_FAILURE
+        self.reason = _bounded(str(args[0]) if args else "") or self.code.value
+        Exception.__init__(self, *args)
+
+
+class JobCancelled(SoniqError):
     """Raised inside a handler (by ``JobContext.raise_if_cancelled``) once a cancel is requested."""
+
+    def __init__(self, *args):
+        self.code = ErrorCode.JOB_CANCELLED
+        self.reason = _bounded(str(args[0]) if args else "") or "the job's cancel was requested"
+        Exception.__init__(self, *args)
+
+
+# --------------------------------------------------------------------------
+# The one translation of database errors
+
+
+#: Reasons for the SQL API's validation HINTs (22023), one per code.
+_HINTED = {
+    ErrorCode.INVALID_TASK_NAME: "the job name does not match the database's task-name pattern",
+    ErrorCode.TASK_ARGS_INVALID: "the database refused the job args",
+    ErrorCode.INVALID_MAX_ATTEMPTS: "max_attempts must be at least 1",
+    ErrorCode.INVALID_OPTION: "the database refused an enqueue option",
+    ErrorCode.CONFIG: "the database refused an owned request",
+}
+_CLAIM_REASONS = frozenset({"nonce_reused", "generation_exhausted", "claim_identity_changed"})
+_JOB_IDS = frozenset({"soniq_jobs_pkey", "soniq_dead_letter_jobs_pkey"})
+_CLAIM_TOKEN = "soniq_jobs_claim_token_key"
+_JOB_TABLES = frozenset({"soniq_jobs", "soniq_dead_letter_jobs"})
+
+# SQLite has no SQLSTATE: its extended result codes, as the standard's classes.
+_SQLITE_STATES = {
+    "SQLITE_CONSTRAINT_PRIMARYKEY": "23505", "SQLITE_CONSTRAINT_UNIQUE": "23505",
+    "SQLITE_CONSTRAINT_NOTNULL": "23502", "SQLITE_CONSTRAINT_FOREIGNKEY": "23503",
+    "SQLITE_CONSTRAINT_CHECK": "23514",
+}
+_SQLITE_UNIQUE = re.compile(r"UNIQUE constraint failed: (\w+)\.(\w+)")
+
+
+def _driver_error(error: BaseException) -> BaseException:
+    """The driver's own exception: Django's wrapper keeps it as ``__cause__``."""
+    return error.__cause__ if isinstance(error, DatabaseError) and error.__cause__ else error
+
+
+def sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of a database error; SQLite's constraint failures as their class (23…)."""
+    driver = _driver_error(error)
+    state = getattr(driver, "sqlstate", None)
+    if state is not None:
+        return state
+    name = getattr(driver, "sqlite_errorname", None) or ""
+    if name.startswith("SQLITE_CONSTRAINT") or isinstance(error, IntegrityError):
+        return _SQLITE_STATES.get(name, "23000")
+    return None
+
+
+def _constraint(driver: BaseException) -> str | None:
+    """The violated constraint's name (PostgreSQL), or its equivalent on soniq's SQLite tables."""
+    name = getattr(getattr(driver, "diag", None), "constraint_name", None)
+    if name is not None or getattr(driver, "sqlite_errorname", None) is None:
+        return name
+    match = _SQLITE_UNIQUE.fullmatch(str(driver))
+    if match is None or match[1] not in _JOB_TABLES:
+        return None
+    if driver.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
+        return f"{match[1]}_pkey"
+    return _CLAIM_TOKEN if match.groups() == ("soniq_jobs", "claim_token") else None
+
+
+#: SQLSTATE classes of an unavailable database: connection exception,
+#: transaction rollback (serialization, deadlock), insufficient resources,
+#: object not in prerequisite state (lock not available), operator
+#: intervention (shutdown, cancel, statement timeout), system error.
+_UNAVAILABLE_CLASSES = frozenset({"08", "40", "53", "55", "57", "58"})
+#: SQLite's primary result codes of the same kind: BUSY and LOCKED ("database
+#: is locked"), NOMEM, INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL.
+_SQLITE_UNAVAILABLE = frozenset({5, 6, 7, 9, 10, 13, 14, 15})
+
+
+def _unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the database was unavailable, rather than that it refused."""
+    driver = _driver_error(error)
+    state = getattr(driver, "sqlstate", None)
+    if state:
+        return state[:2] in _UNAVAILABLE_CLASSES
+    code = getattr(driver, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _SQLITE_UNAVAILABLE
+    # No code at all (psycopg's "the connection is closed", a lost server):
+    # Django's OperationalError and InterfaceError, or a bare Error, say
+    # "unavailable". Psycopg's own classes carry the same names.
+    if isinstance(error, DatabaseError):
+        return (type(error) is DatabaseError
+                or isinstance(error, (OperationalError, InterfaceError)))
+    return any(cls.__name__ in ("OperationalError", "InterfaceError")
+               for cls in type(error).__mro__)
+
+
+def database_refused(state: str | None, constraint: str | None = None, *,
+                     sqlite_name: str | None = None) -> SoniqError:
+    """QUEUE_DATABASE_REFUSED naming what refused (SQLSTATE and constraint, never driver text).
+
+    An SQLite error without a SQLSTATE equivalent is named by its result code.
+    """
+    where = f" on {constraint}" if constraint else ""
+    what = f"SQLSTATE {state}" if state else (sqlite_name or "SQLSTATE unknown")
+    return SoniqError(ErrorCode.QUEUE_DATABASE_REFUSED,
+                      f"the database refused the operation ({what}{where})")
+
+
+def translate(error: BaseException) -> SoniqError:
+    """The ``SoniqError`` a database error stands for; never echoes driver text.
+
+    ``error`` is a ``django.db`` error (the driver's error as its cause) or a
+    driver error itself. In this order:
+
+    - a HINT of the SQL API (``SONIQ_…`` validation codes, ``CONFIG``) ->
+      ``ConfigValidationError`` with that code; ``QUEUE_CLAIM_CONFLICT`` ->
+      that code, its DETAIL naming the reason;
+    - a unique violation (23505) of a job id -> DUPLICATE_JOB_ID; of a claim
+      token -> QUEUE_CLAIM_CONFLICT (``nonce_reused``);
+    - the database unavailable -> QUEUE_PERSISTENCE_FAILED: a SQLSTATE of
+      class 08, 40, 53, 55, 57 or 58, SQLite's BUSY, LOCKED, IOERR, FULL…,
+      or, without any code, Django's OperationalError or InterfaceError;
+    - anything else (a constraint, a trigger, a missing function or table, a
+      broken enclosing transaction) -> QUEUE_DATABASE_REFUSED naming the SQLSTATE.
+    """
+    if isinstance(error, SoniqError):
+        return error
+    driver = _driver_error(error)
+    diag = getattr(driver, "diag", None)
+    hint = getattr(diag, "message_hint", None)
+    if hint in _HINTED:
+        return ConfigValidationError(_HINTED[hint], code=ErrorCode(hint))
+    if hint == ErrorCode.QUEUE_CLAIM_CONFLICT:
+        detail = getattr(diag, "message_detail", None)
+        return SoniqError(ErrorCode.QUEUE_CLAIM_CONFLICT,
+                          detail if detail in _CLAIM_REASONS else "claim_conflict")
+    state, constraint = sqlstate(error), _constraint(driver)
+    if state == "23505" and constraint in _JOB_IDS:
+        return SoniqError(ErrorCode.DUPLICATE_JOB_ID,
+                          "a job with the requested job_id already exists")
+    if state == "23505" and constraint == _CLAIM_TOKEN:
+        return SoniqError(ErrorCode.QUEUE_CLAIM_CONFLICT, "nonce_reused")
+    if _unavailable(error):
+        return SoniqError(ErrorCode.QUEUE_PERSISTENCE_FAILED, "unavailable")
+    if isinstance(error, TransactionManagementError):
+        return SoniqError(ErrorCode.QUEUE_DATABASE_REFUSED,
+                          "Django refused the query: the enclosing transaction is broken by an "
+                          "earlier error, or in the wrong state (TransactionManagementError)")
+    return database_refused(state, constraint,
+                            sqlite_name=getattr(driver, "sqlite_errorname", None))
+
+
+@contextmanager
+def translating():
+    """Raise the ``SoniqError`` of any database error raised inside (see ``translate``)."""
+    try:
+        yield
+    except DatabaseError as error:
+        raise translate(error) from None

@@ -14,6 +14,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from .conf import DEFAULT_MAX_ATTEMPTS
 from .fields import QueueListField
 
 
@@ -125,7 +126,8 @@ class Job(models.Model):
         choices=JobStatus.choices, default=JobStatus.QUEUED, db_default=JobStatus.QUEUED
     )
     attempts = models.IntegerField(default=0, db_default=0)
-    max_attempts = models.IntegerField(null=True, blank=True, default=4, db_default=4)
+    max_attempts = models.IntegerField(
+        null=True, blank=True, default=DEFAULT_MAX_ATTEMPTS, db_default=DEFAULT_MAX_ATTEMPTS)
     queue = models.TextField(default="default", db_default="default")
     priority = models.IntegerField(default=100, db_default=100)
     unique_job = models.BooleanField(default=False, db_default=False)
@@ -284,7 +286,8 @@ class RecurringJob(models.Model):
     )
     queue = models.TextField(default="default", db_default="default")
     priority = models.IntegerField(default=100, db_default=100)
-    max_attempts = models.IntegerField(null=True, blank=True, default=4, db_default=4)
+    max_attempts = models.IntegerField(
+        null=True, blank=True, default=DEFAULT_MAX_ATTEMPTS, db_default=DEFAULT_MAX_ATTEMPTS)
     next_run = models.DateTimeField(null=True, blank=True)
     last_run = models.DateTimeField(null=True, blank=True)
     run_count = models.IntegerField(default=0, db_default=0)

@@ -15,7 +15,7 @@ from django.db.models import Count, Max, Min, Q
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from .conf import soniq_settings
+from .conf import get_settings
 from .models import DeadLetterJob, Job, JobStatus, TaskRegistration, Worker, WorkerState
 from .throughput import minute_of, per_minute
 
@@ -123,7 +123,7 @@ def live_window() -> dt.timedelta:
     Three heartbeats, but never less than a minute: a worker busy with a
     slow database must not flicker in and out.
     """
-    return dt.timedelta(seconds=max(3 * float(soniq_settings.HEARTBEAT_SECONDS), 60.0))
+    return dt.timedelta(seconds=max(3 * float(get_settings().HEARTBEAT_SECONDS), 60.0))
 
 
 def snapshot(using: str = DEFAULT_DB_ALIAS, now: dt.datetime | None = None) -> Snapshot:

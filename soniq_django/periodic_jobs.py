@@ -17,7 +17,7 @@ from typing import Any
 from croniter import croniter
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import soniq_settings
+from .conf import get_settings
 from .errors import SoniqError
 from .producer.request import INT32_MAX, JobRequest, prepare
 from .registry import JobHandler
@@ -123,9 +123,10 @@ class PeriodicSchedule:
 
     def row_values(self) -> dict:
         """The ``soniq_recurring_jobs`` columns code owns, with settings resolved now."""
+        config = get_settings()
         queue = next((q for q in (self.queue, self.handler.queue) if q is not None),
-                     soniq_settings.DEFAULT_QUEUE)
-        priority = self.priority if self.priority is not None else soniq_settings.DEFAULT_PRIORITY
+                     config.DEFAULT_QUEUE)
+        priority = self.priority if self.priority is not None else config.DEFAULT_PRIORITY
         max_attempts = (
             self.handler.max_attempts if self.max_attempts is _UNSET else self.max_attempts
         )

@@ -17,8 +17,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
-from .conf import soniq_settings
-from .errors import ErrorCode, SoniqError
+from .conf import get_settings
+from .errors import ConfigValidationError, ErrorCode
 from .producer.request import JobRequest, prepare
 
 _registry: dict[str, "JobHandler"] = {}
@@ -112,7 +112,7 @@ class JobHandler:
     def max_attempts(self) -> int:
         """Attempts a job of this handler gets: ``retries + 1``."""
         if self.retries is None:
-            return soniq_settings.DEFAULT_MAX_ATTEMPTS
+            return get_settings().DEFAULT_MAX_ATTEMPTS
         return self.retries + 1
 
     def configure(self, **options: Any) -> "ConfiguredJob":
@@ -130,15 +130,15 @@ class JobHandler:
     def bind_kwargs(self, args: tuple, kwargs: dict) -> dict:
         """Map a call's arguments to the keyword arguments stored in the job row.
 
-        Raises ``SoniqError(TASK_ARGS_INVALID)`` when they do not fit the
+        Raises ``ConfigValidationError(TASK_ARGS_INVALID)`` when they do not fit the
         function's signature or cannot be passed by keyword.
         """
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError:
-            raise SoniqError(
-                ErrorCode.TASK_ARGS_INVALID,
+            raise ConfigValidationError(
                 f"the arguments do not fit the signature of job {self.name}",
+                code=ErrorCode.TASK_ARGS_INVALID,
             ) from None
         stored: dict = {}
         for name, value in bound.arguments.items():
@@ -148,9 +148,9 @@ class JobHandler:
             elif kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
                 if kind is inspect.Parameter.VAR_POSITIONAL and not value:
                     continue
-                raise SoniqError(
-                    ErrorCode.TASK_ARGS_INVALID,
+                raise ConfigValidationError(
                     f"job {self.name} takes positional-only arguments, which a job row cannot carry",
+                    code=ErrorCode.TASK_ARGS_INVALID,
                 )
             else:
                 stored[name] = value

@@ -27,6 +27,10 @@ from .producer import enqueue
 
 logger = logging.getLogger("soniq_django.scheduler")
 
+# What enqueue raises when the database failed rather than the row: the tick
+# stays due and the scheduler tries it again on a new connection.
+_DATABASE_FAILURES = (ErrorCode.QUEUE_PERSISTENCE_FAILED, ErrorCode.QUEUE_DATABASE_REFUSED)
+
 MAX_BACKOFF_SECONDS = 30.0
 
 
@@ -119,6 +123,9 @@ class Scheduler:
         if isinstance(error, DatabaseError):
             logger.warning("database error (%s); will retry on a new connection",
                            type(error).__name__)
+        elif isinstance(error, SoniqError) and error.code in _DATABASE_FAILURES:
+            logger.warning("database error (%s: %s); will retry on a new connection",
+                           error.code.value, error.reason)
         else:
             logger.exception("scheduler tick failed; will retry")
         # A broken connection must not be reused: the next query reconnects.
@@ -173,7 +180,7 @@ class Scheduler:
                            max_attempts=row.max_attempts,
                            dedup_key=tick_dedup_key(row.job_name, tick), using=self.using)
         except SoniqError as error:
-            if error.code is ErrorCode.QUEUE_PERSISTENCE_FAILED:
+            if error.code in _DATABASE_FAILURES:  # the tick is tried again, not skipped
                 raise
             logger.error("skipped %s at %s: the row cannot be enqueued (%s)",
                          row.job_name, tick.isoformat(), error.reason)

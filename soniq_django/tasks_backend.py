@@ -26,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from .conf import soniq_settings
+from .conf import get_settings
 from .errors import ConfigValidationError, ErrorCode, SoniqError
 
 try:  # Django 6
@@ -111,7 +111,7 @@ class SoniqTaskBackend(BaseTaskBackend):
     def max_attempts(self) -> int:
         """Attempts each task gets before it fails for good."""
         if self._max_attempts is None:
-            return soniq_settings.DEFAULT_MAX_ATTEMPTS
+            return get_settings().DEFAULT_MAX_ATTEMPTS
         return self._max_attempts
 
     def validate_task(self, task: Task) -> None:
@@ -127,7 +127,7 @@ class SoniqTaskBackend(BaseTaskBackend):
             raise InvalidTaskError(
                 f"The task {task.module_path!r} cannot be stored as a soniq job: its module path "
                 f"is the job name, which must match SONIQ['TASK_NAME_PATTERN'] "
-                f"({soniq_settings.TASK_NAME_PATTERN}). Rename the module or function "
+                f"({get_settings().TASK_NAME_PATTERN}). Rename the module or function "
                 f"(lowercase letters, digits and underscores, joined by dots)."
             ) from None
 
@@ -137,7 +137,7 @@ class SoniqTaskBackend(BaseTaskBackend):
         With ``enqueue_on_commit`` the row is inserted when the transaction
         commits (at once outside one) and the returned id is the id it will
         get. Raises ``InvalidTaskError`` for an invalid task and
-        ``SoniqError(TASK_ARGS_INVALID)`` when the arguments do not fit the
+        ``ConfigValidationError(TASK_ARGS_INVALID)`` when the arguments do not fit the
         function or are not JSON; nothing is written then. ``aenqueue``
         (inherited) is its async twin.
         """
@@ -226,9 +226,9 @@ def _check_call(task: Task, args: list, kwargs: dict) -> None:
     try:
         inspect.signature(task.func).bind(*leading, *args, **kwargs)
     except TypeError:
-        raise SoniqError(
-            ErrorCode.TASK_ARGS_INVALID,
+        raise ConfigValidationError(
             f"the arguments do not fit the signature of task {task.module_path}",
+            code=ErrorCode.TASK_ARGS_INVALID,
         ) from None
 
 

@@ -4,9 +4,10 @@
 (``sql/claim_protocol_v1.sql``), one round trip each. ``SqliteClaims`` does
 the same inside one write transaction: it takes SQLite's write lock before
 reading, so the row cannot change between the check and the write, and it
-samples the time after the lock. Both raise ``SoniqError`` subclasses only:
-a database failure, a lost connection or an unacknowledged commit becomes
-``QUEUE_PERSISTENCE_FAILED`` -- never ``False``.
+samples the time after the lock. Both raise ``SoniqError`` subclasses only
+(``errors.translate`` maps database errors): a lost connection or an
+unacknowledged commit becomes ``QUEUE_PERSISTENCE_FAILED``, a refusal
+``QUEUE_DATABASE_REFUSED`` -- never ``False``.
 """
 
 import datetime as dt
@@ -18,13 +19,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.db import Error as DatabaseError
-from django.db import IntegrityError, InterfaceError, OperationalError
-from django.db import connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import F as models_F
 from django.db.models import Max, Q
 from django.utils import timezone
 
-from ..errors import ConfigValidationError, ErrorCode, SoniqError
+from ..conf import DEFAULT_MAX_ATTEMPTS
+from ..errors import ConfigValidationError, ErrorCode, SoniqError, translate
 from ..models import DeadLetterJob, Job, JobStatus, TaskRegistration, Worker
 from .types import INT64_MAX, QueueClaimFence
 
@@ -32,10 +33,7 @@ CLAIM_COLUMNS = (
     "job_id", "job_name", "args", "queue", "priority", "attempts", "max_attempts",
     "lease_expires_at", "generation", "owner", "token",
 )
-_CLAIM_REASONS = {"nonce_reused", "generation_exhausted", "claim_identity_changed"}
 
-#: The attempt limit format 1 gives a row, and soniq_fail's default_max_attempts.
-FORMAT1_DEFAULT_MAX_ATTEMPTS = 4
 #: How long a retry finished as superseded is kept by a failure report
 #: (soniq_fail has no result-TTL parameter; 300 s is the default RESULT_TTL).
 FAIL_SUPERSEDED_TTL = 300.0
@@ -50,46 +48,6 @@ def persistence_failed(reason: str = "unavailable") -> SoniqError:
 
 def claim_conflict(reason: str) -> SoniqError:
     return SoniqError(ErrorCode.QUEUE_CLAIM_CONFLICT, reason)
-
-
-def database_refused(sqlstate: str | None, constraint: str | None = None) -> SoniqError:
-    """QUEUE_DATABASE_REFUSED naming what refused (SQLSTATE and constraint, never driver text)."""
-    where = f" on {constraint}" if constraint else ""
-    return SoniqError(ErrorCode.QUEUE_DATABASE_REFUSED,
-                      f"the database refused the operation (SQLSTATE {sqlstate or 'unknown'}{where})")
-
-
-def is_unavailable(error: DatabaseError) -> bool:
-    """Whether ``error`` says the database was unavailable, rather than that it refused.
-
-    Connection loss, a server shutting down or out of connections, lock and
-    serialization conflicts, a timeout: Django raises OperationalError or
-    InterfaceError for these (psycopg's classes 08, 40, 53, 55, 57, 58; SQLite's
-    "database is locked"). Constraint violations, data and programming errors
-    and a trigger's RAISE are refusals: the same call would fail the same way.
-    """
-    return type(error) is DatabaseError or isinstance(error, (OperationalError, InterfaceError))
-
-
-def translate_owned_error(error: DatabaseError) -> SoniqError:
-    """Map a database error from an owned operation to its package error."""
-    cause = error.__cause__
-    sqlstate = getattr(cause, "sqlstate", None)
-    diag = getattr(cause, "diag", None)
-    hint = getattr(diag, "message_hint", None)
-    constraint = getattr(diag, "constraint_name", None)
-    if hint == "CONFIG":
-        return ConfigValidationError("the database refused an owned request")
-    if hint == ErrorCode.QUEUE_CLAIM_CONFLICT.value:
-        detail = getattr(diag, "message_detail", None)
-        return claim_conflict(detail if detail in _CLAIM_REASONS else "claim_conflict")
-    if sqlstate == "23505" and constraint == "soniq_jobs_claim_token_key":
-        return claim_conflict("nonce_reused")
-    if is_unavailable(error):
-        return persistence_failed()
-    if sqlstate is None and isinstance(error, IntegrityError):
-        sqlstate = "23000"  # SQLite names no SQLSTATE
-    return database_refused(sqlstate, constraint)
 
 
 @contextmanager
@@ -107,10 +65,8 @@ def guarded(alias: str, *, atomic: bool):
                 yield connection
         else:
             yield connection
-    except SoniqError:
-        raise
     except DatabaseError as error:
-        raise translate_owned_error(error) from None
+        raise translate(error) from None
 
 
 def _json_text(value: Any) -> str | None:
@@ -176,9 +132,9 @@ class PostgresClaims:
         )
         return rows[0][0] is True
 
-    def settle(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float, owner: str,
-               tokens: list[str], queues: list[str] | None, lease: float, pid: int | None
-               ) -> tuple[list[bool], list[dict]]:
+    def complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float,
+                           owner: str, tokens: list[str], queues: list[str] | None,
+                           lease: float, pid: int | None) -> tuple[list[bool], list[dict]]:
         """Complete ``completions`` (all of ``owner``) and claim one job per token, in one go.
 
         Two statements in one query string run as one implicit transaction
@@ -191,8 +147,9 @@ class PostgresClaims:
         """
         if completions and tokens and _binds_on_server(connections[self.alias]):
             with guarded(self.alias, atomic=True):
-                completed, _ = self.settle(completions, ttl, owner, [], queues, lease, pid)
-                _, claimed = self.settle([], ttl, owner, tokens, queues, lease, pid)
+                completed, _ = self.complete_and_claim(
+                    completions, ttl, owner, [], queues, lease, pid)
+                _, claimed = self.complete_and_claim([], ttl, owner, tokens, queues, lease, pid)
             return completed, claimed
         statements, params = [], []
         if completions:
@@ -479,9 +436,9 @@ class SqliteClaims:
                 pid=None, expires_at=now + dt.timedelta(seconds=ttl),
             )
 
-    def settle(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float, owner: str,
-               tokens: list[str], queues: list[str] | None, lease: float, pid: int | None
-               ) -> tuple[list[bool], list[dict]]:
+    def complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float,
+                           owner: str, tokens: list[str], queues: list[str] | None,
+                           lease: float, pid: int | None) -> tuple[list[bool], list[dict]]:
         with guarded(self.alias, atomic=True) as connection:
             take_sqlite_write_lock(connection)
             completed = [self.complete(f, result, ttl) for f, result in completions]
@@ -553,12 +510,12 @@ def default_max_attempts(alias: str, job_name: str) -> int:
     """The attempt limit of a job whose ``max_attempts`` is NULL, as the reaper counts it.
 
     What its handler declares in soniq_task_registry (the largest, when
-    workers of several releases disagree), else 4 -- the twin of
-    soniq_default_max_attempts_v1.
+    workers of several releases disagree), else ``DEFAULT_MAX_ATTEMPTS`` (4)
+    -- the twin of soniq_default_max_attempts_v1.
     """
     declared = TaskRegistration.objects.using(alias).filter(
         task_name=job_name, max_attempts__gte=1).aggregate(Max("max_attempts"))
-    return declared["max_attempts__max"] or FORMAT1_DEFAULT_MAX_ATTEMPTS
+    return declared["max_attempts__max"] or DEFAULT_MAX_ATTEMPTS
 
 
 def superseded_error(twin_id, key: str, error: str) -> str:

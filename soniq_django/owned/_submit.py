@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from ..conf import soniq_settings
+from ..conf import get_settings
 from ..encoding import canonical_json
 from ..errors import ConfigValidationError, ErrorCode, SoniqError
 from ..producer.request import JobRequest, PreparedJob, prepare
@@ -135,7 +135,7 @@ def _row(submission: OwnedSubmission) -> Job:
 
 
 def _displace_predecessor(alias, connection, submission, now) -> uuid.UUID | None:
-    """Settle a live job holding the same active key, or refuse.
+    """Cancel a live job holding the same active key (``force``), or refuse.
 
     Returns the original id when, under the predecessor's lock, this turns
     out to be a replay after all; None when the new job may be inserted.
@@ -161,7 +161,7 @@ def _displace_predecessor(alias, connection, submission, now) -> uuid.UUID | Non
         jobs.filter(id=predecessor.id).update(
             status=JobStatus.CANCELLED, lease_expires_at=None, pid=None,
             # Kept for RESULT_TTL like every cancelled row: whoever asks sees what happened.
-            expires_at=now + dt.timedelta(seconds=float(soniq_settings.RESULT_TTL)),
+            expires_at=now + dt.timedelta(seconds=float(get_settings().RESULT_TTL)),
             updated_at=now,
         )
     return None

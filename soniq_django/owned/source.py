@@ -21,7 +21,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS
 
-from ..conf import soniq_settings
+from ..conf import get_settings
 from ..encoding import normalize_json
 from ..errors import ConfigValidationError
 from ..producer.request import JobRequest, coerce_job_id
@@ -83,8 +83,12 @@ def _queues(queues: Any) -> list[str] | None:
     return names
 
 
-def _seconds(name: str) -> float:
-    return float(getattr(soniq_settings, name))
+def _lease() -> float:
+    return float(get_settings().LEASE_SECONDS)
+
+
+def _result_ttl() -> float:
+    return float(get_settings().RESULT_TTL)
 
 
 class OwnedJobSource:
@@ -152,9 +156,7 @@ class OwnedJobSource:
     def _claim(self, worker_id: str, claim_token: str, queues: list[str] | None,
                pid: int | None):
         row = self._claims.claim(
-            worker_id, claim_token, queues, _seconds("LEASE_SECONDS"), _seconds("RESULT_TTL"),
-            pid,
-        )
+            worker_id, claim_token, queues, _lease(), _result_ttl(), pid)
         return _claimed(row)
 
     async def aclaim_next_owned(self, worker_id: str, *, claim_token: str,
@@ -182,9 +184,7 @@ class OwnedJobSource:
     def _claim_many(self, worker_id: str, claim_tokens: list[str], queues: list[str] | None,
                     pid: int | None) -> list[ClaimedJob]:
         rows = self._claims.claim_many(
-            worker_id, claim_tokens, queues, _seconds("LEASE_SECONDS"), _seconds("RESULT_TTL"),
-            pid,
-        )
+            worker_id, claim_tokens, queues, _lease(), _result_ttl(), pid)
         return [_claimed(row) for row in rows]
 
     async def aclaim_many_owned(self, worker_id: str, *, claim_tokens: list[str],
@@ -217,7 +217,7 @@ class OwnedJobSource:
         return self._heartbeat(checked_fence(fence))
 
     def _heartbeat(self, fence: QueueClaimFence) -> bool:
-        return self._claims.heartbeat(fence, _seconds("LEASE_SECONDS"))
+        return self._claims.heartbeat(fence, _lease())
 
     async def aheartbeat_owned(self, fence: QueueClaimFence) -> bool:
         return await sync_to_async(self._heartbeat)(checked_fence(fence))
@@ -227,7 +227,7 @@ class OwnedJobSource:
         return self._complete(checked_fence(fence), _result(result))
 
     def _complete(self, fence: QueueClaimFence, result: Any) -> bool:
-        return self._claims.complete(fence, result, _seconds("RESULT_TTL"))
+        return self._claims.complete(fence, result, _result_ttl())
 
     def complete_and_claim_owned(self, fence: QueueClaimFence, result: Any = None, *,
                                  claim_tokens: list[str], queues: list[str] | None = None,
@@ -263,12 +263,14 @@ class OwnedJobSource:
         would have answered for it alone.
         """
         worker, checked = _completions(completions)
-        return self._settle(checked, worker, [], None, None)[0]
+        return self._complete_and_claim(checked, worker, [], None, None)[0]
 
     async def acomplete_many_owned(self, completions: list[tuple[QueueClaimFence, Any]]
                                    ) -> list[bool]:
         worker, checked = _completions(completions)
-        return (await sync_to_async(self._settle)(checked, worker, [], None, None))[0]
+        completed, _ = await sync_to_async(self._complete_and_claim)(
+            checked, worker, [], None, None)
+        return completed
 
     def complete_many_and_claim_owned(self, completions: list[tuple[QueueClaimFence, Any]], *,
                                       claim_tokens: list[str], queues: list[str] | None = None,
@@ -281,19 +283,20 @@ class OwnedJobSource:
         completions committed too) or re-send the completions with the same
         fences.
         """
-        return self._settle(*_settle_args(completions, claim_tokens, queues, pid))
+        args = _complete_and_claim_args(completions, claim_tokens, queues, pid)
+        return self._complete_and_claim(*args)
 
     async def acomplete_many_and_claim_owned(
         self, completions: list[tuple[QueueClaimFence, Any]], *, claim_tokens: list[str],
         queues: list[str] | None = None, pid: int | None = None,
     ) -> tuple[list[bool], list[ClaimedJob]]:
-        args = _settle_args(completions, claim_tokens, queues, pid)
-        return await sync_to_async(self._settle)(*args)
+        args = _complete_and_claim_args(completions, claim_tokens, queues, pid)
+        return await sync_to_async(self._complete_and_claim)(*args)
 
-    def _settle(self, completions, worker, tokens, queues, pid):
-        completed, rows = self._claims.settle(
-            completions, _seconds("RESULT_TTL"), worker, tokens, queues,
-            _seconds("LEASE_SECONDS"), pid,
+    def _complete_and_claim(self, completions, worker, tokens, queues, pid):
+        completed, rows = self._claims.complete_and_claim(
+            completions, _result_ttl(), worker, tokens, queues,
+            _lease(), pid,
         )
         return completed, [_claimed(row) for row in rows]
 
@@ -317,9 +320,10 @@ class OwnedJobSource:
         return self._fail(*args)
 
     def _fail(self, fence, error, retry, dlq_record_id, reason, delay, default_max) -> bool:
+        config = get_settings()
         return self._claims.fail(
             fence, error, retry, delay, reason, dlq_record_id, default_max,
-            _seconds("RETRY_BASE_SECONDS"), _seconds("RETRY_MAX_SECONDS"),
+            float(config.RETRY_BASE_SECONDS), float(config.RETRY_MAX_SECONDS),
         )
 
     async def afail_owned(self, fence: QueueClaimFence, error: str, *, retry: bool,
@@ -358,7 +362,7 @@ class OwnedJobSource:
         return self._acknowledge(checked_fence(fence))
 
     def _acknowledge(self, fence: QueueClaimFence) -> bool:
-        return self._claims.acknowledge_cancel(fence, _seconds("RESULT_TTL"))
+        return self._claims.acknowledge_cancel(fence, _result_ttl())
 
     async def aacknowledge_cancel_owned(self, fence: QueueClaimFence) -> bool:
         return await sync_to_async(self._acknowledge)(checked_fence(fence))
@@ -373,7 +377,7 @@ class OwnedJobSource:
         return self._request_cancel(coerce_job_id(job_id))
 
     def _request_cancel(self, job_id: uuid.UUID) -> bool:
-        return self._claims.request_cancel(job_id, _seconds("RESULT_TTL"))
+        return self._claims.request_cancel(job_id, _result_ttl())
 
     async def arequest_cancel(self, job_id: uuid.UUID | str) -> bool:
         return await sync_to_async(self._request_cancel)(coerce_job_id(job_id))
@@ -396,7 +400,7 @@ def _completions(completions) -> tuple[str, list[tuple[QueueClaimFence, Any]]]:
     return workers.pop(), checked
 
 
-def _settle_args(completions, claim_tokens, queues, pid) -> tuple:
+def _complete_and_claim_args(completions, claim_tokens, queues, pid) -> tuple:
     worker, checked = _completions(completions)
     worker, tokens, names, pid = _claim_many_args(worker, claim_tokens, queues, pid)
     return checked, worker, tokens, names, pid
@@ -442,7 +446,7 @@ def _failure(fence, error, retry, dlq_record_id, reason, delay, default_max):
     if delay is not None and (type(delay) not in (int, float) or not 0 <= delay <= 31536000):
         raise ConfigValidationError("retry_delay must be a number of seconds from 0 to a year")
     if default_max is None:
-        default_max = soniq_settings.DEFAULT_MAX_ATTEMPTS
+        default_max = get_settings().DEFAULT_MAX_ATTEMPTS
     positive_int(default_max, "default_max_attempts", INT32_MAX)
     # PostgreSQL text cannot hold NUL; a traceback may.
     return fence, error.replace("\x00", "\\x00"), retry, dlq_record_id, str(reason), delay, default_max

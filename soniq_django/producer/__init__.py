@@ -3,8 +3,8 @@
 - ``request``: ``JobRequest`` and its validation (the same rules and codes
   as ``soniq_enqueue``), ``prepare()`` into a ``PreparedJob``;
 - ``api``: ``enqueue``, ``bulk_enqueue``, ``get_job`` and ``JobInfo``;
-- ``_pg`` (private): the calls to the PostgreSQL producer functions and the
-  translation of their errors.
+- ``_pg`` (private): the calls to the PostgreSQL producer functions (their
+  errors go through ``errors.translate``, as every database error does).
 
 Names are imported lazily (see ``soniq_django/__init__.py``).
 """

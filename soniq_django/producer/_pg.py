@@ -4,7 +4,8 @@ On PostgreSQL, ``enqueue``/``bulk_enqueue``/``get_job`` go through
 ``soniq_enqueue``/``soniq_enqueue_many``/``soniq_get_job`` so that one
 implementation of the rules (in ``sql/producer_api_v*.sql``) serves every
 language. SQLSTATE and HINT come back as the same ``SoniqError`` codes the
-SQLite path raises.
+SQLite path raises, and every other database error becomes a ``SoniqError``
+too (``errors.translate``): the caller never sees a ``django.db`` error.
 
 The enqueue calls run on a server-binding psycopg cursor on Django's own
 connection (same transaction, same adapters), as a prepared statement when
@@ -23,20 +24,11 @@ import uuid
 from contextlib import contextmanager, nullcontext
 
 import psycopg
-from django.db import Error as DatabaseError
 from django.db import transaction
 
-from ..conf import soniq_settings
-from ..errors import ConfigValidationError, ErrorCode, SoniqError
+from ..conf import get_settings
+from ..errors import translating
 from .request import PreparedJob
-
-# HINT codes of SQLSTATE 22023, with the reason Python callers are given.
-_HINTED = {
-    ErrorCode.INVALID_TASK_NAME: "the job name does not match the database's task-name pattern",
-    ErrorCode.TASK_ARGS_INVALID: "the database refused the job args",
-    ErrorCode.INVALID_MAX_ATTEMPTS: "max_attempts must be at least 1",
-    ErrorCode.INVALID_OPTION: "the database refused an enqueue option",
-}
 
 # Positional, every parameter cast: one statement text and one parameter
 # type list whatever the values, so a prepared statement is reused.
@@ -59,49 +51,22 @@ GET_JOB = (
 _json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
-def translate(error: DatabaseError) -> SoniqError | None:
-    """The ``SoniqError`` a producer-function failure stands for, or None."""
-    cause = error.__cause__
-    sqlstate = getattr(cause, "sqlstate", None)
-    diag = getattr(cause, "diag", None)
-    if sqlstate == "22023" and diag is not None:
-        try:
-            code = ErrorCode(diag.message_hint)
-        except ValueError:
-            return None
-        if code is ErrorCode.INVALID_OPTION:
-            return ConfigValidationError(_HINTED[code], code=code)
-        if code in _HINTED:
-            return SoniqError(code, _HINTED[code])
-    # An id is taken while either table holds it (soniq_enqueue says which).
-    if sqlstate == "23505" and diag is not None and diag.constraint_name in (
-        "soniq_jobs_pkey", "soniq_dead_letter_jobs_pkey"
-    ):
-        return SoniqError(ErrorCode.DUPLICATE_JOB_ID, "a job with the requested job_id already exists")
-    return None
-
-
 @contextmanager
 def _translated(connection, alias: str):
     """Run a call so that its failure leaves an enclosing transaction usable.
 
     Inside ``atomic()`` the call gets a savepoint; in autocommit mode the
-    statement is its own transaction and needs none.
+    statement is its own transaction and needs none. Any database error
+    becomes its ``SoniqError`` (``errors.translate``).
     """
     guard = transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
-    try:
-        with guard:
-            yield
-    except DatabaseError as error:
-        translated = translate(error)
-        if translated is None:
-            raise
-        raise translated from None
+    with translating(), guard:
+        yield
 
 
 def prepares_statements(connection) -> bool:
     """Whether soniq's enqueue statements are prepared on ``connection``."""
-    wanted = soniq_settings.PREPARED_STATEMENTS
+    wanted = get_settings().PREPARED_STATEMENTS
     if wanted is None:
         return not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
     return wanted
@@ -178,7 +143,7 @@ def enqueue_many(jobs: list[PreparedJob], connection, alias: str) -> list[uuid.U
 
 def get_job_row(job_id: uuid.UUID, connection) -> tuple | None:
     """The ``soniq_get_job`` row for ``job_id``, or None."""
-    with connection.cursor() as cursor:
+    with translating(), connection.cursor() as cursor:
         cursor.execute(GET_JOB, [job_id])
         row = cursor.fetchone()
     if row is None:

@@ -15,8 +15,8 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from . import _pg
-from ..errors import ErrorCode, SoniqError
-from ..conf import configured
+from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
+from ..conf import DEFAULT_MAX_ATTEMPTS
 from .request import JobRequest, PreparedJob, coerce_job_id, prepare
 from ..models import DeadLetterJob, Job, JobStatus
 
@@ -51,7 +51,7 @@ def enqueue(
     queue: str | None = None,
     priority: int | None = None,
     run_at: dt.datetime | None = None,
-    max_attempts: int | None = 4,
+    max_attempts: int | None = DEFAULT_MAX_ATTEMPTS,
     unique_job: bool = False,
     dedup_key: str | None = None,
     producer_id: str | None = None,
@@ -64,8 +64,11 @@ def enqueue(
     id of an equal job that is still queued instead of inserting a second.
     The job name need not have a handler in this process.
 
-    Raises ``SoniqError`` with INVALID_TASK_NAME, TASK_ARGS_INVALID,
-    INVALID_MAX_ATTEMPTS, INVALID_OPTION or DUPLICATE_JOB_ID; nothing is
+    Raises ``ConfigValidationError`` (INVALID_TASK_NAME, TASK_ARGS_INVALID,
+    INVALID_MAX_ATTEMPTS, INVALID_OPTION) for bad input, and ``SoniqError``
+    with DUPLICATE_JOB_ID, QUEUE_PERSISTENCE_FAILED (the database was
+    unavailable: the same call may succeed later) or QUEUE_DATABASE_REFUSED
+    (any other database error) -- never a ``django.db`` error. Nothing is
     written when it raises.
     """
     request = JobRequest(
@@ -89,10 +92,9 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     Every request is validated before anything is written, so one bad request
     leaves no rows at all. Plain jobs go in as one multi-row insert; unique and
     dedup jobs are resolved one by one (a later request can return an earlier
-    one's id).
+    one's id). Raises what ``enqueue`` raises.
     """
-    config = configured()
-    prepared = [prepare(request, config) for request in requests]
+    prepared = [prepare(request) for request in requests]
     if not prepared:
         return []
     alias = write_alias(using)
@@ -100,14 +102,12 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     if connection.vendor == "postgresql":
         return _pg.enqueue_many(prepared, connection, alias)
     ids: list[uuid.UUID] = []
-    with transaction.atomic(using=alias):
+    with translating(), transaction.atomic(using=alias):
         plain = [job for job in prepared if not job.deduplicates]
         if plain:
-            try:
-                with transaction.atomic(using=alias):
-                    Job.objects.using(alias).bulk_create([_row(job) for job in plain])
-            except IntegrityError:
-                raise _duplicate_id_error() from None
+            # A taken id is SONIQ_DUPLICATE_JOB_ID (see errors.translate).
+            with transaction.atomic(using=alias):
+                Job.objects.using(alias).bulk_create([_row(job) for job in plain])
             if _id_held_by_dead_letter(plain, alias):  # after the write, as in _insert_portable
                 raise _duplicate_id_error()
         for job in prepared:
@@ -124,7 +124,8 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
     connection = connections[alias]
     if connection.vendor == "postgresql":
         return _pg.enqueue(job, connection, alias)
-    return _insert_portable(job, alias)
+    with translating():
+        return _insert_portable(job, alias)
 
 
 def _id_held_by_dead_letter(jobs: list[PreparedJob], alias: str) -> bool:
@@ -143,7 +144,9 @@ def _insert_portable(job: PreparedJob, alias: str) -> uuid.UUID:
         try:
             with transaction.atomic(using=alias):
                 _row(job).save(using=alias, force_insert=True)
-        except IntegrityError:
+        except IntegrityError as error:
+            if sqlstate(error) != "23505":  # a check or a trigger: not a duplicate
+                raise translate(error) from None
             existing = _queued_duplicate(job, alias) if job.deduplicates else None
             if existing is not None:
                 return existing
@@ -212,7 +215,9 @@ def get_job(job_id: uuid.UUID | str, *, using: str | None = None) -> JobInfo | N
     """Return the job with this id, or None when it is unknown or its result expired.
 
     Dead-lettered jobs come back with status ``dead_letter`` and their reason.
-    Raises ``ConfigValidationError`` (INVALID_OPTION) when ``job_id`` is not a UUID.
+    Raises ``ConfigValidationError`` (INVALID_OPTION) when ``job_id`` is not a
+    UUID, and ``SoniqError`` (QUEUE_PERSISTENCE_FAILED or QUEUE_DATABASE_REFUSED)
+    when the database fails -- never a ``django.db`` error.
     """
     job_id = coerce_job_id(job_id)
     alias = using or router.db_for_read(Job)
@@ -220,6 +225,11 @@ def get_job(job_id: uuid.UUID | str, *, using: str | None = None) -> JobInfo | N
     if connection.vendor == "postgresql":
         row = _pg.get_job_row(job_id, connection)
         return None if row is None else JobInfo(**dict(zip(_PG_FIELDS, row)))
+    with translating():
+        return _get_portable(job_id, alias)
+
+
+def _get_portable(job_id: uuid.UUID, alias: str) -> JobInfo | None:
     live = (
         Job.objects.using(alias)
         .filter(id=job_id)

@@ -14,9 +14,9 @@ import uuid
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from ..conf import DEFAULTS, configured
+from ..conf import DEFAULT_MAX_ATTEMPTS, get_settings
 from ..encoding import hash_normalized_args, normalize_args
-from ..errors import ConfigValidationError, ErrorCode, SoniqError
+from ..errors import ConfigValidationError, ErrorCode
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_LABEL_LENGTH = 255
@@ -35,7 +35,7 @@ class JobRequest:
     queue: str | None = None
     priority: int | None = None
     run_at: dt.datetime | None = None
-    max_attempts: int | None = 4
+    max_attempts: int | None = DEFAULT_MAX_ATTEMPTS
     unique_job: bool = False
     dedup_key: str | None = None
     producer_id: str | None = None
@@ -76,19 +76,20 @@ def _compiled(pattern: str) -> re.Pattern:
 
 
 def validate_job_name(job_name: Any, pattern: str | None = None) -> str:
-    """Return ``job_name`` if it matches ``TASK_NAME_PATTERN``; raise INVALID_TASK_NAME.
+    """Return ``job_name`` if it matches ``pattern`` (default: ``TASK_NAME_PATTERN``).
 
-    ``pattern`` is the setting's value when the caller has already read it.
+    Raises ``ConfigValidationError`` (INVALID_TASK_NAME) when it does not.
     """
     if type(job_name) is not str or not job_name:
-        raise SoniqError(ErrorCode.INVALID_TASK_NAME, "the job name must be a non-empty string")
+        raise ConfigValidationError("the job name must be a non-empty string",
+                                    code=ErrorCode.INVALID_TASK_NAME)
     if pattern is None:
-        pattern = configured().get("TASK_NAME_PATTERN", DEFAULTS["TASK_NAME_PATTERN"])
+        pattern = get_settings().TASK_NAME_PATTERN
     if _compiled(pattern).fullmatch(job_name) is None:
-        raise SoniqError(
-            ErrorCode.INVALID_TASK_NAME,
+        raise ConfigValidationError(
             "the job name does not match the task-name pattern "
             "(by default lowercase words joined by dots, like billing.send_invoice)",
+            code=ErrorCode.INVALID_TASK_NAME,
         )
     return job_name
 
@@ -98,9 +99,9 @@ def validate_max_attempts(value: Any) -> int | None:
     if value is None:
         return None
     if type(value) is not int or not 1 <= value <= INT32_MAX:
-        raise SoniqError(
-            ErrorCode.INVALID_MAX_ATTEMPTS,
+        raise ConfigValidationError(
             "max_attempts must be a whole number of at least 1 (retries plus one), or None",
+            code=ErrorCode.INVALID_MAX_ATTEMPTS,
         )
     return value
 
@@ -143,29 +144,26 @@ def coerce_job_id(value: Any) -> uuid.UUID:
     raise _option("job_id must be a UUID")
 
 
-def prepare(request: JobRequest, config: dict | None = None) -> PreparedJob:
-    """Validate ``request`` and return what to insert.
+def prepare(request: JobRequest) -> PreparedJob:
+    """Validate ``request`` and return what to insert, with the settings' defaults filled in.
 
-    ``config`` is ``settings.SONIQ`` when the caller has read it already (a
-    batch reads it once). Raises ``SoniqError`` with INVALID_TASK_NAME,
-    TASK_ARGS_INVALID or INVALID_MAX_ATTEMPTS (the codes SQL
-    ``soniq_enqueue`` uses), or ``ConfigValidationError`` (INVALID_OPTION)
-    for other options.
+    Raises ``ConfigValidationError`` with
+    INVALID_TASK_NAME, TASK_ARGS_INVALID or INVALID_MAX_ATTEMPTS (the codes
+    SQL ``soniq_enqueue`` uses), INVALID_OPTION for other options, or CONFIG
+    when ``request`` is not a ``JobRequest``.
     """
     if not isinstance(request, JobRequest):
         raise ConfigValidationError("expected a JobRequest")
-    if config is None:
-        config = configured()
-    job_name = validate_job_name(
-        request.job_name, config.get("TASK_NAME_PATTERN", DEFAULTS["TASK_NAME_PATTERN"]))
+    config = get_settings()
+    job_name = validate_job_name(request.job_name, config.TASK_NAME_PATTERN)
     args = normalize_args({} if request.args is None else request.args)
     if type(request.unique_job) is not bool:
         raise _option("unique_job must be True or False")
     queue, priority = request.queue, request.priority
     if queue is None:
-        queue = config.get("DEFAULT_QUEUE", DEFAULTS["DEFAULT_QUEUE"])
+        queue = config.DEFAULT_QUEUE
     if priority is None:
-        priority = config.get("DEFAULT_PRIORITY", DEFAULTS["DEFAULT_PRIORITY"])
+        priority = config.DEFAULT_PRIORITY
     generated = request.job_id is None
     return PreparedJob(
         job_id=uuid.uuid4() if generated else coerce_job_id(request.job_id),

@@ -12,9 +12,9 @@ the rule broken (ids below, explained in docs/schema-admission.md).
 import re
 from dataclasses import dataclass
 
-from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 
+from ..errors import SchemaAdmissionError
 from . import catalog
 from .owned_metadata import (
     OWNED_COLUMNS, OWNED_HELPERS, PG_OWNED_HELPERS, UNIQUE_IDENTITIES, owned_schema_applied,
@@ -63,15 +63,6 @@ class Problem:
     """The column, index or constraint the problem is about ("" for the database)."""
     rule: str
     message: str
-
-
-class SchemaAdmissionError(ImproperlyConfigured):
-    """The owned schema is refused; ``problems`` lists every reason."""
-
-    def __init__(self, problems):
-        self.problems = tuple(problems)
-        lines = [f"- {problem.message}" for problem in self.problems]
-        super().__init__("owned-queue schema refused:\n" + "\n".join(lines))
 
 
 def _problem(table, name, rule, detail=""):

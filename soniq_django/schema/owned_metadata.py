@@ -4,7 +4,7 @@ The columns are additive: format-1 readers ignore them, and every row keeps
 being a valid format-1 row. Genuine old rows start with generation 0, no
 token and no submission identity.
 
-Adding is preceded by the admission checks (``soniq_django.admission``) and
+Adding is preceded by the admission checks (``schema.admission``) and
 adopts what already exists in a compatible form. Removing is the controlled
 downgrade: lock, then refuse while anything is still protected, then drop.
 """
@@ -16,7 +16,7 @@ from django.db import connections, transaction
 from django.db.migrations.recorder import MigrationRecorder
 
 from . import catalog
-from ..errors import ErrorCode, SoniqError
+from ..errors import DowngradeRefused
 
 
 @dataclass(frozen=True)
@@ -159,23 +159,6 @@ class Retained:
 
     def __bool__(self) -> bool:
         return bool(self.protected_jobs or self.protected_dead_letters or self.active_claims)
-
-
-class DowngradeRefused(SoniqError):
-    """Protected submissions or live owned claims remain; nothing was changed.
-
-    ``code`` is ``QUEUE_SUBMISSION_CONFLICT``; ``retained`` holds the counts.
-    The reason names counts and tables only, never ids, tokens or payloads.
-    """
-
-    def __init__(self, retained: Retained):
-        self.retained = retained
-        super().__init__(
-            ErrorCode.QUEUE_SUBMISSION_CONFLICT,
-            f"downgrade refused: protected submissions in soniq_jobs {retained.protected_jobs}, "
-            f"in soniq_dead_letter_jobs {retained.protected_dead_letters}; active owned claims "
-            f"{retained.active_claims}. Retire or finish them first.",
-        )
 
 
 def lock_owned_tables(connection) -> None:

@@ -33,7 +33,7 @@ intact.
 
 from django.db import migrations
 
-from ..errors import ErrorCode, SoniqError
+from ..errors import TablesShapeError
 
 WORKER_STATES = ("active", "stopping", "stopped")
 
@@ -48,13 +48,6 @@ SONIQ_INDEXES = (
 
 #: Columns soniq_django adds to Soniq's registry (NULL in rows Soniq writes).
 REGISTRY_EXTRAS = (("queue", "text"), ("max_attempts", "integer"), ("unique_job", "boolean"))
-
-
-class TablesShapeError(SoniqError):
-    """The two tables are in neither shape 0006 knows."""
-
-    def __init__(self, reason: str):
-        super().__init__(ErrorCode.CONFIG, reason)
 
 
 def columns(connection, table: str) -> set[str]:

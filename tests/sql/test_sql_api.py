@@ -18,7 +18,7 @@ from django.utils import timezone
 from soniq_django import args_hash
 from soniq_django.errors import ErrorCode
 from soniq_django.models import DeadLetterJob, Job
-from soniq_django.producer._pg import translate
+from soniq_django.errors import translate
 
 from tests.support.sql import FLOAT64_OVERFLOW, GET_JOB_COLUMNS, fails, fetch, job_count, nested, value
 
@@ -558,7 +558,7 @@ def test_get_job_of_a_replayed_dead_letter_describes_the_replayed_job():
 
 
 # --------------------------------------------------------------------------
-# Python's mapping of these errors (soniq_django.producer._pg.translate)
+# Python's mapping of these errors (soniq_django.errors.translate)
 
 
 def _django_error(sql, params=()):
@@ -573,11 +573,12 @@ def _django_error(sql, params=()):
 @pytest.mark.parametrize(
     ("call", "code", "error_class"),
     [
-        ("soniq_enqueue('Bad Name', '{}')", "SONIQ_INVALID_TASK_NAME", "SoniqError"),
-        ("soniq_enqueue('a.b', '[]')", "SONIQ_TASK_ARGS_INVALID", "SoniqError"),
-        ("soniq_args_hash('{\"n\": 1e400}')", "SONIQ_TASK_ARGS_INVALID", "SoniqError"),
+        ("soniq_enqueue('Bad Name', '{}')", "SONIQ_INVALID_TASK_NAME", "ConfigValidationError"),
+        ("soniq_enqueue('a.b', '[]')", "SONIQ_TASK_ARGS_INVALID", "ConfigValidationError"),
+        ("soniq_args_hash('{\"n\": 1e400}')", "SONIQ_TASK_ARGS_INVALID",
+         "ConfigValidationError"),
         ("soniq_enqueue('a.b', '{}', max_attempts => 0)", "SONIQ_INVALID_MAX_ATTEMPTS",
-         "SoniqError"),
+         "ConfigValidationError"),
         ("soniq_enqueue('a.b', '{}', queue => '')", "SONIQ_INVALID_OPTION",
          "ConfigValidationError"),
     ],
@@ -588,15 +589,19 @@ def test_python_maps_each_hint_to_the_same_error_code(call, code, error_class):
     assert translated.code == code
 
 
-def test_python_maps_an_existing_job_id_and_nothing_else():
+def test_python_maps_an_existing_job_id_and_refuses_the_rest_by_sqlstate():
     job_id = enqueue()
     translated = translate(_django_error("SELECT soniq_enqueue('a.b', '{}', job_id => %s)",
                                          [job_id]))
     assert translated.code is ErrorCode.DUPLICATE_JOB_ID
     assert str(job_id) not in str(translated)
-    # Errors that are not the API's own stay untranslated.
-    assert translate(_django_error("SELECT soniq_enqueue('a.b', '{\"a\": \"\\u0000\"}')")) is None
-    assert translate(_django_error("SELECT 1/0")) is None
-    assert translate(_django_error(
-        "DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '22023', HINT = 'SOMETHING_ELSE'; END $$"
-    )) is None
+    # Errors that are not the API's own are refusals that name their SQLSTATE only.
+    for sql, state in [
+        ("SELECT soniq_enqueue('a.b', '{\"a\": \"\\u0000\"}')", "22P05"),
+        ("SELECT 1/0", "22012"),
+        ("DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '22023', HINT = 'SOMETHING_ELSE'; "
+         "END $$", "22023"),
+    ]:
+        translated = translate(_django_error(sql))
+        assert translated.code is ErrorCode.QUEUE_DATABASE_REFUSED
+        assert translated.reason == f"the database refused the operation (SQLSTATE {state})"

@@ -4,6 +4,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS
 
+from soniq_django.conf import DEFAULT_MAX_ATTEMPTS
 from soniq_django.errors import SoniqError
 from soniq_django.producer import enqueue
 
@@ -33,8 +34,8 @@ class Command(BaseCommand):
         parser.add_argument("--queue", help="Queue name (default: SONIQ['DEFAULT_QUEUE']).")
         parser.add_argument("--priority", type=int, help="Lower runs first (default 100).")
         parser.add_argument("--run-at", help="Not before this ISO 8601 time (with offset).")
-        parser.add_argument("--max-attempts", type=int, default=4,
-                            help="Attempts allowed, retries plus one (default 4).")
+        parser.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
+                            help="Attempts allowed, retries plus one (default %(default)s).")
         parser.add_argument("--unique", action="store_true",
                             help="Return the id of an equal queued job instead of adding one.")
         parser.add_argument("--dedup-key", help="Return the queued job with this key, if any.")
