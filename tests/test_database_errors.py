@@ -20,7 +20,7 @@ from soniq_django import bulk_enqueue, enqueue, get_job
 from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError, translate
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.producer.request import JobRequest
-from tests.owned_helpers import drop_refusal, refuse_updates
+from tests.support.owned import drop_refusal, refuse_updates
 
 PG = connection.vendor == "postgresql"
 SECRET = "secret-7f3a"  # in every driver message below; never in a translated error
