@@ -13,7 +13,7 @@ from ..conf import soniq_settings
 from ..errors import ErrorCode, SoniqError
 from ..housekeeping import purge_expired
 from . import registration
-from .execution import Outcome
+from .execution import Outcome, OutcomeKind
 from .flight import InFlight
 from .writes import keep_healthy_connections
 
@@ -76,7 +76,8 @@ class Heartbeats:
         once the write is over.
         """
         try:
-            self._write_outcome(flight, Outcome("retry", error=f"timed out after {timeout} s"))
+            self._write_outcome(flight, Outcome(OutcomeKind.RETRY,
+                                                error=f"timed out after {timeout} s"))
         except Exception:
             logger.exception("%s %s: could not record its timeout", flight.claimed.job_name,
                              flight.claimed.job_id)

@@ -35,7 +35,7 @@ from ..owned_types import MAX_CLAIM_BATCH, ClaimedJob
 from ..stats import ThroughputCounter
 from . import registration
 from .context import JobContext
-from .execution import Outcome, execute
+from .execution import Outcome, OutcomeKind, execute
 from .flight import InFlight
 from .heartbeat import Heartbeats
 from .wakeup import Listener
@@ -289,7 +289,7 @@ class Worker(JobWrites, Heartbeats):
             if flight.done:
                 return False
             flight.done = True
-            if outcome.kind == "done" and not flight.lost:
+            if outcome.kind is OutcomeKind.DONE and not flight.lost:
                 flight.outcome = outcome
                 return True
             self._write_outcome(flight, outcome)

@@ -10,6 +10,7 @@ import logging
 import secrets
 import threading
 import time
+from typing import NamedTuple
 
 from django.db import close_old_connections, connections
 
@@ -18,10 +19,26 @@ from ..errors import ErrorCode, SoniqError
 from ..models import Job
 from ..owned_store import guarded
 from ..registry import get_handler
-from .execution import Outcome
+from .execution import Outcome, OutcomeKind
 from .flight import InFlight
 
 logger = logging.getLogger("soniq_django.worker")
+
+class Recorded(NamedTuple):
+    """How a written outcome is logged, and counted in ``soniq_throughput``."""
+
+    verb: str
+    counted_as: str
+
+
+#: Each kind of outcome, once its final write is applied.
+RECORDED = {
+    OutcomeKind.DONE: Recorded("done", "done"),
+    OutcomeKind.RETRY: Recorded("failed, will retry", "failed"),
+    OutcomeKind.DEAD: Recorded("dead-lettered", "dead_lettered"),
+    OutcomeKind.CANCELLED: Recorded("cancelled", "cancelled"),
+}
+_EXHAUSTED = Recorded("failed with no attempts left, dead-lettered", "dead_lettered")
 
 # A round's answer when the database failed and recovery could not say whether
 # the claim happened: not "nothing is eligible" (a burst worker must not exit).
@@ -137,16 +154,16 @@ class JobWrites:
         claimed = flight.claimed
         if flight.lost:  # the heartbeat saw the claim go: it is not ours to write
             logger.warning("%s %s: %s not recorded; the lease was lost", claimed.job_name,
-                           claimed.job_id, _verb(outcome))
+                           claimed.job_id, RECORDED[outcome.kind].verb)
             return
         fence = claimed.claim_fence
-        if outcome.kind == "done":
+        if outcome.kind is OutcomeKind.DONE:
             write = lambda: self.source.complete_owned(fence, outcome.result)  # noqa: E731
-        elif outcome.kind == "retry":
+        elif outcome.kind is OutcomeKind.RETRY:
             write = lambda: self.source.fail_owned(  # noqa: E731
                 fence, outcome.error, retry=True,
                 default_max_attempts=_default_max_attempts(claimed.job_name))
-        elif outcome.kind == "dead":
+        elif outcome.kind is OutcomeKind.DEAD:
             write = lambda: self.source.fail_owned(  # noqa: E731
                 fence, outcome.error, retry=False, dead_letter_reason=outcome.reason)
         else:
@@ -157,7 +174,7 @@ class JobWrites:
         except SoniqError as error:  # refused, not unavailable: retrying cannot help
             logger.error("%s %s: %s refused by the database (%s: %s); its lease will lapse "
                          "and the reaper settles it", claimed.job_name, claimed.job_id,
-                         _verb(outcome), error.code.value, error.reason)
+                         RECORDED[outcome.kind].verb, error.code.value, error.reason)
             return
         self._report(flight, outcome, applied, deadline)
 
@@ -168,18 +185,15 @@ class JobWrites:
         fence = claimed.claim_fence
         elapsed = time.monotonic() - flight.started
         if applied:
-            verb = _verb(outcome)
-            kind = {"done": "done", "retry": "failed", "dead": "dead_lettered",
-                    "cancelled": "cancelled"}[outcome.kind]
-            if outcome.kind == "retry" and claimed.attempts >= (
+            recorded = RECORDED[outcome.kind]
+            if outcome.kind is OutcomeKind.RETRY and claimed.attempts >= (
                     claimed.max_attempts or _default_max_attempts(claimed.job_name)):
-                verb = "failed with no attempts left, dead-lettered"
-                kind = "dead_lettered"
-            self.throughput.add(claimed.queue, kind)
+                recorded = _EXHAUSTED
+            self.throughput.add(claimed.queue, recorded.counted_as)
             logger.info("%s %s %s after %.3fs (attempt %s)", claimed.job_name, claimed.job_id,
-                        verb, elapsed, claimed.attempts)
+                        recorded.verb, elapsed, claimed.attempts)
             return
-        if outcome.kind != "cancelled" and self._cancel_pending(fence):
+        if outcome.kind is not OutcomeKind.CANCELLED and self._cancel_pending(fence):
             # A cancel arrived while the handler was finishing: honour it.
             if retrying(lambda: self.source.acknowledge_cancel_owned(fence), deadline,
                          self.aborted):
@@ -188,7 +202,7 @@ class JobWrites:
                 return
         logger.warning("%s %s: %s not recorded; the job is no longer this worker's "
                        "(lease lost, cancelled or re-claimed)", claimed.job_name,
-                       claimed.job_id, _verb(outcome))
+                       claimed.job_id, RECORDED[outcome.kind].verb)
 
     def _cancel_pending(self, fence) -> bool:
         try:
@@ -227,7 +241,3 @@ def keep_healthy_connections() -> None:
         else:
             conn.errors_occurred = False
 
-
-def _verb(outcome: Outcome) -> str:
-    return {"done": "done", "retry": "failed, will retry", "dead": "dead-lettered",
-            "cancelled": "cancelled"}[outcome.kind]
