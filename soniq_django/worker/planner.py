@@ -91,7 +91,7 @@ Plan = Claim | Wait | Stop
 
 
 def backoff(unknown_streak: int) -> float:
-    """Seconds to back off after ``unknown_streak`` unknown rounds in a row: 0.1 s doubling to 2 s."""
+    """Seconds to wait after ``unknown_streak`` unknown rounds in a row: 0.1 s, doubling to 2."""
     return min(0.05 * 2 ** min(unknown_streak, 6), 2.0)
 
 
