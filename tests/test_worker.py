@@ -363,6 +363,26 @@ def test_a_stop_ends_the_chain_of_claims_and_running_jobs_finish(run_log):
     assert statuses["queued"] == 2000 - worker.claimed_count
 
 
+def test_start_up_jitter_is_at_most_a_poll_interval_and_none_in_burst_mode(settings):
+    soniq(settings, POLL_INTERVAL=0.3)
+    delays = [Worker()._jitter() for _ in range(200)]
+    assert all(0 <= d <= 0.3 for d in delays) and len(set(delays)) > 1
+    soniq(settings, POLL_INTERVAL=5)
+    assert all(0 <= Worker()._jitter() <= 1.0 for _ in range(200))  # at most 1 s
+    assert Worker(burst=True)._jitter() == 0
+    assert Worker(startup_jitter=0)._jitter() == 0
+    assert 0 <= Worker(burst=True, startup_jitter=0.5)._jitter() <= 0.5
+
+
+def test_a_stop_during_the_start_up_jitter_ends_it_at_once():
+    worker = Worker(startup_jitter=60)
+    running = WorkerThread(worker).start()
+    wait_until(lambda: WorkerRow.objects.filter(id=worker.worker_id).exists(), 10,
+               "the worker row")
+    assert running.stop(timeout=5) == 0
+    assert worker.claimed_count == 0
+
+
 def test_burst_exits_at_once_when_nothing_is_queued():
     worker = Worker(burst=True)
     assert WorkerThread(worker).start().join(timeout=10) == 0

@@ -116,7 +116,7 @@ class Writes:
         caller forgets the flights.
         """
         asked = self.budget.reserve(wanted)
-        tokens = [secrets.token_hex(16) for _ in range(asked)]
+        tokens = [secrets.token_hex(16) for _ in range(asked)]  # kept: recovery asks with them
         completions = [(flight.claimed.claim_fence, flight.outcome.result) for flight in batch]
         if not completions and not tokens:
             return Answer([], 0)
