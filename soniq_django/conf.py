@@ -81,24 +81,3 @@ def _forget(*, setting: str, **kwargs: Any) -> None:
     global _current
     if setting == "SONIQ":
         _current = None
-
-
-class _Facade:
-    """``soniq_settings.LEASE_SECONDS``: attribute access to ``get_settings()``.
-
-    Kept for older callers (the worker); new code reads ``get_settings()``
-    once and uses its attributes.
-    """
-
-    __slots__ = ()
-
-    # __getattribute__, not __getattr__: no failed lookup (an exception) first.
-    def __getattribute__(self, name: str) -> Any:
-        if name in _KNOWN:
-            return getattr(get_settings(), name)
-        if name.startswith("__"):
-            return object.__getattribute__(self, name)
-        raise AttributeError(f"unknown soniq setting {name!r}")
-
-
-soniq_settings = _Facade()

@@ -9,7 +9,7 @@ import pytest
 from django.test import override_settings
 
 import soniq_django
-from soniq_django.conf import KEYS, Settings, get_settings, soniq_settings
+from soniq_django.conf import KEYS, Settings, get_settings
 
 PACKAGE = Path(soniq_django.__file__).parent
 DOCS = PACKAGE.parent / "docs" / "settings.md"
@@ -62,7 +62,7 @@ def test_the_settings_fixture_is_followed(settings):
     settings.SONIQ = {"POLL_INTERVAL": 0.5}
     assert get_settings().POLL_INTERVAL == 0.5
     settings.SONIQ = {"POLL_INTERVAL": 7}
-    assert soniq_settings.POLL_INTERVAL == 7
+    assert get_settings().POLL_INTERVAL == 7
 
 
 def test_other_settings_changes_keep_the_snapshot():
@@ -82,14 +82,6 @@ def test_unknown_keys_are_kept_for_the_checks_and_never_fail_a_read():
 def test_a_soniq_that_is_not_a_dict_reads_as_the_defaults(value):
     with override_settings(SONIQ=value):
         assert get_settings() == Settings(is_dict=False)
-
-
-def test_the_facade_reads_the_snapshot_and_knows_only_the_keys():
-    with override_settings(SONIQ={"HEARTBEAT_SECONDS": 3}):
-        assert soniq_settings.HEARTBEAT_SECONDS == 3
-        assert soniq_settings.LEASE_SECONDS == 30
-    with pytest.raises(AttributeError):
-        soniq_settings.LEASE_SECOND  # noqa: B018
 
 
 def _reads_soniq(path: Path) -> bool:

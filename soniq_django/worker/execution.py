@@ -1,6 +1,7 @@
 """Run one claimed job's handler and say how it ended. No database access here."""
 
 import asyncio
+import enum
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +16,24 @@ from .context import JobContext, bind, unbind
 MAX_ERROR_TEXT = 64 * 1024
 
 
+class OutcomeKind(enum.Enum):
+    """How a handler's run ended, as the worker's final write records it."""
+
+    DONE = "done"
+    """It returned a JSON value: ``complete_owned``."""
+    RETRY = "retry"
+    """It raised (or ran past its timeout): ``fail_owned(retry=True)``."""
+    DEAD = "dead"
+    """Retrying cannot help: ``fail_owned(retry=False)`` with a dead-letter reason."""
+    CANCELLED = "cancelled"
+    """It stopped after a cancel request: ``acknowledge_cancel_owned``."""
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """How a job ended: ``done`` (with result), ``retry``, ``dead`` (with reason) or ``cancelled``."""
+    """How a job ended: its kind, with the result (DONE), error (RETRY, DEAD) or reason (DEAD)."""
 
-    kind: str
+    kind: OutcomeKind
     result: Any = None
     error: str | None = None
     reason: str | None = None
@@ -49,12 +63,13 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> 
     """
     handler = get_handler(claimed.job_name)
     if handler is None:
-        return Outcome("dead", error=f"no handler is registered for job {claimed.job_name!r}",
+        return Outcome(OutcomeKind.DEAD,
+                       error=f"no handler is registered for job {claimed.job_name!r}",
                        reason=DeadLetterReason.JOB_NOT_FOUND)
     try:
         handler.signature.bind(**claimed.args)
     except TypeError as error:
-        return Outcome("dead", error=f"args do not fit {claimed.job_name}: {error}",
+        return Outcome(OutcomeKind.DEAD, error=f"args do not fit {claimed.job_name}: {error}",
                        reason=DeadLetterReason.INVALID_ARGUMENTS)
     try:
         if handler.is_async:
@@ -66,17 +81,20 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> 
             finally:
                 unbind(token)
     except JobCancelled:
-        return Outcome("cancelled")
+        return Outcome(OutcomeKind.CANCELLED)
     except PermanentFailure as error:
-        return Outcome("dead", error=_error_text(error), reason=DeadLetterReason.PERMANENT_FAILURE)
+        return Outcome(OutcomeKind.DEAD, error=_error_text(error),
+                       reason=DeadLetterReason.PERMANENT_FAILURE)
     except (asyncio.TimeoutError, TimeoutError) as error:
-        return Outcome("retry", error=f"timed out after {timeout} s\n{_error_text(error)}")
+        return Outcome(OutcomeKind.RETRY,
+                       error=f"timed out after {timeout} s\n{_error_text(error)}")
     except Exception as error:  # the handler's failure is the job's failure
-        return Outcome("retry", error=_error_text(error))
+        return Outcome(OutcomeKind.RETRY, error=_error_text(error))
     if context.cancel_requested:
-        return Outcome("cancelled")
+        return Outcome(OutcomeKind.CANCELLED)
     try:
-        return Outcome("done", result=normalize_json(result))
+        return Outcome(OutcomeKind.DONE, result=normalize_json(result))
     except SoniqError:
-        return Outcome("dead", error=f"{claimed.job_name} returned a value that is not JSON",
+        return Outcome(OutcomeKind.DEAD,
+                       error=f"{claimed.job_name} returned a value that is not JSON",
                        reason=DeadLetterReason.PERMANENT_FAILURE)

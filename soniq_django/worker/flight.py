@@ -1,4 +1,4 @@
-"""A job a worker is running, from its claim to its final write."""
+"""The jobs a worker is running, from each claim to its final write."""
 
 import threading
 import time
@@ -11,7 +11,12 @@ from .execution import Outcome
 
 @dataclass
 class InFlight:
-    """A job this worker is running."""
+    """A job this worker is running.
+
+    ``settled`` guards the job's one final write: whoever sets ``done``
+    under it (the job thread, or the heartbeat for a timeout) owns that
+    write, and holds the lock until the write is over.
+    """
 
     claimed: ClaimedJob
     context: JobContext
@@ -19,7 +24,7 @@ class InFlight:
     settled: threading.Lock = field(default_factory=threading.Lock)
     done: bool = False
     lost: bool = False
-    outcome: Outcome | None = None  # a completion waiting for the main loop to write it
+    outcome: Outcome | None = None  # a completion waiting for the batched completer's round
 
     @property
     def key(self) -> tuple[str, int]:
@@ -31,3 +36,38 @@ class InFlight:
         """
         fence = self.claimed.claim_fence
         return fence.job_id, fence.generation
+
+
+class Flights:
+    """Every job this worker is running, by claim; shared by the loop, job threads and heartbeat.
+
+    A job is tracked from its claim until its final write is over (or known
+    not to be this worker's), so an empty registry means nothing is left to
+    settle.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_claim: dict[tuple[str, int], InFlight] = {}
+
+    def track(self, claimed: ClaimedJob) -> InFlight:
+        flight = InFlight(claimed, JobContext(
+            job_id=str(claimed.job_id), job_name=claimed.job_name, queue=claimed.queue,
+            attempts=claimed.attempts, max_attempts=claimed.max_attempts))
+        with self._lock:
+            self._by_claim[flight.key] = flight
+        return flight
+
+    def finish(self, flight: InFlight) -> None:
+        """Forget this run -- only this one: another claim of the same job may be in flight."""
+        with self._lock:
+            if self._by_claim.get(flight.key) is flight:
+                del self._by_claim[flight.key]
+
+    def all(self) -> list[InFlight]:
+        with self._lock:
+            return list(self._by_claim.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_claim)

@@ -1,20 +1,23 @@
-"""A worker's heartbeat thread: leases, cancel requests, timeouts, its own row, housekeeping.
+"""A worker's heartbeat: leases, cancel requests, timeouts, its own row, housekeeping.
 
-``Heartbeats`` is a part of ``Worker`` (worker/loop.py).
+It never makes a final write: a job past its timeout is handed to the
+completer (``time_out``), whose main loop writes the failure.
 """
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 
-from ..conf import soniq_settings
+from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
 from ..housekeeping import purge_expired
+from ..owned import OwnedJobSource
+from ..throughput import ThroughputCounter
 from . import registration
-from .execution import Outcome
-from .flight import InFlight
+from .flight import Flights, InFlight
 from .writes import keep_healthy_connections
 
 logger = logging.getLogger("soniq_django.worker")
@@ -23,34 +26,55 @@ logger = logging.getLogger("soniq_django.worker")
 HOUSEKEEPING_SECONDS = 60.0
 
 
-class Heartbeats:
-    """The heartbeat thread of ``Worker``."""
+def beat_interval() -> float:
+    """Seconds between heartbeats: HEARTBEAT_SECONDS, at most a third of the lease."""
+    lease = float(get_settings().LEASE_SECONDS)
+    return max(0.05, min(float(get_settings().HEARTBEAT_SECONDS), lease / 3))
 
-    def _heartbeat_loop(self) -> None:
-        while not self.stopping.wait(self._beat_interval()) or self._busy():
+
+class Heartbeat:
+    """``run()`` is the heartbeat thread: every ``beat_interval()`` until stopped and idle."""
+
+    def __init__(self, *, source: OwnedJobSource, worker_id: str, flights: Flights,
+                 throughput: ThroughputCounter, time_out: Callable[[InFlight, object], None],
+                 stopping: threading.Event, aborted: threading.Event):
+        self.source = source
+        self.using = source.using
+        self.worker_id = worker_id
+        self.flights = flights
+        self.throughput = throughput
+        self.time_out = time_out
+        self.stopping = stopping
+        self.aborted = aborted
+        self._next_purge = 0.0
+
+    def run(self) -> None:
+        while not self.stopping.wait(beat_interval()) or len(self.flights):
             if self.aborted.is_set():
                 return
-            try:
-                registration.beat(self.using, self.worker_id,
-                                  "stopping" if self.stopping.is_set() else "running")
-                self.throughput.flush(self.using)
-                self._housekeeping()
-            except Exception:
-                close_old_connections()
-            with self.lock:
-                flights = list(self.inflight.values())
-            for flight in flights:
+            self.beat_worker()
+            for flight in self.flights.all():
                 try:
-                    self._beat(flight)
+                    self.beat(flight)
                 except Exception:  # one job's trouble must not stop every lease's renewal
                     logger.exception("heartbeat of %s %s failed", flight.claimed.job_name,
                                      flight.claimed.job_id)
                     close_old_connections()
             keep_healthy_connections()
             if self.stopping.is_set():
-                time.sleep(self._beat_interval())
+                time.sleep(beat_interval())
 
-    def _housekeeping(self) -> None:
+    def beat_worker(self) -> None:
+        """The worker's own row, its throughput counts, and housekeeping."""
+        try:
+            registration.beat(self.using, self.worker_id,
+                              "stopping" if self.stopping.is_set() else "running")
+            self.throughput.flush(self.using)
+            self.housekeep()
+        except Exception:
+            close_old_connections()
+
+    def housekeep(self) -> None:
         """Purge expired finished rows about once a minute (never protected ones)."""
         now = time.monotonic()
         if now < self._next_purge:
@@ -60,53 +84,16 @@ class Heartbeats:
         if purged:
             logger.info("housekeeping: purged %d expired job rows", purged)
 
-    def _busy(self) -> bool:
-        with self.lock:
-            return bool(self.inflight)
-
-    @staticmethod
-    def _beat_interval() -> float:
-        lease = float(soniq_settings.LEASE_SECONDS)
-        return max(0.05, min(float(soniq_settings.HEARTBEAT_SECONDS), lease / 3))
-
-    def _time_out(self, flight: InFlight, timeout) -> None:
-        """Fail a job that ran past JOB_TIMEOUT_SECONDS (with retry), on its own thread.
-
-        Called holding ``flight.settled`` (taken by the heartbeat); releases it
-        once the write is over.
-        """
-        try:
-            self._write_outcome(flight, Outcome("retry", error=f"timed out after {timeout} s"))
-        except Exception:
-            logger.exception("%s %s: could not record its timeout", flight.claimed.job_name,
-                             flight.claimed.job_id)
-        finally:
-            try:
-                connections.close_all()  # this thread's own connection
-            finally:
-                flight.settled.release()
-
-    def _beat(self, flight: InFlight) -> None:
+    def beat(self, flight: InFlight) -> None:
+        """Renew one job's lease and read its cancel request -- or hand over its timeout."""
         if flight.done or flight.lost:
             return
+        timeout = get_settings().JOB_TIMEOUT_SECONDS
+        if timeout is not None and time.monotonic() - flight.started > float(timeout):
+            self.time_out(flight, timeout)
+            return
         fence = flight.claimed.claim_fence
-        timeout = soniq_settings.JOB_TIMEOUT_SECONDS
         try:
-            if timeout is not None and time.monotonic() - flight.started > float(timeout):
-                # Take the job's one final write now (the job thread, finishing
-                # meanwhile, waits on the lock and then finds it done) and make
-                # it on a thread of its own: a write that has to wait for the
-                # database must not hold up every other lease's renewal.
-                if not flight.settled.acquire(blocking=False):
-                    return  # the job thread is writing its own outcome
-                if flight.done:
-                    flight.settled.release()
-                    return
-                flight.done = True
-                flight.context._cancel.set()  # cooperative handlers stop
-                threading.Thread(target=self._time_out, args=(flight, timeout),
-                                 name="soniq-timeout", daemon=True).start()
-                return
             if not self.source.heartbeat_owned(fence):
                 if flight.done:  # its final write ended the claim meanwhile: not a loss
                     return

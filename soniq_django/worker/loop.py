@@ -1,27 +1,39 @@
-"""The worker: claim → run → complete or fail, with fences from end to end.
+"""The worker: claim → run → complete or fail, with fences from end to end, built from parts.
 
-Threads, each with its own database connection:
+Threads, each with its own database connection, and what each one writes:
 
-- the main thread, in rounds: one database call completes every job that
-  finished since the last round (each against its own fence) and claims a
-  job for every free slot (each with its own fresh nonce, kept before the
-  call); it waits for a wake-up when there is nothing to do;
-- ``concurrency`` job threads each run one handler; a completion is handed
-  to the main thread, any other outcome is written by the job thread;
-- the heartbeat thread renews every live lease, reads cancel requests,
-  enforces timeouts and keeps the worker's own row fresh (heartbeat.py);
-- on PostgreSQL a listener thread turns NOTIFY into wake-ups;
-- optionally the scheduler.
+- the **main thread** runs the loop: it takes a snapshot, asks the planner
+  (planner.py) what to do -- claim n, wait t, stop -- and does it. A claim
+  is a round of the completer (completer.py): one database call that
+  writes the completions handed over and claims a job for each free slot,
+  each with its own fresh nonce kept before the call. The main thread also
+  writes the timeouts the heartbeat handed over.
+- ``concurrency`` **job threads** each run one handler at a time
+  (execution.py, no database) and settle it through the completer: a
+  failure, a dead letter or a cancel acknowledgement is written by the job
+  thread. A completion, with one slot, is written by the job thread in one
+  transaction with the claim of the slot's next job, which it then runs
+  (``InlineCompleter``); with more slots it is handed to the main thread's
+  next round (``BatchCompleter``).
+- the **heartbeat thread** (heartbeat.py) renews every lease, reads cancel
+  requests, refreshes the worker's row and throughput counts, and purges
+  expired rows once a minute. It decides timeouts but writes none.
+- on PostgreSQL a **listener thread** (wakeup.py) turns NOTIFY into
+  wake-ups; optionally the **scheduler** thread enqueues periodic jobs.
 
-The writes themselves -- rounds of completions and claims, single outcomes,
-recovery after an unknown outcome -- are in writes.py. A final write that
-returns False is logged and never retried by id; one that raises
-QUEUE_PERSISTENCE_FAILED is recovered or retried with the same fence until
-the database answers (or the lease is certainly gone).
+So every final write has one owner:
+
+- a completion: with one slot, the job thread (with the next claim, in one
+  transaction); with more, the main thread (with the round's claims);
+- a failure, a dead letter, a cancel acknowledgement: the job thread;
+- the failure of a job past ``JOB_TIMEOUT_SECONDS``: the main thread;
+- a cancel honoured after it refused a write: the thread of that write.
+
+Every claim goes through ``Writes.round`` (writes.py), from whichever thread.
 """
 
 import logging
-import os
+import random
 import threading
 import time
 import uuid
@@ -29,51 +41,72 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections, connections
 
-from ..conf import soniq_settings
+from ..conf import get_settings
 from ..owned import OwnedJobSource
-from ..owned.types import MAX_CLAIM_BATCH, ClaimedJob
 from ..throughput import ThroughputCounter
-from . import registration
-from .context import JobContext
-from .execution import Outcome, execute
-from .flight import InFlight
-from .heartbeat import Heartbeats
+from . import planner, registration
+from .capacity import Budget, Slots
+from .completer import BatchCompleter, InlineCompleter
+from .execution import execute
+from .flight import Flights, InFlight
+from .heartbeat import Heartbeat
 from .wakeup import Listener
-from .writes import UNKNOWN, JobWrites, keep_healthy_connections
+from .writes import Writes
 
 logger = logging.getLogger("soniq_django.worker")
 
+#: The longest start-up jitter a worker waits by default (never more than POLL_INTERVAL).
+MAX_STARTUP_JITTER = 1.0
 
-class Worker(JobWrites, Heartbeats):
-    """One worker process's loop. ``run()`` returns when it stops."""
+
+class Worker:
+    """One worker process's loop. ``run()`` returns when it stops.
+
+    ``startup_jitter``: the longest random delay before the first claim, so
+    that many workers started together do not claim together; None (the
+    default) is up to ``MAX_STARTUP_JITTER`` or ``POLL_INTERVAL``,
+    whichever is shorter, and none in burst mode.
+    """
 
     def __init__(self, *, using: str = "default", queues: list[str] | None = None,
                  concurrency: int = 1, burst: bool = False, max_jobs: int | None = None,
                  worker_id: str | None = None, with_scheduler: bool = False,
-                 grace_seconds: float = 30.0):
+                 grace_seconds: float = 30.0, startup_jitter: float | None = None):
         self.using = using
         self.queues = queues
         self.concurrency = concurrency
         self.burst = burst
-        self.max_jobs = max_jobs
         self.worker_id = worker_id or str(uuid.uuid4())
         self.with_scheduler = with_scheduler
         self.grace_seconds = grace_seconds
-        self.source = OwnedJobSource(using)
+        self.startup_jitter = startup_jitter
         self.stopping = threading.Event()  # no more claims; finish in-flight jobs
         self.aborted = threading.Event()  # give up on in-flight jobs too
         self.wake = threading.Event()
-        self.slots = threading.Semaphore(concurrency)
-        self.inflight: dict[tuple[str, int], InFlight] = {}  # by claim: InFlight.key
-        self.completions: list[InFlight] = []  # handed over by job threads, written in batches
-        self.lock = threading.Lock()
-        self.claimed_count = 0
-        self.reserved = 0  # claims under way, counted against max_jobs until they answer
-        self.finished = threading.Condition(self.lock)
+        self.source = OwnedJobSource(using)
+        self.flights = Flights()
+        self.slots = Slots(concurrency)
+        self.budget = Budget(max_jobs)
         self.throughput = ThroughputCounter()
-        self.pid = os.getpid()  # recorded with each claim
-        self._unknown_streak = 0  # claims in a row whose outcome stayed unknown
-        self._next_purge = 0.0
+        self.writes = Writes(source=self.source, worker_id=self.worker_id, queues=queues,
+                             budget=self.budget, throughput=self.throughput, stop=self.aborted)
+        completer = InlineCompleter if concurrency == 1 else BatchCompleter
+        self.completer = completer(writes=self.writes, flights=self.flights, slots=self.slots,
+                                   wake=self.wake, stopping=self.stopping, aborted=self.aborted)
+        self.heartbeat = Heartbeat(source=self.source, worker_id=self.worker_id,
+                                   flights=self.flights, throughput=self.throughput,
+                                   time_out=self.completer.time_out, stopping=self.stopping,
+                                   aborted=self.aborted)
+        # What the loop remembers from one round to the next (see planner.Snapshot).
+        self._found_nothing = False
+        self._unknown_streak = 0
+        self._backoff_due = False
+        self._drain_deadline: float | None = None
+
+    @property
+    def claimed_count(self) -> int:
+        """Jobs this worker claimed."""
+        return self.budget.claimed
 
     # Control ----------------------------------------------------------
 
@@ -98,10 +131,12 @@ class Worker(JobWrites, Heartbeats):
         logger.info("worker %s started (queues=%s, concurrency=%d)", self.worker_id,
                     ",".join(self.queues) if self.queues else "all", self.concurrency)
         try:
-            self._dispatch_loop(pool)
+            self.stopping.wait(self._jitter())  # workers started together claim apart
+            self._loop(pool)
         finally:
-            pool.shutdown(wait=not self.aborted.is_set(), cancel_futures=True)
+            self.completer.close()
             self.stopping.set()
+            pool.shutdown(wait=not self.aborted.is_set(), cancel_futures=True)
             for thread in background:
                 thread.join(timeout=5)
             try:
@@ -113,8 +148,70 @@ class Worker(JobWrites, Heartbeats):
         logger.info("worker %s stopped after %d jobs", self.worker_id, self.claimed_count)
         return 1 if self.aborted.is_set() else 0
 
+    def _loop(self, pool: ThreadPoolExecutor) -> None:
+        """Plan, then act; until the planner says stop."""
+        while True:
+            step = planner.plan(self._snapshot())
+            if isinstance(step, planner.Stop):
+                if step.reason is planner.StopReason.GRACE_OVER:
+                    logger.warning("grace period over; abandoning %d job(s)", len(self.flights))
+                    self.aborted.set()
+                return
+            if isinstance(step, planner.Wait):
+                self._wait(step)
+            else:
+                self._claim(step.n, pool)
+
+    def _snapshot(self) -> planner.Snapshot:
+        # Pending writes before free slots: a job thread frees its slot before
+        # it hands its completion over, so a round that sees the completion
+        # also sees the slot.
+        pending = self.completer.pending
+        free_slots = self.slots.free
+        return planner.Snapshot(
+            now=time.monotonic(), aborted=self.aborted.is_set(),
+            stopping=self.stopping.is_set(), pending=pending, free_slots=free_slots,
+            idle=not pending and not len(self.flights), claims_left=self.budget.left,
+            max_jobs_reached=self.budget.reached, found_nothing=self._found_nothing,
+            unknown_streak=self._unknown_streak, backoff_due=self._backoff_due,
+            burst=self.burst, drain_deadline=self._drain_deadline,
+            poll_interval=float(get_settings().POLL_INTERVAL), grace_seconds=self.grace_seconds)
+
+    def _claim(self, n: int, pool: ThreadPoolExecutor) -> None:
+        """One round: the pending writes, and ``n`` claims; start each job claimed."""
+        answer = self.completer.round(n)
+        if answer.unknown:
+            self._unknown_streak += 1
+            self._backoff_due = True
+            return
+        self._unknown_streak = 0
+        self.slots.take(len(answer.jobs))
+        for job in answer.jobs:
+            pool.submit(self._run_jobs, self.flights.track(job))
+        if answer.found_nothing:
+            self._found_nothing = True  # the queue is empty: wait for news
+
+    def _wait(self, step: planner.Wait) -> None:
+        if not step.wake_early:  # a backoff: only an abort cuts it short
+            self.aborted.wait(step.seconds)
+            self._backoff_due = False
+            return
+        if step.drain_deadline is not None:
+            self._drain_deadline = step.drain_deadline
+        # A wake-up that came while busy ends the wait at once.
+        self.wake.wait(step.seconds)
+        self.wake.clear()
+        self._found_nothing = False
+
+    def _jitter(self) -> float:
+        limit = self.startup_jitter
+        if limit is None:
+            limit = 0.0 if self.burst else min(MAX_STARTUP_JITTER,
+                                               float(get_settings().POLL_INTERVAL))
+        return random.uniform(0, limit) if limit > 0 else 0.0
+
     def _start_background(self) -> list[threading.Thread]:
-        threads = [threading.Thread(target=self._heartbeat_loop, name="soniq-heartbeat",
+        threads = [threading.Thread(target=self.heartbeat.run, name="soniq-heartbeat",
                                     daemon=True)]
         if connections[self.using].vendor == "postgresql":
             threads.append(Listener(self.using, self.queues, self.wake, self.stopping))
@@ -128,170 +225,15 @@ class Worker(JobWrites, Heartbeats):
             thread.start()
         return threads
 
-    def _dispatch_loop(self, pool: ThreadPoolExecutor) -> None:
-        """Settle finished jobs and fill free slots, both in one transaction per round.
+    # A job thread -----------------------------------------------------
 
-        Each round takes every completion the job threads handed over and
-        every free slot, and makes one database call: complete them all (each
-        against its own fence) and claim one job per free slot (each with its
-        own nonce). It waits for a wake-up -- a job finished, a NOTIFY, the
-        poll interval -- when there is nothing to do. After a stop (or once
-        ``max_jobs`` is spoken for) it claims nothing more and settles the
-        running jobs until none is left or the grace period is over.
-        """
-        claiming = True  # False after a claim found nothing, until the next wake-up
-        drain_deadline = None
-        while not self.aborted.is_set():
-            with self.lock:
-                batch = self.completions[:MAX_CLAIM_BATCH]
-                del self.completions[:MAX_CLAIM_BATCH]
-            winding_down = self.stopping.is_set() or self._max_jobs_reached()
-            free = 0 if winding_down or not claiming else self._take_free_slots()
-            wanted = self._reserve(free)
-            self._release(free - wanted)
-            if batch or wanted:
-                claimed = self._settle_and_claim(batch, wanted)
-                if claimed is UNKNOWN:  # the database keeps failing: don't hammer it
-                    self._release(wanted)
-                    self._unknown_streak += 1
-                    self.aborted.wait(min(0.05 * 2 ** min(self._unknown_streak, 6), 2.0))
-                    continue
-                self._unknown_streak = 0
-                self._release(wanted - len(claimed))
-                for job in claimed:
-                    pool.submit(self._run_job, self._track(job))
-                if wanted and not claimed:
-                    claiming = False  # the queue is empty: wait for news
-                    if self.burst and self._idle():
-                        return
-                continue
-            if winding_down:
-                if self._idle():
-                    return
-                if drain_deadline is None:
-                    drain_deadline = time.monotonic() + self.grace_seconds
-                elif time.monotonic() >= drain_deadline:
-                    logger.warning("grace period over; abandoning %d job(s)", len(self.inflight))
-                    self.aborted.set()
-                    return
-                self._wait(0.5)
-                continue
-            if self.burst and not claiming and self._idle():
-                return
-            timeout = float(soniq_settings.POLL_INTERVAL) if not claiming else 0.5
-            if self.burst:
-                timeout = min(timeout, 0.2)
-            self._wait(timeout)
-            claiming = True
-
-    def _wait(self, timeout: float) -> None:
-        """Sleep until a wake-up (or ``timeout``); one that came while busy ends it at once."""
-        self.wake.wait(timeout)
-        self.wake.clear()
-
-    def _max_jobs_reached(self) -> bool:
-        return self.max_jobs is not None and self.claimed_count >= self.max_jobs
-
-    def _take_free_slots(self) -> int:
-        free = 0
-        while free < self.concurrency and self.slots.acquire(blocking=False):
-            free += 1
-        return free
-
-    def _reserve(self, wanted: int) -> int:
-        """How many of ``wanted`` claims may be made without passing ``max_jobs``; reserves them."""
-        with self.lock:
-            if self.max_jobs is not None:
-                wanted = max(0, min(wanted, self.max_jobs - self.claimed_count - self.reserved))
-            self.reserved += wanted
-            return wanted
-
-    def _account(self, reserved: int, claimed: list) -> None:
-        """A claim of ``reserved`` jobs answered with ``claimed``."""
-        with self.lock:
-            self.reserved -= reserved
-            self.claimed_count += len(claimed)
-
-    def _release(self, count: int) -> None:
-        for _ in range(count):
-            self.slots.release()
-
-    def _track(self, claimed: ClaimedJob) -> InFlight:
-        flight = InFlight(claimed, JobContext(
-            job_id=str(claimed.job_id), job_name=claimed.job_name, queue=claimed.queue,
-            attempts=claimed.attempts, max_attempts=claimed.max_attempts))
-        with self.lock:
-            self.inflight[flight.key] = flight
-        return flight
-
-    def _finish(self, flight: InFlight) -> None:
-        """Forget this run -- only this one: another claim of the same job may be in flight."""
-        with self.finished:
-            if self.inflight.get(flight.key) is flight:
-                del self.inflight[flight.key]
-            self.finished.notify_all()
-
-    def _idle(self) -> bool:
-        with self.lock:
-            return not self.inflight and not self.completions
-
-    # One job ----------------------------------------------------------
-
-    def _run_job(self, flight: InFlight | None) -> None:
-        """Run the job; with one slot, also each next job its completion claimed."""
+    def _run_jobs(self, flight: InFlight | None) -> None:
+        """Run the job and settle it; then each next job its (inline) completion claimed."""
         while flight is not None:
-            handed_over, following = False, None
             try:
-                timeout = soniq_settings.JOB_TIMEOUT_SECONDS
-                outcome = execute(flight.claimed, flight.context, timeout)
-                if not self.aborted.is_set():
-                    handed_over = self._settle(flight, outcome)
-                if handed_over and self.concurrency == 1:
-                    # Nothing to batch with: complete and claim from here,
-                    # sparing two thread hand-offs per job.
-                    handed_over = False
-                    following = self._complete_here(flight)
-            except Exception:
+                outcome = execute(flight.claimed, flight.context,
+                                  get_settings().JOB_TIMEOUT_SECONDS)
+            except Exception:  # execute() never raises; if it did, the lease lapses
                 logger.exception("worker error while running %s", flight.claimed.job_name)
-            finally:
-                if not handed_over:
-                    self._finish(flight)
-                keep_healthy_connections()
-                if following is None:
-                    # The slot first, then the completion: the main loop's next
-                    # round writes the completion and fills this slot together.
-                    self.slots.release()
-                    if handed_over:
-                        with self.lock:
-                            self.completions.append(flight)
-                    self.wake.set()
-            flight = following
-
-    def _complete_here(self, flight: InFlight) -> InFlight | None:
-        """Write the completion and claim this slot's next job in one transaction."""
-        wanted = 0 if self.stopping.is_set() else self._reserve(1)
-        claimed = self._settle_and_claim([flight], wanted, finish=False)
-        if not claimed or claimed is UNKNOWN:
-            return None
-        return self._track(claimed[0])  # tracked before this job is finished: never idle between
-
-    def _settle(self, flight: InFlight, outcome: Outcome) -> bool:
-        """Make the job's one final fenced write (unless the timeout already made it).
-
-        A completion is left for the main loop, which writes it together with
-        the next claim (returns True: the caller hands it over). Anything else
-        is written here. The lock
-        is held through the write: whichever of the job thread and the
-        heartbeat (timeout) comes second waits until the first one's write is
-        over, so a job is never seen finished while its outcome is still unwritten.
-        """
-        with flight.settled:
-            if flight.done:
-                return False
-            flight.done = True
-            if outcome.kind == "done" and not flight.lost:
-                flight.outcome = outcome
-                return True
-            self._write_outcome(flight, outcome)
-            return False
-
+                outcome = None
+            flight = self.completer.settle(flight, outcome)

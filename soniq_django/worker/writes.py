@@ -1,31 +1,54 @@
-"""How a worker writes outcomes: completions and claims in rounds, other outcomes one by one.
+"""How a worker writes: completions and claims in rounds, other outcomes one by one.
 
-``JobWrites`` is a part of ``Worker`` (worker/loop.py), kept apart so that
-the loops stay readable. Every write goes through ``OwnedJobSource``, fenced;
-when the database fails, the outcome is recovered from the nonces and the
-rows -- never guessed, never written twice.
+Every write goes through ``OwnedJobSource``, fenced; when the database
+fails, the outcome is recovered from the nonces and the rows -- never
+guessed, never written twice. A final write that returns False is logged
+and never retried by id; one that raises QUEUE_PERSISTENCE_FAILED is
+recovered or retried with the same fence until the database answers (or
+the lease is certainly gone); one the database refuses is logged with its
+SQLSTATE and left to its lease.
 """
 
 import logging
+import os
 import secrets
 import threading
 import time
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from django.db import close_old_connections, connections
 
-from ..conf import soniq_settings
+from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
 from ..models import Job
+from ..owned import OwnedJobSource
 from ..owned._store import guarded
+from ..owned.types import ClaimedJob
 from ..registry import get_handler
-from .execution import Outcome
+from ..throughput import ThroughputCounter
+from .capacity import Budget
+from .execution import Outcome, OutcomeKind
 from .flight import InFlight
 
 logger = logging.getLogger("soniq_django.worker")
 
-# A round's answer when the database failed and recovery could not say whether
-# the claim happened: not "nothing is eligible" (a burst worker must not exit).
-UNKNOWN = object()
+
+class Recorded(NamedTuple):
+    """How a written outcome is logged, and counted in ``soniq_throughput``."""
+
+    verb: str
+    counted_as: str
+
+
+#: Each kind of outcome, once its final write is applied.
+RECORDED = {
+    OutcomeKind.DONE: Recorded("done", "done"),
+    OutcomeKind.RETRY: Recorded("failed, will retry", "failed"),
+    OutcomeKind.DEAD: Recorded("dead-lettered", "dead_lettered"),
+    OutcomeKind.CANCELLED: Recorded("cancelled", "cancelled"),
+}
+_EXHAUSTED = Recorded("failed with no attempts left, dead-lettered", "dead_lettered")
 
 
 def retrying(call, deadline: float, stop: threading.Event):
@@ -46,53 +69,92 @@ def retrying(call, deadline: float, stop: threading.Event):
         delay = min(delay * 2, 2.0)
 
 
-class JobWrites:
-    """The final writes of ``Worker``: rounds of completions and claims, and single outcomes."""
+@dataclass(frozen=True)
+class Answer:
+    """What one round brought back: the jobs it claimed, out of ``asked``."""
 
-    def _settle_and_claim(self, batch: list[InFlight], wanted: int, finish: bool = True):
-        """Complete ``batch`` and claim ``wanted`` jobs in one call.
+    jobs: list[ClaimedJob]
+    asked: int
+    """Claims the round made (what ``max_jobs`` allowed of those wanted); 0: it only completed."""
+    unknown: bool = False
+    """The database failed and recovery could not tell whether the claim happened.
 
-        Returns the claimed jobs, or UNKNOWN when the database failed and
-        recovery could not tell whether the claim happened. Every completion
-        of the batch is settled (written, or known not to be) before it returns.
+    Not an empty queue: a burst worker must not exit on it.
+    """
+
+    @property
+    def found_nothing(self) -> bool:
+        """The round claimed and the queue had nothing eligible."""
+        return bool(self.asked) and not self.jobs and not self.unknown
+
+
+class Writes:
+    """Every fenced write a worker makes for its jobs, through one ``OwnedJobSource``.
+
+    ``round`` is the worker's one claim path: whichever thread claims (the
+    main loop, or a job thread's inline completion) claims through it.
+    Which thread makes which write is the completer's rule (completer.py).
+    """
+
+    def __init__(self, *, source: OwnedJobSource, worker_id: str, queues: list[str] | None,
+                 budget: Budget, throughput: ThroughputCounter, stop: threading.Event):
+        self.source = source
+        self.using = source.using
+        self.worker_id = worker_id
+        self.queues = queues
+        self.budget = budget
+        self.throughput = throughput
+        self.stop = stop  # abort: give up retrying
+        self.pid = os.getpid()  # recorded with each claim
+
+    def round(self, batch: list[InFlight], wanted: int) -> Answer:
+        """Complete ``batch`` and claim up to ``wanted`` jobs, in one call.
+
+        Claims what ``max_jobs`` allows of ``wanted``, each with a fresh nonce
+        kept before the call. Every completion of the batch is settled
+        (written, or known not to be) and reported before it returns; the
+        caller forgets the flights.
         """
-        tokens = [secrets.token_hex(16) for _ in range(wanted)]  # kept before the call
+        asked = self.budget.reserve(wanted)
+        tokens = [secrets.token_hex(16) for _ in range(asked)]  # kept: recovery asks with them
         completions = [(flight.claimed.claim_fence, flight.outcome.result) for flight in batch]
-        claimed: list = []
+        if not completions and not tokens:
+            return Answer([], 0)
+        jobs: list[ClaimedJob] = []
         try:
-            if completions and tokens:
-                completed, claimed = self.source.complete_many_and_claim_owned(
-                    completions, claim_tokens=tokens, pid=self.pid, queues=self.queues)
-            elif completions:
-                completed = self.source.complete_many_owned(completions)
-            else:
-                completed = []
-                claimed = self.source.claim_many_owned(
-                    self.worker_id, claim_tokens=tokens, pid=self.pid, queues=self.queues)
-        except SoniqError as error:
-            if error.code is ErrorCode.QUEUE_PERSISTENCE_FAILED:
-                completed, claimed = self._recover(completions, tokens)
-            elif completions:  # the claim was refused: the completions must still be written
-                logger.warning("claim refused (%s: %s); completing without it",
-                               error.code.value, error.reason)
-                completed, claimed = self._complete_alone(completions), []
-            else:
-                # Not an outage: say what the database said, and try again later.
-                logger.error("claim refused (%s: %s); trying again shortly",
-                             error.code.value, error.reason)
-                completed, claimed = [], UNKNOWN
+            completed, jobs, unknown = self._call(completions, tokens)
         finally:
-            self._account(wanted, claimed if isinstance(claimed, list) else [])
-        deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
+            self.budget.account(asked, len(jobs))
+        deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
         for flight, applied in zip(batch, completed):
             try:
                 self._report(flight, flight.outcome, applied, deadline)
             except Exception:
                 logger.exception("worker error while recording %s", flight.claimed.job_name)
-            finally:
-                if finish:
-                    self._finish(flight)
-        return claimed
+        return Answer(jobs, asked, unknown)
+
+    def _call(self, completions, tokens) -> tuple[list, list[ClaimedJob], bool]:
+        """(completion answers, claimed jobs, whether the claim stayed unknown)."""
+        try:
+            if completions and tokens:
+                completed, jobs = self.source.complete_many_and_claim_owned(
+                    completions, claim_tokens=tokens, pid=self.pid, queues=self.queues)
+                return completed, jobs, False
+            if completions:
+                return self.source.complete_many_owned(completions), [], False
+            return [], self.source.claim_many_owned(
+                self.worker_id, claim_tokens=tokens, pid=self.pid, queues=self.queues), False
+        except SoniqError as error:
+            if error.code is ErrorCode.QUEUE_PERSISTENCE_FAILED:
+                return self._recover(completions, tokens)
+            if completions:  # the claim was refused: the completions must still be written
+                logger.warning("claim refused (%s: %s); completing without it",
+                               error.code.value, error.reason)
+                return self._complete_alone(completions), [], False
+            # Not an outage: say what the database said, and try again later.
+            logger.error("claim refused (%s: %s); trying again shortly",
+                         error.code.value, error.reason)
+            return [], [], True
 
     def _recover(self, completions, tokens):
         """After a call whose outcome is unknown: what was completed, and what was claimed.
@@ -103,27 +165,26 @@ class JobWrites:
         is sent again with its fence.
         """
         logger.warning("outcome unknown (database unavailable); recovering")
-        deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
+        deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
         claimed = []
         for token in tokens:
             job = retrying(lambda token=token: self.source.recover_owned_claim(
-                self.worker_id, claim_token=token), deadline, self.aborted)
+                self.worker_id, claim_token=token), deadline, self.stop)
             if job is None:
                 break
             claimed.append(job)
         completed = [
             retrying(lambda fence=fence, result=result: self._completed(fence)
-                      or self.source.complete_owned(fence, result), deadline, self.aborted)
+                      or self.source.complete_owned(fence, result), deadline, self.stop)
             for fence, result in completions
         ]
-        if tokens and not claimed:
-            return completed, UNKNOWN  # nothing recovered proves nothing about the queue
-        return completed, claimed
+        # Nothing recovered proves nothing about the queue: the claim stays unknown.
+        return completed, claimed, bool(tokens) and not claimed
 
     def _complete_alone(self, completions) -> list[bool | None]:
-        deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
+        deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
         return [retrying(lambda fence=fence, result=result: self.source.complete_owned(
-            fence, result), deadline, self.aborted) for fence, result in completions]
+            fence, result), deadline, self.stop) for fence, result in completions]
 
     def _completed(self, fence) -> bool:
         """Whether this claim's completion is in the database (it was written unseen)."""
@@ -133,31 +194,32 @@ class JobWrites:
                 claim_generation=fence.generation,
             ).exists()
 
-    def _write_outcome(self, flight: InFlight, outcome: Outcome) -> None:
+    def write_outcome(self, flight: InFlight, outcome: Outcome) -> None:
+        """Make one job's final write on its own, retried while the database is unavailable."""
         claimed = flight.claimed
         if flight.lost:  # the heartbeat saw the claim go: it is not ours to write
             logger.warning("%s %s: %s not recorded; the lease was lost", claimed.job_name,
-                           claimed.job_id, _verb(outcome))
+                           claimed.job_id, RECORDED[outcome.kind].verb)
             return
         fence = claimed.claim_fence
-        if outcome.kind == "done":
+        if outcome.kind is OutcomeKind.DONE:
             write = lambda: self.source.complete_owned(fence, outcome.result)  # noqa: E731
-        elif outcome.kind == "retry":
+        elif outcome.kind is OutcomeKind.RETRY:
             write = lambda: self.source.fail_owned(  # noqa: E731
                 fence, outcome.error, retry=True,
                 default_max_attempts=_default_max_attempts(claimed.job_name))
-        elif outcome.kind == "dead":
+        elif outcome.kind is OutcomeKind.DEAD:
             write = lambda: self.source.fail_owned(  # noqa: E731
                 fence, outcome.error, retry=False, dead_letter_reason=outcome.reason)
         else:
             write = lambda: self.source.acknowledge_cancel_owned(fence)  # noqa: E731
-        deadline = time.monotonic() + 3 * float(soniq_settings.LEASE_SECONDS)
+        deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
         try:
-            applied = retrying(write, deadline, self.aborted)
+            applied = retrying(write, deadline, self.stop)
         except SoniqError as error:  # refused, not unavailable: retrying cannot help
             logger.error("%s %s: %s refused by the database (%s: %s); its lease will lapse "
                          "and the reaper settles it", claimed.job_name, claimed.job_id,
-                         _verb(outcome), error.code.value, error.reason)
+                         RECORDED[outcome.kind].verb, error.code.value, error.reason)
             return
         self._report(flight, outcome, applied, deadline)
 
@@ -168,27 +230,24 @@ class JobWrites:
         fence = claimed.claim_fence
         elapsed = time.monotonic() - flight.started
         if applied:
-            verb = _verb(outcome)
-            kind = {"done": "done", "retry": "failed", "dead": "dead_lettered",
-                    "cancelled": "cancelled"}[outcome.kind]
-            if outcome.kind == "retry" and claimed.attempts >= (
+            recorded = RECORDED[outcome.kind]
+            if outcome.kind is OutcomeKind.RETRY and claimed.attempts >= (
                     claimed.max_attempts or _default_max_attempts(claimed.job_name)):
-                verb = "failed with no attempts left, dead-lettered"
-                kind = "dead_lettered"
-            self.throughput.add(claimed.queue, kind)
+                recorded = _EXHAUSTED
+            self.throughput.add(claimed.queue, recorded.counted_as)
             logger.info("%s %s %s after %.3fs (attempt %s)", claimed.job_name, claimed.job_id,
-                        verb, elapsed, claimed.attempts)
+                        recorded.verb, elapsed, claimed.attempts)
             return
-        if outcome.kind != "cancelled" and self._cancel_pending(fence):
+        if outcome.kind is not OutcomeKind.CANCELLED and self._cancel_pending(fence):
             # A cancel arrived while the handler was finishing: honour it.
             if retrying(lambda: self.source.acknowledge_cancel_owned(fence), deadline,
-                         self.aborted):
+                         self.stop):
                 logger.info("%s %s cancelled after %.3fs", claimed.job_name, claimed.job_id,
                             elapsed)
                 return
         logger.warning("%s %s: %s not recorded; the job is no longer this worker's "
                        "(lease lost, cancelled or re-claimed)", claimed.job_name,
-                       claimed.job_id, _verb(outcome))
+                       claimed.job_id, RECORDED[outcome.kind].verb)
 
     def _cancel_pending(self, fence) -> bool:
         try:
@@ -201,7 +260,7 @@ class JobWrites:
 def _default_max_attempts(job_name: str) -> int:
     """What a job with ``max_attempts`` NULL gets: its handler's retries plus one, or the setting."""
     handler = get_handler(job_name)
-    return handler.max_attempts if handler else soniq_settings.DEFAULT_MAX_ATTEMPTS
+    return handler.max_attempts if handler else get_settings().DEFAULT_MAX_ATTEMPTS
 
 
 def keep_healthy_connections() -> None:
@@ -227,7 +286,3 @@ def keep_healthy_connections() -> None:
         else:
             conn.errors_occurred = False
 
-
-def _verb(outcome: Outcome) -> str:
-    return {"done": "done", "retry": "failed, will retry", "dead": "dead-lettered",
-            "cancelled": "cancelled"}[outcome.kind]

@@ -206,17 +206,17 @@ def _flight(job_id: uuid.UUID, generation: int) -> InFlight:
 
 
 def test_each_claim_of_a_job_has_its_own_flight():
-    worker = Worker()
+    flights = Worker().flights
     job_id = uuid.uuid4()
     late, current = _flight(job_id, 1), _flight(job_id, 2)
-    worker._track(late.claimed)
-    tracked = worker._track(current.claimed)
-    assert len(worker.inflight) == 2
-    stale = next(f for f in worker.inflight.values() if f.key == (str(job_id), 1))
-    worker._finish(stale)  # the lapsed run's handler returns late
-    assert list(worker.inflight.values()) == [tracked]  # the live run keeps heartbeats
-    worker._finish(stale)  # finishing twice removes nothing else
-    assert list(worker.inflight.values()) == [tracked]
+    flights.track(late.claimed)
+    tracked = flights.track(current.claimed)
+    assert len(flights) == 2
+    stale = next(f for f in flights.all() if f.key == (str(job_id), 1))
+    flights.finish(stale)  # the lapsed run's handler returns late
+    assert flights.all() == [tracked]  # the live run keeps heartbeats
+    flights.finish(stale)  # finishing twice removes nothing else
+    assert flights.all() == [tracked]
 
 
 # 4. Lapsed claims of a job with max_attempts NULL -------------------------------------

@@ -66,25 +66,42 @@ def _timed_out_flight() -> InFlight:
 def test_a_timeouts_write_never_blocks_the_heartbeat_thread(settings):
     settings.SONIQ = {**FAST, "JOB_TIMEOUT_SECONDS": 1}
     worker = Worker()
-    written, release = threading.Event(), threading.Event()
+    writers, release = [], threading.Event()
 
     def slow_fail(fence, error, **options):  # the database is slow to answer
+        writers.append(threading.current_thread().name)
         release.wait(10)
-        written.set()
         return True
 
     worker.source.fail_owned = slow_fail
     flight = _timed_out_flight()
     started = time.monotonic()
-    worker._beat(flight)  # the heartbeat thread's turn for this job
+    worker.heartbeat.beat(flight)  # the heartbeat thread's turn for this job
     assert time.monotonic() - started < 1.0, "the heartbeat waited for the timeout's write"
+    assert not writers, "the heartbeat wrote the timeout itself"
     assert flight.done and flight.context.cancel_requested
-    worker._beat(flight)  # the next beat does not write it twice
+    assert worker.completer.pending == 1  # handed to the main loop
+    worker.heartbeat.beat(flight)  # the next beat does not hand it over twice
+    assert worker.completer.pending == 1
     # The job thread, finishing meanwhile, waits for the write instead of racing it.
     assert not flight.settled.acquire(blocking=False)
+    main = threading.Thread(target=worker.completer.round, args=(0,), name="main-loop")
+    main.start()
     release.set()
-    assert written.wait(5)
+    main.join(5)
+    assert writers == ["main-loop"] and worker.completer.pending == 0
     assert flight.settled.acquire(timeout=5)
+    flight.settled.release()
+
+
+def test_a_timeout_handed_over_after_the_loop_ended_is_not_taken(settings):
+    settings.SONIQ = {**FAST, "JOB_TIMEOUT_SECONDS": 1}
+    worker = Worker()
+    worker.completer.close()  # the main loop is over (an abort, a grace period that ran out)
+    flight = _timed_out_flight()
+    worker.heartbeat.beat(flight)
+    assert not flight.done and worker.completer.pending == 0
+    assert flight.settled.acquire(blocking=False)  # the job thread can still settle it
     flight.settled.release()
 
 

@@ -109,9 +109,7 @@ class WorkerThread:
         if self.thread.is_alive():
             # A failed test: stop cooperative handlers too, so no job thread
             # outlives the test (the interpreter would wait for it at exit).
-            with self.worker.lock:
-                flights = list(self.worker.inflight.values())
-            for flight in flights:
+            for flight in self.worker.flights.all():
                 flight.context._cancel.set()
             self.worker.abort()
             self.thread.join(10)

@@ -10,6 +10,7 @@ import datetime as dt
 import logging
 import os
 import socket
+import threading
 import uuid
 from collections import Counter
 
@@ -216,6 +217,48 @@ def test_a_sync_handler_over_the_timeout_is_told_through_its_context(settings, r
     assert [e.attempt for e in run_log.events("saw-cancel", job_id)] == [1, 2]
 
 
+_FINAL_WRITES = ("complete_owned", "complete_many_owned", "complete_many_and_claim_owned",
+                 "fail_owned", "acknowledge_cancel_owned")
+
+
+def _record_writers(worker) -> set[tuple[str, str]]:
+    """Wrap the worker's writes: which write, made by which kind of thread."""
+    seen = set()
+    for name in (*_FINAL_WRITES, "claim_many_owned"):
+        def recording(*args, _name=name, _method=getattr(worker.source, name), **kwargs):
+            if _name == "fail_owned" and args[1].startswith("timed out"):
+                _name = "fail_owned (timeout)"
+            thread = threading.current_thread().name
+            seen.add((_name, "job" if thread.startswith("soniq-job") else thread))
+            return _method(*args, **kwargs)
+        setattr(worker.source, name, recording)
+    return seen
+
+
+@BOTH_PATHS
+def test_each_final_write_is_made_by_the_thread_the_worker_docstring_names(settings, run_log,
+                                                                           concurrency):
+    # soniq_django/worker/loop.py: one owner per final write; the heartbeat writes none.
+    soniq(settings, JOB_TIMEOUT_SECONDS=0.5)
+    bulk_enqueue([JobRequest("tests.worker.ok", {"n": n}) for n in range(6)])
+    failing = enqueue("tests.worker.permanent")
+    late = enqueue("tests.worker.cooperative", {"seconds": 60}, max_attempts=1)
+    worker = Worker(burst=True, concurrency=concurrency)
+    seen = _record_writers(worker)
+    assert WorkerThread(worker).start().join() == 0
+    assert dead(failing).dead_letter_reason == "permanent_failure"
+    assert "timed out after 0.5 s" in dead(late).last_error
+    main = "test-worker"  # the thread that runs Worker.run()
+    completions = ({("complete_many_and_claim_owned", "job")} if concurrency == 1 else
+                   {("complete_many_and_claim_owned", main), ("complete_many_owned", main)})
+    assert {w for w in seen if w[0].startswith("complete")} <= completions
+    assert {w for w in seen if w[0].startswith("complete")} & completions
+    assert {w for w in seen if w[0].startswith("fail")} == {
+        ("fail_owned", "job"), ("fail_owned (timeout)", main)}
+    assert {thread for name, thread in seen if name == "claim_many_owned"} == {main}
+    assert not {thread for _, thread in seen} - {"job", main}
+
+
 # Cancellation and lost leases --------------------------------------------------
 
 
@@ -303,7 +346,7 @@ def test_max_jobs_holds_exactly_while_completions_claim_the_next_job(run_log, co
     assert WorkerThread(worker).start().join() == 0
     statuses = [Job.objects.get(id=job_id).status for job_id in ids]
     assert statuses == ["done"] * 7 + ["queued"] * 23
-    assert worker.claimed_count == 7 and worker.reserved == 0
+    assert worker.claimed_count == 7 and worker.budget.reserved == 0
     assert set(run_log.starts_per_job().values()) == {1}
 
 
@@ -318,6 +361,26 @@ def test_a_stop_ends_the_chain_of_claims_and_running_jobs_finish(run_log):
     assert statuses["processing"] == 0  # every claim made was run and written
     assert statuses["done"] == worker.claimed_count < 2000
     assert statuses["queued"] == 2000 - worker.claimed_count
+
+
+def test_start_up_jitter_is_at_most_a_poll_interval_and_none_in_burst_mode(settings):
+    soniq(settings, POLL_INTERVAL=0.3)
+    delays = [Worker()._jitter() for _ in range(200)]
+    assert all(0 <= d <= 0.3 for d in delays) and len(set(delays)) > 1
+    soniq(settings, POLL_INTERVAL=5)
+    assert all(0 <= Worker()._jitter() <= 1.0 for _ in range(200))  # at most 1 s
+    assert Worker(burst=True)._jitter() == 0
+    assert Worker(startup_jitter=0)._jitter() == 0
+    assert 0 <= Worker(burst=True, startup_jitter=0.5)._jitter() <= 0.5
+
+
+def test_a_stop_during_the_start_up_jitter_ends_it_at_once():
+    worker = Worker(startup_jitter=60)
+    running = WorkerThread(worker).start()
+    wait_until(lambda: WorkerRow.objects.filter(id=worker.worker_id).exists(), 10,
+               "the worker row")
+    assert running.stop(timeout=5) == 0
+    assert worker.claimed_count == 0
 
 
 def test_burst_exits_at_once_when_nothing_is_queued():
@@ -568,6 +631,6 @@ def test_the_worker_purges_expired_rows_but_never_protected_ones():
     rewrite(owned, expires_at=past)
     rewrite(expired, expires_at=past)
     worker = Worker(burst=True)
-    worker._housekeeping()
+    worker.heartbeat.housekeep()
     assert not Job.objects.filter(id=expired).exists()
     assert Job.objects.filter(id=owned).exists()

@@ -1,0 +1,194 @@
+"""The completer: the one owner of a worker's final writes, inline or batched (one interface).
+
+Modelled on River's jobcompleter. Three threads talk to it, and it says
+which of them writes what:
+
+- ``settle(flight, outcome)`` -- on the job thread, once the handler
+  returned. A failure, a dead letter or a cancel acknowledgement is written
+  there and then. A completion is where the two completers differ: the
+  ``InlineCompleter`` (one slot) writes it on the job thread, in one
+  transaction with the claim of the slot's next job, which the same thread
+  then runs -- no hand-off between threads; the ``BatchCompleter`` (several
+  slots) hands it to the main loop.
+- ``time_out(flight, timeout)`` -- on the heartbeat thread: takes the final
+  write of a job that ran past ``JOB_TIMEOUT_SECONDS`` and hands it to the
+  main loop. It never writes and never waits, so a slow database cannot
+  hold up the other jobs' lease renewals.
+- ``round(n)`` -- on the main loop: writes the timeouts handed over, then
+  the completions handed over together with a claim of ``n`` jobs, in one
+  call. Both completers claim through ``Writes.round``, the one claim path.
+
+A job's final write is taken once, under ``flight.settled``: by the job
+thread, or by the heartbeat for a timeout. Whoever takes it holds the lock
+until the write is over, so the other side waits instead of racing it, and
+a job is never forgotten while its outcome is still unwritten.
+"""
+
+import logging
+import threading
+
+from ..owned.types import MAX_CLAIM_BATCH
+from .capacity import Slots
+from .execution import Outcome, OutcomeKind
+from .flight import Flights, InFlight
+from .writes import Answer, Writes, keep_healthy_connections
+
+logger = logging.getLogger("soniq_django.worker")
+
+
+class Completer:
+    """Settles each job's run; ``_complete`` (a completion) is what a subclass decides."""
+
+    def __init__(self, *, writes: Writes, flights: Flights, slots: Slots, wake: threading.Event,
+                 stopping: threading.Event, aborted: threading.Event):
+        self._writes = writes
+        self._flights = flights
+        self._slots = slots
+        self._wake = wake
+        self._stopping = stopping
+        self._aborted = aborted
+        self._lock = threading.Lock()
+        self._completions: list[InFlight] = []  # handed to the main loop (BatchCompleter)
+        self._timeouts: list[tuple[InFlight, Outcome]] = []  # handed to the main loop
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Final writes handed to the main loop and not yet made."""
+        with self._lock:
+            return len(self._completions) + len(self._timeouts)
+
+    # The job thread ---------------------------------------------------
+
+    def settle(self, flight: InFlight, outcome: Outcome | None) -> InFlight | None:
+        """The handler returned ``outcome`` (None: the run itself failed): settle the job.
+
+        Returns the job this slot runs next (an inline completion claimed
+        it), or None: the slot is free again. After ``abort()`` nothing is
+        written; the lease lapses.
+        """
+        completion = False
+        try:
+            if outcome is not None and not self._aborted.is_set():
+                completion = self._take(flight, outcome)
+        except Exception:
+            logger.exception("worker error while running %s", flight.claimed.job_name)
+        if completion:
+            return self._complete(flight)
+        self._flights.finish(flight)
+        keep_healthy_connections()
+        self._free_slot()
+        return None
+
+    def _take(self, flight: InFlight, outcome: Outcome) -> bool:
+        """Take the job's final write: make it here, unless it is a completion (True).
+
+        Nothing to do when the timeout took it first. The lock is held
+        through the write (see the module docstring).
+        """
+        with flight.settled:
+            if flight.done:
+                return False
+            flight.done = True
+            if outcome.kind is OutcomeKind.DONE and not flight.lost:
+                flight.outcome = outcome
+                return True
+            self._writes.write_outcome(flight, outcome)
+            return False
+
+    def _complete(self, flight: InFlight) -> InFlight | None:
+        """Write the completion of ``flight`` or hand it over; free the slot unless it runs on."""
+        raise NotImplementedError
+
+    def _free_slot(self) -> None:
+        self._slots.give()
+        self._wake.set()
+
+    # The heartbeat thread ---------------------------------------------
+
+    def time_out(self, flight: InFlight, timeout) -> None:
+        """Take the final write of a job past its timeout (a failure, retried) for the main loop.
+
+        Never blocks: if the job thread is writing its own outcome, that
+        outcome stands.
+        """
+        if not flight.settled.acquire(blocking=False):
+            return
+        with self._lock:
+            taken = not flight.done and not self._closed
+            if taken:
+                flight.done = True
+                self._timeouts.append(
+                    (flight, Outcome(OutcomeKind.RETRY, error=f"timed out after {timeout} s")))
+        if not taken:
+            flight.settled.release()
+            return
+        flight.context._cancel.set()  # cooperative handlers stop
+        self._wake.set()
+
+    # The main loop ----------------------------------------------------
+
+    def round(self, n: int) -> Answer:
+        """Write the timeouts handed over, then the completions with a claim of ``n`` jobs."""
+        self._write_timeouts()
+        with self._lock:
+            batch = self._completions[:MAX_CLAIM_BATCH]
+            del self._completions[:MAX_CLAIM_BATCH]
+        try:
+            return self._writes.round(batch, n)
+        finally:
+            for flight in batch:
+                self._flights.finish(flight)
+
+    def close(self) -> None:
+        """The main loop is over: take no more timeouts; write those already handed over."""
+        with self._lock:
+            self._closed = True
+        self._write_timeouts()
+
+    def _write_timeouts(self) -> None:
+        with self._lock:
+            timeouts, self._timeouts = self._timeouts, []
+        for flight, outcome in timeouts:
+            try:
+                self._writes.write_outcome(flight, outcome)
+            except Exception:
+                logger.exception("%s %s: could not record its timeout", flight.claimed.job_name,
+                                 flight.claimed.job_id)
+            finally:
+                flight.settled.release()  # taken by the heartbeat in time_out()
+
+
+class InlineCompleter(Completer):
+    """One slot: the job thread completes its job and claims the slot's next one, in one call.
+
+    Nothing to batch with, so no hand-off: this spares two thread switches per job.
+    """
+
+    def _complete(self, flight: InFlight) -> InFlight | None:
+        following = None
+        try:
+            answer = self._writes.round([flight], 0 if self._stopping.is_set() else 1)
+            if answer.jobs:  # tracked before this one is forgotten: never idle between
+                following = self._flights.track(answer.jobs[0])
+        except Exception:
+            logger.exception("worker error while running %s", flight.claimed.job_name)
+        self._flights.finish(flight)
+        keep_healthy_connections()
+        if following is None:
+            self._free_slot()
+        return following
+
+
+class BatchCompleter(Completer):
+    """Several slots: completions go to the main loop, which writes them with its claims."""
+
+    def _complete(self, flight: InFlight) -> None:
+        keep_healthy_connections()
+        # The slot first, then the completion: the round that writes the
+        # completion also fills this slot (the loop reads pending writes first).
+        self._slots.give()
+        with self._lock:
+            self._completions.append(flight)
+        self._wake.set()
+        return None
