@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
 
 from .conf import get_settings
 from .errors import ConfigValidationError, ErrorCode
@@ -121,10 +120,10 @@ class JobHandler:
 
     def enqueue(self, *args: Any, **kwargs: Any) -> uuid.UUID:
         """Insert the job now, inside the caller's transaction; return its id."""
-        return ConfiguredJob(self, _Options()).enqueue(*args, **kwargs)
+        return ConfiguredJob(self, _Options())._enqueue(args, kwargs, stacklevel=3)
 
     def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> uuid.UUID:
-        """Insert the job when the current transaction commits; return its id now."""
+        """Insert the job once the caller's transactions commit; return its id now."""
         return ConfiguredJob(self, _Options()).enqueue_on_commit(*args, **kwargs)
 
     def bind_kwargs(self, args: tuple, kwargs: dict) -> dict:
@@ -190,24 +189,39 @@ class ConfiguredJob:
         )
 
     def enqueue(self, *args: Any, **kwargs: Any) -> uuid.UUID:
-        """Insert the job now, inside the caller's transaction; return its id."""
-        from .producer.api import insert_prepared, write_alias
+        """Insert the job now, inside the caller's transaction; return its id.
 
-        return insert_prepared(prepare(self.request(*args, **kwargs)), write_alias(self.options.using))
-
-    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> uuid.UUID:
-        """Validate now; insert when the current transaction commits; return the job id.
-
-        Outside a transaction the job is inserted at once. If the transaction
-        rolls back, no job exists. For a unique or dedup job the id returned
-        is the one the new row would get: if an equal job is still queued at
-        commit, no row is inserted and that job runs instead.
+        Warns (``RuntimeWarning``) when jobs live on another database alias
+        than the one whose transaction is open: the job then commits at once.
         """
+        return self._enqueue(args, kwargs, stacklevel=3)
+
+    def _enqueue(self, args: tuple, kwargs: dict, stacklevel: int) -> uuid.UUID:
         from .producer.api import insert_prepared, write_alias
+        from .producer.commit import warn_if_uncoupled
 
         prepared = prepare(self.request(*args, **kwargs))
         alias = write_alias(self.options.using)
-        transaction.on_commit(lambda: insert_prepared(prepared, alias), using=alias)
+        warn_if_uncoupled(alias, stacklevel=stacklevel)
+        return insert_prepared(prepared, alias)
+
+    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> uuid.UUID:
+        """Validate now; insert once the caller's transactions commit; return the job id.
+
+        The insert waits for every database alias with an ``atomic()`` block
+        open now (the jobs alias or any other: see ``producer/commit.py``); if
+        one of them rolls back, no job exists. Outside any transaction the job
+        is inserted at once. The insert is a transaction of its own, after
+        the caller's commits. For a unique or dedup job the id returned is
+        the one the new row would get: if an equal job is still queued at
+        commit, no row is inserted and that job runs instead.
+        """
+        from .producer.api import insert_prepared, write_alias
+        from .producer.commit import after_commit
+
+        prepared = prepare(self.request(*args, **kwargs))
+        alias = write_alias(self.options.using)
+        after_commit(lambda: insert_prepared(prepared, alias), alias)
         return prepared.job_id
 
 

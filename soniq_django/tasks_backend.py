@@ -23,7 +23,7 @@ from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, router, transaction
+from django.db import connections, router
 from django.utils import timezone
 
 from .conf import get_settings
@@ -134,15 +134,19 @@ class SoniqTaskBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Insert a job for this call and return its ``TaskResult`` (status READY).
 
-        With ``enqueue_on_commit`` the row is inserted when the transaction
-        commits (at once outside one) and the returned id is the id it will
-        get. Raises ``InvalidTaskError`` for an invalid task and
-        ``ConfigValidationError(TASK_ARGS_INVALID)`` when the arguments do not fit the
-        function or are not JSON; nothing is written then. ``aenqueue``
+        With ``enqueue_on_commit`` the row is inserted once every transaction
+        open now has committed (at once outside one; never if one rolls back)
+        and the returned id is the id it will get; without it, an insert that
+        cannot follow the caller's transaction (open on another database
+        alias only) warns, as ``enqueue()`` does. Raises ``InvalidTaskError``
+        for an invalid task and ``ConfigValidationError(TASK_ARGS_INVALID)``
+        when the arguments do not fit the function or are not JSON; nothing
+        is written then. ``aenqueue``
         (inherited) is its async twin.
         """
-        from .producer.request import JobRequest, prepare
         from .producer.api import insert_prepared, write_alias
+        from .producer.commit import after_commit, warn_if_uncoupled
+        from .producer.request import JobRequest, prepare
 
         self.validate_task(task)
         args, kwargs = list(args), dict(kwargs)
@@ -168,8 +172,10 @@ class SoniqTaskBackend(BaseTaskBackend):
             task_enqueued.send(type(self), task_result=result)
 
         if self.enqueue_on_commit:
-            transaction.on_commit(insert, using=alias)
+            after_commit(insert, alias)
         else:
+            # backend.enqueue <- Task.enqueue <- the caller
+            warn_if_uncoupled(alias, stacklevel=3)
             insert()
         return result
 

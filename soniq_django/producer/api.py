@@ -1,7 +1,8 @@
 """Enqueue jobs and read them back: the Python twins of ``soniq_enqueue`` and ``soniq_get_job``.
 
 Every function takes ``using=`` (a database alias); without it the project's
-database routers pick one, as they do for the ``Job`` model.
+database routers pick one, as they do for the ``Job`` model: the write alias
+for enqueues, the read alias for ``get_job``.
 """
 
 import datetime as dt
@@ -15,6 +16,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from . import _pg
+from .commit import warn_if_uncoupled
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
 from .request import JobRequest, PreparedJob, coerce_job_id, prepare
@@ -40,8 +42,13 @@ class JobInfo:
 
 
 def write_alias(using: str | None) -> str:
-    """The database alias jobs are written to."""
+    """The database alias jobs are written to: ``using``, else the routers' write alias."""
     return using or router.db_for_write(Job)
+
+
+def read_alias(using: str | None) -> str:
+    """The database alias jobs are read from: ``using``, else the routers' read alias."""
+    return using or router.db_for_read(Job)
 
 
 def enqueue(
@@ -69,7 +76,9 @@ def enqueue(
     with DUPLICATE_JOB_ID, QUEUE_PERSISTENCE_FAILED (the database was
     unavailable: the same call may succeed later) or QUEUE_DATABASE_REFUSED
     (any other database error) -- never a ``django.db`` error. Nothing is
-    written when it raises.
+    written when it raises. Warns (``RuntimeWarning``) when a transaction is
+    open on another database alias but none on the jobs alias: the job then
+    commits at once, whatever that transaction does.
     """
     request = JobRequest(
         job_name,
@@ -83,7 +92,9 @@ def enqueue(
         producer_id=producer_id,
         job_id=job_id,
     )
-    return insert_prepared(prepare(request), write_alias(using))
+    prepared, alias = prepare(request), write_alias(using)
+    warn_if_uncoupled(alias)
+    return insert_prepared(prepared, alias)
 
 
 def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) -> list[uuid.UUID]:
@@ -92,12 +103,13 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     Every request is validated before anything is written, so one bad request
     leaves no rows at all. Plain jobs go in as one multi-row insert; unique and
     dedup jobs are resolved one by one (a later request can return an earlier
-    one's id). Raises what ``enqueue`` raises.
+    one's id). Raises and warns as ``enqueue`` does.
     """
     prepared = [prepare(request) for request in requests]
     if not prepared:
         return []
     alias = write_alias(using)
+    warn_if_uncoupled(alias)
     connection = connections[alias]
     if connection.vendor == "postgresql":
         return _pg.enqueue_many(prepared, connection, alias)
@@ -220,7 +232,7 @@ def get_job(job_id: uuid.UUID | str, *, using: str | None = None) -> JobInfo | N
     when the database fails -- never a ``django.db`` error.
     """
     job_id = coerce_job_id(job_id)
-    alias = using or router.db_for_read(Job)
+    alias = read_alias(using)
     connection = connections[alias]
     if connection.vendor == "postgresql":
         row = _pg.get_job_row(job_id, connection)
