@@ -3,6 +3,10 @@
 Registered by ``SoniqConfig.ready()``. Checks tagged ``database`` run only
 when Django is asked to (``manage.py check --database default``, and
 ``migrate``), since they query the database.
+
+The checks follow the database routers: they look at the aliases that hold
+soniq_django's tables (``soniq_aliases``), never at an application database
+that a router keeps them out of (docs/deployment.md).
 """
 
 import numbers
@@ -10,7 +14,7 @@ import re
 
 from django.conf import settings
 from django.core import checks
-from django.db import connections
+from django.db import connections, router
 from django.db.migrations.executor import MigrationExecutor
 
 from .conf import KEYS, Settings, get_settings
@@ -97,23 +101,55 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                 f"The job name {name!r} does not match SONIQ['TASK_NAME_PATTERN'].",
                 hint="Rename the job with @job(name=...) or widen the pattern.", id="soniq.E007"))
     if config.REQUIRE_SQL_API:
-        for alias in settings.DATABASES:
+        for alias in soniq_aliases(reads=True):
             if connections[alias].vendor != "postgresql":
                 messages.append(checks.Error(
                     f"SONIQ['REQUIRE_SQL_API'] is set but database {alias!r} is not PostgreSQL.",
                     hint="The SQL producer API (soniq_enqueue, …) exists on PostgreSQL only.",
                     id="soniq.E008"))
-    for alias in settings.DATABASES:
-        messages += _backend_messages(alias)
-    return messages
+    writes = soniq_aliases(reads=False)
+    for alias in soniq_aliases(reads=True):
+        messages += _backend_messages(alias, writes=alias in writes)
+    return messages + _router_messages()
 
 
-def _backend_messages(alias: str) -> list[checks.CheckMessage]:
+def soniq_aliases(*, reads: bool) -> list[str]:
+    """The aliases that hold soniq_django's tables, in ``DATABASES`` order.
+
+    Those where the routers let its migrations run, plus the routers' write
+    alias for its models and, with ``reads``, their read alias. Without
+    routers that is every alias.
+    """
+    from .models import Job
+
+    picked = {router.db_for_write(Job)}
+    if reads:
+        picked.add(router.db_for_read(Job))
+    return [alias for alias in settings.DATABASES
+            if alias in picked or router.allow_migrate_model(alias, Job)]
+
+
+def _router_messages() -> list[checks.CheckMessage]:
+    """soniq.W005 when the routers write jobs where they keep soniq's migrations out."""
+    from .models import Job
+
+    alias = router.db_for_write(Job)
+    if alias not in settings.DATABASES or router.allow_migrate_model(alias, Job):
+        return []
+    return [checks.Warning(
+        f"The database routers send soniq_django's writes to {alias!r} but do not let its "
+        "migrations run there.",
+        hint="Let allow_migrate() return True for app 'soniq_django' on that alias (see "
+             "docs/deployment.md), unless its tables are made there some other way.",
+        id="soniq.W005")]
+
+
+def _backend_messages(alias: str, *, writes: bool) -> list[checks.CheckMessage]:
     connection = connections[alias]
     if connection.vendor not in ("postgresql", "sqlite"):
         return [checks.Error(f"Database {alias!r} is {connection.vendor}; soniq_django supports "
                              "PostgreSQL and SQLite.", id="soniq.E005")]
-    if connection.vendor == "sqlite":
+    if connection.vendor == "sqlite" and writes:
         mode = connection.settings_dict.get("OPTIONS", {}).get("transaction_mode")
         if mode != "IMMEDIATE":
             return [checks.Warning(
@@ -126,8 +162,16 @@ def _backend_messages(alias: str) -> list[checks.CheckMessage]:
 
 @checks.register(checks.Tags.database)
 def check_database(app_configs=None, databases=None, **kwargs) -> list[checks.CheckMessage]:
+    """soniq.W004 and soniq.W003 for each alias asked about where soniq's migrations run."""
+    from .models import Job
+
     messages = []
     for alias in databases or []:
+        if not router.allow_migrate_model(alias, Job):
+            # The routers keep soniq's tables elsewhere: `migrate` records
+            # its migrations here without running them, so there is
+            # nothing to apply and no SQL function to ask.
+            continue
         connection = connections[alias]
         executor = MigrationExecutor(connection)
         targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "soniq_django"]
