@@ -4,6 +4,8 @@ from django.contrib import admin
 from django.contrib.admin import FieldListFilter, ListFilter, SimpleListFilter
 from django.contrib.admin.utils import get_fields_from_path
 from django.contrib.admin.views.main import ChangeList
+from django.db import router
+from django.db.models import QuerySet
 from django.db.models.constants import LOOKUP_SEP
 
 FENCE_COLUMNS = frozenset({
@@ -72,3 +74,14 @@ class OnlyListedColumns(ChangeList):
     def get_queryset(self, request, exclude_parameters=None):
         queryset = super().get_queryset(request, exclude_parameters)
         return queryset.only(*self.model_admin.list_columns)
+
+
+def write_alias(queryset: QuerySet) -> str:
+    """The alias an admin action writes the selected rows to.
+
+    The changelist read them from the routers' *read* alias (a replica,
+    perhaps), where a write fails or is lost. An admin that pins its
+    queryset with ``.using()`` keeps its alias; otherwise this is the
+    routers' write alias for the model.
+    """
+    return queryset._db or router.db_for_write(queryset.model)

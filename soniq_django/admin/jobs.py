@@ -13,7 +13,7 @@ from django.utils.translation import ngettext
 from .. import operations, replay
 from ..errors import SoniqError
 from ..models import DeadLetterJob, Job, JobStatus
-from .base import OnlyListedColumns, ReadOnlyAdmin
+from .base import OnlyListedColumns, ReadOnlyAdmin, write_alias
 from .display import parse_uuid, plural, pre, pretty_json, sentence, when
 
 _SHORT_ID = re.compile(r"[0-9a-f]{8}")
@@ -164,14 +164,17 @@ class JobAdmin(_JobRowAdmin):
     @admin.action(description="Cancel selected jobs (running ones are asked to stop)",
                   permissions=["operate"])
     def cancel_selected(self, request, queryset):
-        before = dict(queryset.values_list("id", "status"))
-        operations.cancel_jobs(list(before), using=queryset.db)
+        using = write_alias(queryset)
+        # The states before and after are both read where the cancel writes:
+        # a replica the list came from may lag behind it.
+        jobs = Job.objects.using(using).filter(id__in=list(queryset.values_list("id", flat=True)))
+        before = dict(jobs.values_list("id", "status"))
+        operations.cancel_jobs(list(before), using=using)
         # What happened is read from the rows, not inferred from the status
         # before: the service may cancel a running job at once (its lease
         # had lapsed), and a worker may finish a job meanwhile.
         after = {job_id: (status, cancel_requested) for job_id, status, cancel_requested in
-                 Job.objects.using(queryset.db).filter(id__in=list(before))
-                 .values_list("id", "status", "cancel_requested")}
+                 jobs.values_list("id", "status", "cancel_requested")}
         outcomes = Counter(_cancel_outcome(before[job_id], after.get(job_id))
                            for job_id in before)
         for outcome, level in (("cancelled", messages.SUCCESS), ("requested", messages.SUCCESS),
@@ -182,7 +185,7 @@ class JobAdmin(_JobRowAdmin):
     @admin.action(description="Retry selected jobs now (skip the wait)", permissions=["operate"])
     def retry_selected_now(self, request, queryset):
         ids = list(queryset.values_list("id", flat=True))
-        changed = operations.retry_now(ids, using=queryset.db)
+        changed = operations.retry_now(ids, using=write_alias(queryset))
         self.message_user(request, sentence(
             f"made {plural(changed, 'waiting job')} due now",
             f"skipped {len(ids) - changed} not queued for later" if len(ids) > changed else "",
@@ -192,7 +195,7 @@ class JobAdmin(_JobRowAdmin):
                   permissions=["purge"])
     def delete_selected_finished(self, request, queryset):
         ids = list(queryset.values_list("id", flat=True))
-        deleted = operations.delete_finished(ids, using=queryset.db)
+        deleted = operations.delete_finished(ids, using=write_alias(queryset))
         self.message_user(request, sentence(
             f"deleted {plural(deleted, 'finished job')}",
             f"kept {len(ids) - deleted} that are queued, running or protected owned submissions"
@@ -249,7 +252,7 @@ class DeadLetterJobAdmin(_JobRowAdmin):
     def replay_selected(self, request, queryset):
         try:
             report = replay.replay_dead_letters(
-                queryset.db, ids=list(queryset.values_list("id", flat=True)))
+                write_alias(queryset), ids=list(queryset.values_list("id", flat=True)))
         except SoniqError as error:
             self.message_user(request, f"Replay stopped: {error.reason}. Dead letters replayed "
                                        "before the failure stay replayed.", messages.ERROR)

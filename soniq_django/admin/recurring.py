@@ -8,7 +8,7 @@ from ..errors import ErrorCode, SoniqError
 from ..producer.request import JobRequest, prepare
 from ..models import RecurringJob
 from ..periodic_jobs import Timing, code_schedules
-from .base import OfferedLookupsOnly
+from .base import OfferedLookupsOnly, write_alias
 from .display import plural, sentence, when
 
 
@@ -108,7 +108,7 @@ class RecurringJobAdmin(OfferedLookupsOnly, admin.ModelAdmin):
 
     def _set_status(self, request, queryset, status: str):
         ids = list(queryset.values_list("id", flat=True))
-        changed = operations.set_schedule_status(ids, status, using=queryset.db)
+        changed = operations.set_schedule_status(ids, status, using=write_alias(queryset))
         verb = "paused" if status == "paused" else "resumed"
         self.message_user(request, sentence(
             f"{verb} {plural(changed, 'schedule')}",
