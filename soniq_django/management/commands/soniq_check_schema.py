@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 
+from soniq_django.management.database import add_database_argument, database_alias
 from soniq_django.schema.admission import check_report
 
 
@@ -11,12 +12,10 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "--database", default=DEFAULT_DB_ALIAS, help="Database alias (default: %(default)s)."
-        )
+        add_database_argument(parser)
 
     def handle(self, *args, **options):
-        lines, problems = check_report(connections[options["database"]])
+        lines, problems = check_report(connections[database_alias(options)])
         for line in lines:
             self.stdout.write(line)
         if problems:

@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS
 
 from soniq_django.errors import SoniqError
+from soniq_django.management.database import add_database_argument, database_alias
 from soniq_django.schema.owned_metadata import downgrade_to_format1
 
 
@@ -12,13 +12,11 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "--database", default=DEFAULT_DB_ALIAS, help="Database alias (default: %(default)s)."
-        )
+        add_database_argument(parser)
 
     def handle(self, *args, **options):
         try:
-            done = downgrade_to_format1(options["database"])
+            done = downgrade_to_format1(database_alias(options))
         except SoniqError as error:
             raise CommandError(error.reason) from None
         self.stdout.write("downgraded to format 1" if done else "already format 1: nothing to do")

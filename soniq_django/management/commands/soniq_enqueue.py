@@ -2,10 +2,10 @@ import datetime as dt
 import json
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS
 
 from soniq_django.conf import DEFAULT_MAX_ATTEMPTS
 from soniq_django.errors import SoniqError
+from soniq_django.management.database import add_database_argument, database_alias
 from soniq_django.producer import enqueue
 
 
@@ -39,8 +39,7 @@ class Command(BaseCommand):
         parser.add_argument("--unique", action="store_true",
                             help="Return the id of an equal queued job instead of adding one.")
         parser.add_argument("--dedup-key", help="Return the queued job with this key, if any.")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS,
-                            help="Database alias (default: %(default)s).")
+        add_database_argument(parser)
 
     def handle(self, *args, **options):
         try:
@@ -53,7 +52,7 @@ class Command(BaseCommand):
                 priority=options["priority"], run_at=_run_at(options["run_at"]),
                 max_attempts=options["max_attempts"], unique_job=options["unique"],
                 dedup_key=options["dedup_key"], producer_id="manage.py soniq_enqueue",
-                using=options["database"],
+                using=database_alias(options),
             )
         except SoniqError as error:
             raise CommandError(str(error)) from None

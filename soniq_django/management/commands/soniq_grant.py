@@ -1,7 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
 from soniq_django.grants import grant_producer
+from soniq_django.management.database import add_database_argument, database_alias
 
 
 class Command(BaseCommand):
@@ -12,13 +13,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("role", help="The PostgreSQL role to grant the producer functions to.")
-        parser.add_argument(
-            "--database", default=DEFAULT_DB_ALIAS, help="Database alias (default: %(default)s)."
-        )
+        add_database_argument(parser)
 
     def handle(self, *args, **options):
         try:
-            statements = grant_producer(options["role"], using=options["database"])
+            statements = grant_producer(options["role"], using=database_alias(options))
         except ValueError as error:
             raise CommandError(str(error)) from None
         except DatabaseError:

@@ -1,11 +1,11 @@
 import datetime as dt
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS
 from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django.errors import SoniqError
 from soniq_django.housekeeping import purge_dead_letters, purge_expired
+from soniq_django.management.database import add_database_argument, database_alias
 
 
 class Command(BaseCommand):
@@ -15,13 +15,13 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="Database alias.")
+        add_database_argument(parser)
         parser.add_argument("--batch", type=int, default=1000, help="Rows per transaction.")
         parser.add_argument("--dead-letters-older-than", type=float, metavar="DAYS",
                             help="Also delete unprotected dead letters older than DAYS.")
 
     def handle(self, *args, **options):
-        using, days = options["database"], options["dead_letters_older_than"]
+        using, days = database_alias(options), options["dead_letters_older_than"]
         try:
             purged = purge_expired(using, batch=options["batch"], progress=self._progress)
             if self.stdout.isatty() and purged:

@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS
 from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django.errors import SoniqError
+from soniq_django.management.database import add_database_argument, database_alias
 from soniq_django.replay import replay_dead_letters
 
 
@@ -17,12 +17,12 @@ class Command(BaseCommand):
         parser.add_argument("--reason", help="Replay every dead letter with this reason.")
         parser.add_argument("--all", action="store_true", help="Replay every dead letter.")
         parser.add_argument("--dry-run", action="store_true", help="Count, change nothing.")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="Database alias.")
+        add_database_argument(parser)
 
     def handle(self, *args, **options):
         try:
             report = replay_dead_letters(
-                options["database"], ids=options["ids"] or None, reason=options["reason"],
+                database_alias(options), ids=options["ids"] or None, reason=options["reason"],
                 all=options["all"], dry_run=options["dry_run"], progress=self._progress,
             )
             if self.stdout.isatty():

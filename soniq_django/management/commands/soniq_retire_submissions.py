@@ -1,8 +1,8 @@
 from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS
 
+from soniq_django.management.database import add_database_argument, database_alias
 from soniq_django.retirement import count_retirable, cutoff_for, retire_submissions
 
 
@@ -17,16 +17,14 @@ class Command(BaseCommand):
                             help="Only rows last changed more than DAYS days ago.")
         parser.add_argument("--confirm", action="store_true",
                             help="Retire them; without it, only count what would be retired.")
-        parser.add_argument(
-            "--database", default=DEFAULT_DB_ALIAS, help="Database alias (default: %(default)s)."
-        )
+        add_database_argument(parser)
 
     def handle(self, *args, **options):
         try:
             cutoff = cutoff_for(timedelta(days=options["older_than"]))
         except ValueError as error:
             raise CommandError(f"--older-than: {error}") from None
-        using = options["database"]
+        using = database_alias(options)
         self.stdout.write(f"cut-off: last changed before {cutoff:%Y-%m-%d %H:%M:%S} UTC")
         if not options["confirm"]:
             for group in count_retirable(cutoff, using=using):

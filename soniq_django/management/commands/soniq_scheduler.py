@@ -2,8 +2,8 @@ import signal
 import threading
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS
 
+from soniq_django.management.database import add_database_argument, database_alias
 from soniq_django.scheduler import Scheduler
 
 
@@ -14,9 +14,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "--database", default=DEFAULT_DB_ALIAS, help="Database alias (default: %(default)s)."
-        )
+        add_database_argument(parser)
         parser.add_argument(
             "--once", action="store_true", help="Write code schedules, run one tick and exit."
         )
@@ -28,7 +26,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         if not options["interval"] > 0:
             raise CommandError("--interval must be a positive number of seconds")
-        scheduler = Scheduler(using=options["database"])
+        scheduler = Scheduler(using=database_alias(options))
         if options["once"]:
             scheduler.sync_code_schedules()
             job_ids = scheduler.run_due()

@@ -1,8 +1,8 @@
 import json
 
 from django.core.management.base import BaseCommand
-from django.db import DEFAULT_DB_ALIAS
 
+from soniq_django.management.database import add_database_argument, database_alias
 from soniq_django.overview import STATUSES, queue_summary
 
 
@@ -11,11 +11,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="Print JSON, for machines.")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS,
-                            help="Database alias (default: %(default)s).")
+        add_database_argument(parser, reads=True)
 
     def handle(self, *args, **options):
-        summary = queue_summary(options["database"])
+        summary = queue_summary(database_alias(options, reads=True))
         if options["json"]:
             self.stdout.write(json.dumps(summary, indent=2, sort_keys=True))
             return

@@ -3,9 +3,10 @@ import signal
 import uuid
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
+from soniq_django.management.database import add_database_argument, database_alias
 from soniq_django.worker import Worker
 
 
@@ -53,8 +54,7 @@ class Command(BaseCommand):
                             help="Also run the scheduler of periodic jobs in this process.")
         parser.add_argument("--grace", type=float, default=30.0,
                             help="Seconds running jobs get to finish after a stop signal.")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS,
-                            help="Database alias (default: %(default)s).")
+        add_database_argument(parser)
 
     def handle(self, *args, **options):
         if options["concurrency"] < 1:
@@ -66,9 +66,10 @@ class Command(BaseCommand):
                 uuid.UUID(options["worker_id"])
             except ValueError:
                 raise CommandError("--worker-id must be a UUID") from None
-        _require_migrated(options["database"])
+        using = database_alias(options)  # the routers' write alias for jobs, by default
+        _require_migrated(using)
         worker = Worker(
-            using=options["database"], queues=_queues(options["queues"]),
+            using=using, queues=_queues(options["queues"]),
             concurrency=options["concurrency"], burst=options["burst"],
             max_jobs=options["max_jobs"], worker_id=options["worker_id"],
             with_scheduler=options["with_scheduler"], grace_seconds=options["grace"],
