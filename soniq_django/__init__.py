@@ -2,13 +2,28 @@
 
 The public names are imported lazily so that listing ``soniq_django`` in
 ``INSTALLED_APPS`` does not import models before the app registry is ready.
+Type checkers see them through the ``TYPE_CHECKING`` imports below.
 """
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
-__all__ = ["args_hash", "bulk_enqueue", "enqueue", "get_job", "job", "periodic"]
+if TYPE_CHECKING:  # what the lazy names are, for type checkers (the package ships py.typed)
+    from .encoding import args_hash
+    from .periodic_jobs import periodic
+    from .producer.aio import abulk_enqueue, aenqueue, aget_job
+    from .producer.api import bulk_enqueue, enqueue, get_job
+    from .registry import job
+
+__all__ = [
+    "abulk_enqueue", "aenqueue", "aget_job", "args_hash", "bulk_enqueue", "enqueue", "get_job",
+    "job", "periodic",
+]
 
 _HOMES = {
+    "abulk_enqueue": "soniq_django.producer",
+    "aenqueue": "soniq_django.producer",
+    "aget_job": "soniq_django.producer",
     "args_hash": "soniq_django.encoding",
     "bulk_enqueue": "soniq_django.producer",
     "enqueue": "soniq_django.producer",

@@ -18,7 +18,7 @@ and people read ``reason``.
 
 Plain ``SoniqError`` carries the other codes: DUPLICATE_JOB_ID,
 QUEUE_SUBMISSION_CONFLICT, QUEUE_CLAIM_CONFLICT, QUEUE_PERSISTENCE_FAILED,
-QUEUE_DATABASE_REFUSED.
+QUEUE_DATABASE_REFUSED, ASYNC_CONTEXT, JOB_FAILED.
 """
 
 import enum
@@ -64,6 +64,12 @@ class ErrorCode(enum.StrEnum):
     """A job handler says retrying cannot help: the job is dead-lettered at once."""
     JOB_CANCELLED = "JOB_CANCELLED"
     """A cancel of the running job was requested; its handler stops."""
+    ASYNC_CONTEXT = "ASYNC_CONTEXT"
+    """A synchronous call (``enqueue``, ``get_job``, ...) was made while an event loop runs
+    in this thread; the reason names its ``a``-prefixed twin to await instead."""
+    JOB_FAILED = "JOB_FAILED"
+    """``soniq_django.testing`` ran a job that was dead-lettered without an exception of
+    its handler's own to re-raise (no handler, arguments that do not fit, a non-JSON result)."""
 
 
 #: The codes of bad input, each raised as a ``ConfigValidationError``.

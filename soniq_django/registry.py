@@ -2,8 +2,13 @@
 
 ``@job(name="billing.send_invoice", queue="billing", retries=3)`` turns a
 function into a :class:`JobHandler`: still callable directly, and able to
-enqueue itself now (``.enqueue``), when the transaction commits
-(``.enqueue_on_commit``) or with per-call options (``.configure``).
+enqueue itself now (``.enqueue``, or ``await .aenqueue`` from async code),
+when the transaction commits (``.enqueue_on_commit``) or with per-call
+options (``.configure``).
+
+``JobHandler`` is generic in the function's parameters (a ``ParamSpec``):
+a type checker checks the arguments of ``.enqueue``/``.aenqueue`` against
+the function's signature, and calling the handler keeps its return type.
 """
 
 import dataclasses
@@ -11,8 +16,8 @@ import functools
 import inspect
 import uuid
 import warnings
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -23,6 +28,8 @@ from .producer.request import JobRequest, prepare
 _registry: dict[str, "JobHandler"] = {}
 _resolvers: list[Callable[[str], Any]] = []
 _UNSET: Any = object()
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def get_handler(job_name: str) -> "JobHandler | None":
@@ -87,11 +94,11 @@ class _Options:
 _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(_Options))
 
 
-class JobHandler:
+class JobHandler(Generic[P, R]):
     """A function registered as a job. Call it to run it here and now."""
 
-    def __init__(self, func: Callable, *, name: str, queue: str | None, retries: int | None,
-                 unique: bool):
+    def __init__(self, func: Callable[P, R], *, name: str, queue: str | None,
+                 retries: int | None, unique: bool):
         self.func = func
         self.name = name
         self.queue = queue
@@ -101,7 +108,7 @@ class JobHandler:
         self.is_async = inspect.iscoroutinefunction(func)
         functools.update_wrapper(self, func)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -114,15 +121,23 @@ class JobHandler:
             return get_settings().DEFAULT_MAX_ATTEMPTS
         return self.retries + 1
 
-    def configure(self, **options: Any) -> "ConfiguredJob":
+    def configure(self, **options: Any) -> "ConfiguredJob[P]":
         """Return an enqueuer with per-call options (``run_at``, ``priority``, ``dedup_key``, …)."""
         return ConfiguredJob(self, _Options()).configure(**options)
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> uuid.UUID:
-        """Insert the job now, inside the caller's transaction; return its id."""
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
+        """Insert the job now, inside the caller's transaction; return its id.
+
+        Raises ``SoniqError(ASYNC_CONTEXT)`` while an event loop runs: await
+        ``aenqueue`` there.
+        """
         return ConfiguredJob(self, _Options())._enqueue(args, kwargs, stacklevel=3)
 
-    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> uuid.UUID:
+    def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[uuid.UUID]:
+        """Async twin of ``enqueue``: await it for the job id (arguments checked at the call)."""
+        return ConfiguredJob(self, _Options()).aenqueue(*args, **kwargs)
+
+    def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
         """Insert the job once the caller's transactions commit; return its id now."""
         return ConfiguredJob(self, _Options()).enqueue_on_commit(*args, **kwargs)
 
@@ -156,20 +171,20 @@ class JobHandler:
         return stored
 
 
-class ConfiguredJob:
+class ConfiguredJob(Generic[P]):
     """A handler plus per-call options; made by ``JobHandler.configure``."""
 
-    def __init__(self, handler: JobHandler, options: _Options):
+    def __init__(self, handler: "JobHandler[P, Any]", options: _Options):
         self.handler = handler
         self.options = options
 
-    def configure(self, **options: Any) -> "ConfiguredJob":
+    def configure(self, **options: Any) -> "ConfiguredJob[P]":
         unknown = set(options) - _OPTION_NAMES
         if unknown:
             raise TypeError(f"configure() got unknown options: {', '.join(sorted(unknown))}")
         return ConfiguredJob(self.handler, dataclasses.replace(self.options, **options))
 
-    def request(self, *args: Any, **kwargs: Any) -> JobRequest:
+    def request(self, *args: P.args, **kwargs: P.kwargs) -> JobRequest:
         """The ``JobRequest`` this call would enqueue (arguments checked against the signature)."""
         handler, opts = self.handler, self.options
         max_attempts = handler.max_attempts if opts.max_attempts is _UNSET else (
@@ -188,24 +203,38 @@ class ConfiguredJob:
             job_id=opts.job_id,
         )
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> uuid.UUID:
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
         """Insert the job now, inside the caller's transaction; return its id.
 
         Warns (``RuntimeWarning``) when jobs live on another database alias
         than the one whose transaction is open: the job then commits at once.
+        Raises ``SoniqError(ASYNC_CONTEXT)`` while an event loop runs.
         """
         return self._enqueue(args, kwargs, stacklevel=3)
 
+    def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[uuid.UUID]:
+        """Async twin of ``enqueue``: await it for the job id.
+
+        The arguments are checked and copied at the call, before the thread
+        hop: ``ConfigValidationError`` is raised there.
+        """
+        from .producer.aio import insert_async
+        from .producer.api import write_alias
+
+        return insert_async(prepare(self.request(*args, **kwargs)),
+                            write_alias(self.options.using))
+
     def _enqueue(self, args: tuple, kwargs: dict, stacklevel: int) -> uuid.UUID:
-        from .producer.api import insert_prepared, write_alias
+        from .producer.api import insert_prepared, refuse_event_loop, write_alias
         from .producer.commit import warn_if_uncoupled
 
+        refuse_event_loop("enqueue", "aenqueue")
         prepared = prepare(self.request(*args, **kwargs))
         alias = write_alias(self.options.using)
         warn_if_uncoupled(alias, stacklevel=stacklevel)
         return insert_prepared(prepared, alias)
 
-    def enqueue_on_commit(self, *args: Any, **kwargs: Any) -> uuid.UUID:
+    def enqueue_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
         """Validate now; insert once the caller's transactions commit; return the job id.
 
         The insert waits for every database alias with an ``atomic()`` block
@@ -214,15 +243,28 @@ class ConfiguredJob:
         is inserted at once. The insert is a transaction of its own, after
         the caller's commits. For a unique or dedup job the id returned is
         the one the new row would get: if an equal job is still queued at
-        commit, no row is inserted and that job runs instead.
+        commit, no row is inserted and that job runs instead. Raises
+        ``SoniqError(ASYNC_CONTEXT)`` while an event loop runs (an async view
+        has no transaction to wait for: await ``aenqueue``).
         """
-        from .producer.api import insert_prepared, write_alias
+        from .producer.api import insert_prepared, refuse_event_loop, write_alias
         from .producer.commit import after_commit
 
+        refuse_event_loop("enqueue_on_commit", "aenqueue")
         prepared = prepare(self.request(*args, **kwargs))
         alias = write_alias(self.options.using)
         after_commit(lambda: insert_prepared(prepared, alias), alias)
         return prepared.job_id
+
+
+@overload
+def job(func: Callable[P, R], /) -> JobHandler[P, R]: ...
+
+
+@overload
+def job(func: None = None, /, *, name: str | None = None, queue: str | None = None,
+        retries: int | None = None, unique: bool = False
+        ) -> Callable[[Callable[P, R]], JobHandler[P, R]]: ...
 
 
 def job(func: Callable | None = None, *, name: str | None = None, queue: str | None = None,

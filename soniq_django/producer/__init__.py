@@ -3,6 +3,7 @@
 - ``request``: ``JobRequest`` and its validation (the same rules and codes
   as ``soniq_enqueue``), ``prepare()`` into a ``PreparedJob``;
 - ``api``: ``enqueue``, ``bulk_enqueue``, ``get_job`` and ``JobInfo``;
+- ``aio``: their async twins ``aenqueue``, ``abulk_enqueue``, ``aget_job``;
 - ``_pg`` (private): the calls to the PostgreSQL producer functions (their
   errors go through ``errors.translate``, as every database error does).
 
@@ -11,11 +12,17 @@ Names are imported lazily (see ``soniq_django/__init__.py``).
 
 from importlib import import_module
 
-__all__ = ["JobInfo", "JobRequest", "bulk_enqueue", "enqueue", "get_job"]
+__all__ = [
+    "JobInfo", "JobRequest", "abulk_enqueue", "aenqueue", "aget_job", "bulk_enqueue", "enqueue",
+    "get_job",
+]
 
 _HOMES = {
     "JobInfo": "soniq_django.producer.api",
     "JobRequest": "soniq_django.producer.request",
+    "abulk_enqueue": "soniq_django.producer.aio",
+    "aenqueue": "soniq_django.producer.aio",
+    "aget_job": "soniq_django.producer.aio",
     "bulk_enqueue": "soniq_django.producer.api",
     "enqueue": "soniq_django.producer.api",
     "get_job": "soniq_django.producer.api",

@@ -2,12 +2,15 @@
 
 Every function takes ``using=`` (a database alias); without it the project's
 database routers pick one, as they do for the ``Job`` model: the write alias
-for enqueues, the read alias for ``get_job``.
+for enqueues, the read alias for ``get_job``. Their async twins
+(``aenqueue``, ``abulk_enqueue``, ``aget_job``) are in ``producer/aio.py``.
 """
 
+import asyncio
 import datetime as dt
+import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +42,37 @@ class JobInfo:
     scheduled_at: dt.datetime | None
     created_at: dt.datetime | None
     updated_at: dt.datetime | None
+
+
+#: Called with the jobs alias after each enqueue has inserted its rows (in the
+#: caller's transaction). ``soniq_django.testing.immediate()`` adds one to run
+#: the jobs at once; nothing else does.
+enqueue_listeners: list[Callable[[str], object]] = []
+
+
+def _enqueued(alias: str) -> None:
+    for listener in list(enqueue_listeners):
+        listener(alias)
+
+
+def refuse_event_loop(what: str, twin: str) -> None:
+    """Raise ``SoniqError(ASYNC_CONTEXT)`` naming ``twin`` when an event loop runs in this thread.
+
+    Django would raise ``SynchronousOnlyOperation`` at the first query; this
+    says which awaitable to use instead. ``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts
+    both checks, as it lifts Django's.
+    """
+    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise SoniqError(
+        ErrorCode.ASYNC_CONTEXT,
+        f"{what}() cannot run while an event loop runs in this thread (an async view or "
+        f"task); use 'await {twin}(...)' instead",
+    )
 
 
 def write_alias(using: str | None) -> str:
@@ -78,8 +112,11 @@ def enqueue(
     (any other database error) -- never a ``django.db`` error. Nothing is
     written when it raises. Warns (``RuntimeWarning``) when a transaction is
     open on another database alias but none on the jobs alias: the job then
-    commits at once, whatever that transaction does.
+    commits at once, whatever that transaction does. Called while an event
+    loop runs (an async view), raises ``SoniqError(ASYNC_CONTEXT)``: await
+    ``aenqueue`` there.
     """
+    refuse_event_loop("enqueue", "aenqueue")
     request = JobRequest(
         job_name,
         args,
@@ -103,16 +140,30 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     Every request is validated before anything is written, so one bad request
     leaves no rows at all. Plain jobs go in as one multi-row insert; unique and
     dedup jobs are resolved one by one (a later request can return an earlier
-    one's id). Raises and warns as ``enqueue`` does.
+    one's id). Raises and warns as ``enqueue`` does (``abulk_enqueue`` is
+    the async twin).
     """
+    refuse_event_loop("bulk_enqueue", "abulk_enqueue")
     prepared = [prepare(request) for request in requests]
     if not prepared:
         return []
     alias = write_alias(using)
     warn_if_uncoupled(alias)
+    return insert_many_prepared(prepared, alias)
+
+
+def insert_many_prepared(prepared: list[PreparedJob], alias: str) -> list[uuid.UUID]:
+    """Insert validated jobs in one transaction (``bulk_enqueue`` after validation)."""
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        return _pg.enqueue_many(prepared, connection, alias)
+        ids = _pg.enqueue_many(prepared, connection, alias)
+    else:
+        ids = _insert_many_portable(prepared, alias)
+    _enqueued(alias)
+    return ids
+
+
+def _insert_many_portable(prepared: list[PreparedJob], alias: str) -> list[uuid.UUID]:
     ids: list[uuid.UUID] = []
     with translating(), transaction.atomic(using=alias):
         plain = [job for job in prepared if not job.deduplicates]
@@ -135,9 +186,12 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
     """
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        return _pg.enqueue(job, connection, alias)
-    with translating():
-        return _insert_portable(job, alias)
+        job_id = _pg.enqueue(job, connection, alias)
+    else:
+        with translating():
+            job_id = _insert_portable(job, alias)
+    _enqueued(alias)
+    return job_id
 
 
 def _id_held_by_dead_letter(jobs: list[PreparedJob], alias: str) -> bool:
@@ -229,10 +283,15 @@ def get_job(job_id: uuid.UUID | str, *, using: str | None = None) -> JobInfo | N
     Dead-lettered jobs come back with status ``dead_letter`` and their reason.
     Raises ``ConfigValidationError`` (INVALID_OPTION) when ``job_id`` is not a
     UUID, and ``SoniqError`` (QUEUE_PERSISTENCE_FAILED or QUEUE_DATABASE_REFUSED)
-    when the database fails -- never a ``django.db`` error.
+    when the database fails -- never a ``django.db`` error; while an event
+    loop runs, ``SoniqError(ASYNC_CONTEXT)`` (await ``aget_job`` there).
     """
-    job_id = coerce_job_id(job_id)
-    alias = read_alias(using)
+    refuse_event_loop("get_job", "aget_job")
+    return get_coerced(coerce_job_id(job_id), read_alias(using))
+
+
+def get_coerced(job_id: uuid.UUID, alias: str) -> JobInfo | None:
+    """``get_job`` of a checked id on ``alias``."""
     connection = connections[alias]
     if connection.vendor == "postgresql":
         row = _pg.get_job_row(job_id, connection)
