@@ -3,7 +3,7 @@
 import asyncio
 import enum
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..encoding import normalize_json
@@ -37,6 +37,8 @@ class Outcome:
     result: Any = None
     error: str | None = None
     reason: str | None = None
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+    """What the handler raised, if it raised (``soniq_django.testing`` can re-raise it)."""
 
 
 def _error_text(error: BaseException) -> str:
@@ -84,12 +86,13 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> 
         return Outcome(OutcomeKind.CANCELLED)
     except PermanentFailure as error:
         return Outcome(OutcomeKind.DEAD, error=_error_text(error),
-                       reason=DeadLetterReason.PERMANENT_FAILURE)
+                       reason=DeadLetterReason.PERMANENT_FAILURE, exception=error)
     except (asyncio.TimeoutError, TimeoutError) as error:
         return Outcome(OutcomeKind.RETRY,
-                       error=f"timed out after {timeout} s\n{_error_text(error)}")
+                       error=f"timed out after {timeout} s\n{_error_text(error)}",
+                       exception=error)
     except Exception as error:  # the handler's failure is the job's failure
-        return Outcome(OutcomeKind.RETRY, error=_error_text(error))
+        return Outcome(OutcomeKind.RETRY, error=_error_text(error), exception=error)
     if context.cancel_requested:
         return Outcome(OutcomeKind.CANCELLED)
     try:

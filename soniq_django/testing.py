@@ -1,0 +1,312 @@
+"""Run soniq jobs in your own tests: ``run_jobs()``, ``immediate()`` and pytest fixtures.
+
+``run_jobs()`` runs the queued jobs that are due, one after the other, in
+the calling thread and on the caller's own connection -- so inside a
+``TestCase`` it sees the rows the test wrote, in the test's transaction.
+It goes through the worker's own protocol: each job is claimed with a fresh
+nonce (``OwnedJobSource.claim_many_owned``), run by the worker's
+``execute()``, and its outcome written, fenced, by the worker's
+``Writes.write_outcome`` (``complete_owned``, ``fail_owned`` with or without
+a retry, ``acknowledge_cancel_owned``). Retries, backoffs, attempt limits
+and dead letters are the worker's, not a simulation of them.
+
+``immediate()`` runs each job as it is enqueued (after the commit, for
+``enqueue_on_commit``). Add ``pytest_plugins = ["soniq_django.testing"]``
+to your root ``conftest.py`` for the ``soniq_run_jobs`` and
+``soniq_immediate`` fixtures. See docs/testing.md.
+
+Nothing here imports models at import time: pytest may load this module as
+a plugin before Django is set up.
+"""
+
+import datetime as dt
+import os
+import secrets
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from .errors import ConfigValidationError, ErrorCode, SoniqError
+
+__all__ = ["JobRun", "arun_jobs", "immediate", "run_jobs"]
+
+#: The claim owner of every job these helpers run (not a soniq_workers id).
+WORKER_ID = f"soniq_django.testing:{os.getpid()}"
+
+_state = threading.local()  # .running: a run_jobs() call is under way in this thread
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRun:
+    """One run of one job by ``run_jobs()``: what the handler did and where the job is now."""
+
+    job_id: uuid.UUID
+    job_name: str
+    queue: str
+    attempt: int
+    """The attempt this run was (1 for the first)."""
+    outcome: str
+    """``done``, ``retry`` (it raised; retried while attempts remain), ``dead`` or ``cancelled``."""
+    status: str | None
+    """The job's status after the run's fenced write: ``done``, ``queued`` (a retry is
+    waiting), ``dead_letter``, ``cancelled``; None once its row is gone."""
+    result: Any = None
+    """The handler's return value (``done``)."""
+    error: str | None = None
+    """The traceback or reason of a failed run, as written to ``last_error``."""
+    reason: str | None = None
+    """The dead-letter reason of a ``dead`` run (``job_not_found``, ``permanent_failure``...)."""
+
+
+def run_jobs(*, queues: Iterable[str] | None = None, include_scheduled: bool = False,
+             now: dt.datetime | None = None, max_jobs: int | None = None,
+             raise_exceptions: bool = True, using: str | None = None) -> list[JobRun]:
+    """Run the queued jobs that are due until none is left; return one ``JobRun`` per run.
+
+    Jobs a handler enqueues, and retries that are due (``RETRY_BASE_SECONDS``
+    0), run in the same call. ``queues`` limits it to those queues;
+    ``include_scheduled`` also runs jobs waiting for a later time (a
+    ``run_at``, a retry's backoff), and ``now`` those waiting until ``now``
+    at the latest: both make such jobs due at once, as the admin's "retry
+    now" does. ``max_jobs`` stops after that many runs. ``using`` is the
+    jobs' database alias (default: the routers' write alias).
+
+    With ``raise_exceptions`` (the default), the first failed run raises,
+    after its outcome was written: the handler's own exception, or
+    ``SoniqError(JOB_FAILED)`` when it had none (no handler, arguments that
+    do not fit, a non-JSON result). Without it, failures are only recorded.
+    Raises ``ConfigValidationError`` for bad options and
+    ``SoniqError(ASYNC_CONTEXT)`` while an event loop runs (await
+    ``arun_jobs`` there).
+    """
+    from .producer.api import refuse_event_loop, write_alias
+
+    refuse_event_loop("run_jobs", "arun_jobs")
+    options = _Options.checked(queues, include_scheduled, now, max_jobs, raise_exceptions)
+    runs: list[JobRun] = []
+    _run(write_alias(using), options, runs)
+    return runs
+
+
+def arun_jobs(**options: Any) -> Awaitable[list[JobRun]]:
+    """Async twin of ``run_jobs`` (same keyword options): runs it in Django's sync thread."""
+    return sync_to_async(run_jobs)(**options)
+
+
+@contextmanager
+def immediate(*, raise_exceptions: bool = True) -> Iterator[list[JobRun]]:
+    """Within the block, every enqueue runs the jobs that are due at once, as ``run_jobs()``.
+
+    ``enqueue()``, ``bulk_enqueue()``, ``handler.enqueue()``, their async
+    twins and the Tasks backend insert the row, then run it before they
+    return; ``enqueue_on_commit`` runs it once the transactions commit (in a
+    ``TestCase``: at the exit of ``captureOnCommitCallbacks(execute=True)``).
+    A job a running handler enqueues runs after that handler, in the same
+    call. A job with a ``run_at`` in the future stays queued. Yields the
+    list of runs, filled in as jobs run. With ``raise_exceptions`` a failed
+    run's exception propagates from the enqueue call; otherwise it is only
+    recorded. Usable as a decorator too.
+    """
+    from .producer.api import enqueue_listeners
+
+    options = _Options.checked(None, False, None, None, raise_exceptions)
+    runs: list[JobRun] = []
+
+    def listener(alias: str) -> None:
+        if not getattr(_state, "running", False):  # else the run under way picks it up
+            _run(alias, options, runs)
+
+    enqueue_listeners.append(listener)
+    try:
+        yield runs
+    finally:
+        enqueue_listeners.remove(listener)
+
+
+@dataclass(frozen=True)
+class _Options:
+    queues: list[str] | None
+    include_scheduled: bool
+    now: dt.datetime | None
+    max_jobs: int | None
+    raise_exceptions: bool
+
+    @classmethod
+    def checked(cls, queues, include_scheduled, now, max_jobs, raise_exceptions) -> "_Options":
+        if queues is not None:
+            if isinstance(queues, str) or not all(type(q) is str and q for q in queues):
+                raise ConfigValidationError("queues must be a list of queue names, or None")
+            queues = list(queues)
+        for name, value in (("include_scheduled", include_scheduled),
+                            ("raise_exceptions", raise_exceptions)):
+            if type(value) is not bool:
+                raise ConfigValidationError(f"{name} must be True or False")
+        if now is not None and (not isinstance(now, dt.datetime) or now.utcoffset() is None):
+            raise ConfigValidationError("now must be an aware datetime, or None")
+        if include_scheduled and now is not None:
+            raise ConfigValidationError("give include_scheduled or now, not both")
+        if max_jobs is not None and (type(max_jobs) is not int or max_jobs < 1):
+            raise ConfigValidationError("max_jobs must be a whole number of at least 1, or None")
+        return cls(queues, include_scheduled, now, max_jobs, raise_exceptions)
+
+
+def _run(alias: str, options: _Options, runs: list[JobRun]) -> None:
+    """Claim and run jobs on ``alias`` into ``runs`` until none is due or ``max_jobs`` ran."""
+    runner = _Runner(alias, options)
+    outer = getattr(_state, "running", False)
+    _state.running = True
+    try:
+        ran = 0
+        while options.max_jobs is None or ran < options.max_jobs:
+            _bring_forward(alias, options)
+            claimed = runner.claim()
+            if claimed is None:
+                return
+            run, raised = runner.run(claimed)
+            runs.append(run)
+            ran += 1
+            if raised is not None and options.raise_exceptions:
+                raise raised
+    finally:
+        _state.running = outer
+
+
+def _bring_forward(alias: str, options: _Options) -> None:
+    """Make the jobs ``include_scheduled``/``now`` ask for due now (the operator's retry-now)."""
+    if not options.include_scheduled and options.now is None:
+        return
+    from .models import Job, JobStatus
+    from .operations import retry_now
+
+    waiting = Job.objects.using(alias).filter(status=JobStatus.QUEUED, scheduled_at__isnull=False)
+    if options.queues is not None:
+        waiting = waiting.filter(queue__in=options.queues)
+    if options.now is not None:
+        waiting = waiting.filter(scheduled_at__lte=options.now)
+    ids = list(waiting.values_list("id", flat=True))
+    if ids:
+        retry_now(ids, using=alias)
+
+
+class _Runner:
+    """The worker's parts for one thread and one connection: claim, execute, write."""
+
+    def __init__(self, alias: str, options: _Options):
+        from .conf import get_settings
+        from .owned import OwnedJobSource
+        from .throughput import ThroughputCounter
+        from .worker.capacity import Budget
+        from .worker.flight import Flights
+        from .worker.writes import Writes
+
+        self.alias = alias
+        self.queues = options.queues
+        self.source = OwnedJobSource(alias)
+        self.flights = Flights()
+        self.timeout = get_settings().JOB_TIMEOUT_SECONDS
+        # Counts kept in memory and never flushed: a test's run is not throughput.
+        self.writes = Writes(source=self.source, worker_id=WORKER_ID, queues=self.queues,
+                             budget=Budget(None), throughput=ThroughputCounter(),
+                             stop=threading.Event())
+
+    def claim(self):
+        """The next due job, claimed with a fresh nonce; None when none is due."""
+        claimed = self.source.claim_many_owned(
+            WORKER_ID, claim_tokens=[secrets.token_hex(16)], queues=self.queues,
+            pid=os.getpid())
+        return claimed[0] if claimed else None
+
+    def run(self, claimed) -> tuple[JobRun, BaseException | None]:
+        """Run one claimed job and write its outcome; return the run and what to raise, if any."""
+        from .worker.execution import OutcomeKind, execute
+
+        flight = self.flights.track(claimed)
+        try:
+            outcome = self._execute(execute, flight)
+            self.writes.write_outcome(flight, outcome)
+        finally:
+            self.flights.finish(flight)
+        run = JobRun(
+            job_id=claimed.job_id, job_name=claimed.job_name, queue=claimed.queue,
+            attempt=claimed.attempts, outcome=outcome.kind.value,
+            status=_status(self.alias, claimed.job_id), result=outcome.result,
+            error=outcome.error, reason=outcome.reason,
+        )
+        if outcome.kind in (OutcomeKind.DONE, OutcomeKind.CANCELLED):
+            return run, None
+        return run, outcome.exception or SoniqError(
+            ErrorCode.JOB_FAILED,
+            f"job {claimed.job_name} was dead-lettered ({outcome.reason}); see JobRun.error")
+
+    def _execute(self, execute: Callable, flight):
+        """``execute()`` the handler, in a savepoint when a transaction is open.
+
+        A handler whose query failed inside the caller's transaction leaves
+        it aborted on PostgreSQL (in a worker, that query alone would have
+        failed): the savepoint is rolled back then, so the fenced write can
+        follow. Otherwise the handler's writes are kept, as a worker keeps them.
+        """
+        from django.db import connections, transaction
+
+        connection = connections[self.alias]
+        savepoint = transaction.savepoint(using=self.alias) if connection.in_atomic_block else None
+        outcome = execute(flight.claimed, flight.context, self.timeout)
+        if savepoint is not None:
+            if _aborted(connection):
+                transaction.savepoint_rollback(savepoint, using=self.alias)
+            else:
+                transaction.savepoint_commit(savepoint, using=self.alias)
+        return outcome
+
+
+def _aborted(connection) -> bool:
+    """Whether the connection's transaction is aborted by a failed statement (PostgreSQL)."""
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    from psycopg.pq import TransactionStatus
+
+    return connection.connection.info.transaction_status == TransactionStatus.INERROR
+
+
+def _status(alias: str, job_id: uuid.UUID) -> str | None:
+    """The job's status now: its row's, ``dead_letter`` once moved there, else None."""
+    from .models import DeadLetterJob, Job
+
+    status = Job.objects.using(alias).filter(id=job_id).values_list("status", flat=True).first()
+    if status is not None:
+        return status
+    return "dead_letter" if DeadLetterJob.objects.using(alias).filter(id=job_id).exists() else None
+
+
+# pytest fixtures: ``pytest_plugins = ["soniq_django.testing"]`` in the root
+# conftest.py, or import them into a test module or conftest.py.
+try:
+    import pytest
+except ImportError:  # pragma: no cover - pytest is not a dependency of the package
+    pytest = None
+
+if pytest is not None:
+
+    @pytest.fixture
+    def soniq_run_jobs(request) -> Callable[..., list[JobRun]]:
+        """``run_jobs``, with database access for the test (pytest-django's ``db``).
+
+        A test marked ``django_db(transaction=True)`` keeps its
+        TransactionTestCase-style database.
+        """
+        if request.config.pluginmanager.hasplugin("django"):
+            request.getfixturevalue("db")
+        return run_jobs
+
+    @pytest.fixture
+    def soniq_immediate(request) -> Iterator[list[JobRun]]:
+        """Immediate mode for the whole test; yields the list of runs, filled in as jobs run."""
+        if request.config.pluginmanager.hasplugin("django"):
+            request.getfixturevalue("db")
+        with immediate() as runs:
+            yield runs
