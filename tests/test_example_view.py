@@ -1,10 +1,15 @@
-"""The example project's view enqueues on commit, and only then."""
+"""The example project's views: on-commit and async enqueues; its jobs run with soniq_django.testing."""
+
+import uuid
 
 import pytest
 from django.core.management import call_command
+from django.test import Client
 
+from example_project.shop.jobs import InventoryServiceDown, sync_inventory
 from example_project.shop.models import Order
 from soniq_django.models import DeadLetterJob, Job
+from soniq_django.testing import immediate, run_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,3 +52,54 @@ def test_demo_runs_the_example_end_to_end(capsys):
     assert (dead.dead_letter_reason, dead.attempts) == ("max_retries_exceeded", 3)
     assert "InventoryServiceDown" in dead.last_error
     assert "status=done" in out and "reason=max_retries_exceeded" in out
+
+
+# The example's own tests of its jobs, with soniq_django.testing ----------------
+
+
+def test_the_receipt_job_runs_after_the_commit():
+    response = client_post("/orders/", {"email": "ada@example.com", "amount_cents": "4200"})
+    (run,) = run_jobs()
+    assert (str(run.job_id), run.status, run.result) == (
+        response["job_id"], "done", {"to": "ada@example.com", "amount_cents": 4200})
+
+
+@pytest.mark.django_db  # TestCase style: one transaction, the commit captured
+def test_the_receipt_job_in_a_test_transaction(client, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/orders/", {"email": "eve@example.com", "amount_cents": "7"})
+    assert [str(run.job_id) for run in run_jobs()] == [response.json()["job_id"]]
+    assert client.get(f"/jobs/{response.json()['job_id']}/").json()["status"] == "done"
+
+
+@pytest.mark.django_db
+def test_the_inventory_job_retries_into_the_dead_letters(settings):
+    settings.SONIQ = {"RETRY_BASE_SECONDS": 0}
+    with immediate(raise_exceptions=False) as runs:
+        job_id = sync_inventory.enqueue(sku="SKU-1")
+    assert [run.outcome for run in runs] == ["retry", "retry", "retry"]
+    dead = DeadLetterJob.objects.get(id=job_id)
+    assert (dead.dead_letter_reason, dead.attempts) == ("max_retries_exceeded", 3)
+    with pytest.raises(InventoryServiceDown):
+        with immediate():
+            sync_inventory.enqueue(sku="SKU-2")
+
+
+@pytest.mark.django_db
+def test_the_async_view_enqueues_with_aenqueue(client):
+    response = client.post("/orders/async/", {"email": "zed@example.com", "amount_cents": "5"})
+    assert response.status_code == 201
+    job_id = response.json()["job_id"]
+    assert client.get(f"/jobs/{job_id}/").json() == {
+        "status": "queued", "attempts": 0, "result": None}
+    (run,) = run_jobs()
+    assert str(run.job_id) == job_id and run.status == "done"
+    assert client.get(f"/jobs/{job_id}/").json()["result"] == {
+        "to": "zed@example.com", "amount_cents": 5}
+    assert client.get(f"/jobs/{uuid.uuid4()}/").status_code == 404
+
+
+def client_post(path, data):
+    response = Client().post(path, data)
+    assert response.status_code == 201
+    return response.json()
