@@ -284,29 +284,41 @@ def _status(alias: str, job_id: uuid.UUID) -> str | None:
 
 
 # pytest fixtures: ``pytest_plugins = ["soniq_django.testing"]`` in the root
-# conftest.py, or import them into a test module or conftest.py.
+# conftest.py, or import them into a test module or conftest.py. With
+# pytest-django they depend on its ``db`` fixture (a test marked
+# ``django_db(transaction=True)`` keeps its transactional database).
 try:
     import pytest
 except ImportError:  # pragma: no cover - pytest is not a dependency of the package
     pytest = None
 
 if pytest is not None:
+    try:
+        import pytest_django  # noqa: F401
+    except ImportError:  # pragma: no cover
+        pytest_django = None
 
-    @pytest.fixture
-    def soniq_run_jobs(request) -> Callable[..., list[JobRun]]:
-        """``run_jobs``, with database access for the test (pytest-django's ``db``).
+    if pytest_django is not None:
+        # A static dependency: pytest-django sets the database up for fixtures
+        # a test depends on when it is collected, not for getfixturevalue().
+        @pytest.fixture
+        def soniq_run_jobs(db) -> Callable[..., list[JobRun]]:
+            """``run_jobs``, with database access for the test (pytest-django's ``db``)."""
+            return run_jobs
 
-        A test marked ``django_db(transaction=True)`` keeps its
-        TransactionTestCase-style database.
-        """
-        if request.config.pluginmanager.hasplugin("django"):
-            request.getfixturevalue("db")
-        return run_jobs
+        @pytest.fixture
+        def soniq_immediate(db) -> Iterator[list[JobRun]]:
+            """Immediate mode for the whole test; yields the list of runs as jobs run."""
+            with immediate() as runs:
+                yield runs
+    else:  # pragma: no cover
+        @pytest.fixture
+        def soniq_run_jobs() -> Callable[..., list[JobRun]]:
+            """``run_jobs``."""
+            return run_jobs
 
-    @pytest.fixture
-    def soniq_immediate(request) -> Iterator[list[JobRun]]:
-        """Immediate mode for the whole test; yields the list of runs, filled in as jobs run."""
-        if request.config.pluginmanager.hasplugin("django"):
-            request.getfixturevalue("db")
-        with immediate() as runs:
-            yield runs
+        @pytest.fixture
+        def soniq_immediate() -> Iterator[list[JobRun]]:
+            """Immediate mode for the whole test; yields the list of runs as jobs run."""
+            with immediate() as runs:
+                yield runs

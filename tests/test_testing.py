@@ -349,3 +349,37 @@ def test_arun_jobs_in_an_event_loop():
     # database work comes back to this one, inside the test's transaction.
     job_id, runs = async_to_sync(scenario)()
     assert [(r.job_id, r.status) for r in runs] == [(job_id, "done")]
+
+
+# The plugin, loaded as a project loads it, in a session of its own ----------
+
+PLUGGED = '''
+from soniq_django import enqueue
+
+
+def test_first_and_only(soniq_run_jobs):  # no django_db mark: the fixture asks for db
+    enqueue("tests.add", {"a": 1, "b": 2})
+    assert [run.result for run in soniq_run_jobs()] == [3]
+'''
+
+
+def test_the_plugin_gives_a_fresh_session_its_database(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "test_plugged.py").write_text(PLUGGED, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+         "soniq_django.testing", "--ds", "tests.settings", "--rootdir", str(tmp_path),
+         "-c", os.devnull, str(tmp_path / "test_plugged.py")],
+        cwd=tmp_path, capture_output=True,
+        # A test database of its own (PostgreSQL): the outer session holds its one.
+        env={**os.environ, "PYTHONPATH": str(root), "SONIQ_TEST_DATABASE_NAME":
+             os.environ.get("SONIQ_TEST_DATABASE_NAME", "test_soniq_django") + "_plugin"},
+        text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "1 passed" in result.stdout
