@@ -36,6 +36,8 @@ class JobStatus(models.TextChoices):
     heartbeat (fenced)        processing  processing   lease_expires_at
     complete (fenced)         processing  done         result, expires_at (+RESULT_TTL);
                                                        lease, pid cleared
+    defer (fenced): given     processing  queued       attempts-1 (not an attempt), last_error,
+    back, e.g. no handler                              scheduled_at (+delay); lease, pid cleared
     fail, retry, attempts     processing  queued       last_error, scheduled_at (+backoff);
     left (fenced)                                      lease, pid cleared
     ... a queued twin holds   processing  cancelled    last_error "superseded: ...",
