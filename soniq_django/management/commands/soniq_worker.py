@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from soniq_django.registry import discover
 from soniq_django.worker import Worker
 
 
@@ -23,6 +24,18 @@ def _require_migrated(alias: str) -> None:
             f"soniq_django migrations are not all applied on database {alias!r} (pending: "
             f"{', '.join(pending)}). Run: python manage.py migrate soniq_django "
             f"--database {alias}")
+
+
+def _require_handlers() -> None:
+    """Refuse to start while a module of SONIQ["IMPORTS"] cannot be imported.
+
+    Its handlers' jobs would reach a worker that does not know them;
+    soniq.E009 says the same.
+    """
+    failed = discover()
+    if failed:
+        raise CommandError("SONIQ['IMPORTS'] names modules that cannot be imported: " + ", ".join(
+            f"{name} ({error})" for name, error in failed))
 
 
 def _queues(value: str | None) -> list[str] | None:
@@ -67,6 +80,7 @@ class Command(BaseCommand):
             except ValueError:
                 raise CommandError("--worker-id must be a UUID") from None
         _require_migrated(options["database"])
+        _require_handlers()
         worker = Worker(
             using=options["database"], queues=_queues(options["queues"]),
             concurrency=options["concurrency"], burst=options["burst"],
