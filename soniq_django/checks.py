@@ -17,7 +17,8 @@ from .conf import KEYS, Settings, get_settings
 from .registry import configured_imports, import_modules, registered_handlers
 
 _POSITIVE = ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "POLL_INTERVAL")
-_NOT_NEGATIVE = ("RESULT_TTL", "RETRY_BASE_SECONDS", "RETRY_MAX_SECONDS")
+_NOT_NEGATIVE = ("RESULT_TTL", "RETRY_BASE_SECONDS", "RETRY_MAX_SECONDS",
+                 "UNKNOWN_JOB_GRACE_SECONDS")
 _INTEGERS = ("DEFAULT_PRIORITY", "DEFAULT_MAX_ATTEMPTS")
 _DEFAULT = Settings()
 

@@ -34,7 +34,8 @@ def test_unknown_keys_are_named_with_the_known_ones_as_hint():
      {"RESULT_TTL": -1}, {"DEFAULT_PRIORITY": 1.5}, {"DEFAULT_MAX_ATTEMPTS": 0},
      {"JOB_TIMEOUT_SECONDS": 0}, {"DEFAULT_QUEUE": ""}, {"RETRY_MAX_SECONDS": None},
      {"PREPARED_STATEMENTS": "yes"}, {"PREPARED_STATEMENTS": 1}, {"IMPORTS": "shop.tasks"},
-     {"IMPORTS": ["shop.tasks", 3]}, {"IMPORTS": [""]}, {"IMPORTS": None}],
+     {"IMPORTS": ["shop.tasks", 3]}, {"IMPORTS": [""]}, {"IMPORTS": None},
+     {"UNKNOWN_JOB_GRACE_SECONDS": -1}, {"UNKNOWN_JOB_GRACE_SECONDS": "600"}],
 )
 def test_bad_values(config):
     with override_settings(SONIQ=config):
@@ -47,7 +48,8 @@ def test_prepared_statements_takes_none_or_a_bool(value):
         assert "soniq.E003" not in ids(check_settings())
 
 
-@override_settings(SONIQ={"IMPORTS": ["tests.testapp.tasks", "tests.no_such_module"]})
+@override_settings(SONIQ={"IMPORTS": ["tests.testapp.tasks", "tests.no_such_module"],
+                          "UNKNOWN_JOB_GRACE_SECONDS": 0})
 def test_a_module_imports_names_that_cannot_be_imported():
     [message] = [m for m in check_settings() if m.id == "soniq.E009"]
     assert message.msg == ("SONIQ['IMPORTS'] names the module 'tests.no_such_module', which "

@@ -25,7 +25,7 @@ So every final write has one owner:
 
 - a completion: with one slot, the job thread (with the next claim, in one
   transaction); with more, the main thread (with the round's claims);
-- a failure, a dead letter, a cancel acknowledgement: the job thread;
+- a failure, a dead letter, a deferral, a cancel acknowledgement: the job thread;
 - the failure of a job past ``JOB_TIMEOUT_SECONDS``: the main thread;
 - a cancel honoured after it refused a write: the thread of that write.
 

@@ -29,8 +29,8 @@ def _require_migrated(alias: str) -> None:
 def _require_handlers() -> None:
     """Refuse to start while a module of SONIQ["IMPORTS"] cannot be imported.
 
-    Its handlers' jobs would reach a worker that does not know them;
-    soniq.E009 says the same.
+    Its handlers' jobs would reach a worker that does not know them (they are
+    deferred, then dead-lettered as job_not_found); soniq.E009 says the same.
     """
     failed = discover()
     if failed:
