@@ -1,18 +1,36 @@
-"""What the other workers know, read from their rows: reads only.
+"""What the other workers know and hold, read from their rows: two questions, reads only.
 
 - ``knowers``: how many live workers registered a handler for a job name
   and serve its queue (soniq_workers + soniq_task_registry, Soniq's own
-  workers included) -- the unknown-job rule of unknown.py asks it.
+  workers included) -- the unknown-job rule of unknown.py asks it;
+- ``held``: how many jobs of some queues other workers' claims hold -- a
+  burst worker's last log line says it, and ``--wait-for-leases`` waits
+  while any of them is leased.
 
 A worker never counts itself. A database failure raises SoniqError
 (``errors.translate``), never a django.db error.
 """
 
+from dataclasses import dataclass
+
+from django.db.models import Count, Q
 from django.utils import timezone
 
-from ..models import TaskRegistration, Worker, WorkerState
+from ..models import Job, JobStatus, TaskRegistration, Worker, WorkerState
 from ..overview import live_window
 from ..owned._store import guarded
+
+
+@dataclass(frozen=True)
+class Held:
+    """Processing jobs of some queues that other workers' claims hold."""
+
+    jobs: int
+    leased: int
+    """Those under a lease: they end when their worker settles them or the lease lapses.
+
+    The rest were claimed without one (Soniq's own workers): nothing here can end them.
+    """
 
 
 def knowers(using: str, job_name: str, queue: str, *, exclude: str) -> int:
@@ -32,4 +50,16 @@ def knowers(using: str, job_name: str, queue: str, *, exclude: str) -> int:
             return 0
         return TaskRegistration.objects.using(using).filter(
             task_name=job_name, worker_id__in=serving).count()
+
+
+def held(using: str, worker_id: str, queues: list[str] | None) -> Held:
+    """The processing jobs of ``queues`` (None: every queue) not claimed by ``worker_id``."""
+    rows = Job.objects.using(using).filter(status=JobStatus.PROCESSING).exclude(
+        claim_owner=worker_id)
+    if queues is not None:
+        rows = rows.filter(queue__in=queues)
+    with guarded(using, atomic=False):
+        counts = rows.aggregate(
+            jobs=Count("id"), leased=Count("id", filter=Q(lease_expires_at__isnull=False)))
+    return Held(jobs=counts["jobs"], leased=counts["leased"])
 

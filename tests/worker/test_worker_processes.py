@@ -234,6 +234,28 @@ def test_old_workers_defer_a_new_handlers_job_and_a_new_worker_runs_it(workers, 
     assert (row.status, row.result, row.attempts, row.claim_generation) == ("done", "HI", 1, 3)
 
 
+def test_a_burst_worker_waits_for_a_killed_workers_lease_and_runs_its_job(workers, run_log):
+    # A lease long enough to outlast the start of the next process, which must find it held.
+    fast = {"LEASE_SECONDS": 8, "HEARTBEAT_SECONDS": 0.2, "POLL_INTERVAL": 0.2}
+    job_id = enqueue("tests.worker.sleep", {"seconds": 60, "first_attempt_only": True})
+    doomed = workers.start(**fast)
+    run_log.wait_for("start", job_id, timeout=30)
+    doomed.signal(signal.SIGKILL)
+    assert doomed.wait(10) == -signal.SIGKILL
+    assert not lease_lapsed(job_id)  # the dead worker's lease still holds the job
+    plain = workers.start("--burst", **fast)
+    assert plain.wait(30) == 0
+    assert plain.log().rstrip().endswith(
+        "other workers still hold 1 job(s) of its queues (1 under a lease)")
+    assert Job.objects.get(id=job_id).status == "processing"
+    waiting = workers.start("--burst", "--wait-for-leases", **fast)
+    assert waiting.wait(60) == 0, waiting.log()[-2000:]
+    row = Job.objects.get(id=job_id)
+    assert (row.status, row.attempts, row.result["pid"]) == ("done", 2, waiting.pid)
+    assert waiting.log().rstrip().endswith(
+        "stopped after 1 jobs; other workers still hold 0 job(s) of its queues (0 under a lease)")
+
+
 # Crashes and signals -----------------------------------------------------------
 
 

@@ -59,7 +59,12 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=1,
                             help="Jobs run at once, in threads (default: 1).")
         parser.add_argument("--burst", action="store_true",
-                            help="Exit once no job is eligible and none is running.")
+                            help="Exit once no job is eligible and none is running; the "
+                                 "last log line says how many jobs other workers still hold.")
+        parser.add_argument("--wait-for-leases", action="store_true",
+                            help="With --burst: do not exit while other workers' leases hold "
+                                 "jobs of these queues (a dead worker's jobs come back when "
+                                 "its leases lapse, and are run).")
         parser.add_argument("--max-jobs", type=int, help="Exit after claiming this many jobs.")
         parser.add_argument("--worker-id", help="This worker's id (default: a new UUID).")
         parser.add_argument("--with-scheduler", action="store_true",
@@ -74,6 +79,8 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1")
         if options["max_jobs"] is not None and options["max_jobs"] < 1:
             raise CommandError("--max-jobs must be at least 1")
+        if options["wait_for_leases"] and not options["burst"]:
+            raise CommandError("--wait-for-leases needs --burst")
         if options["worker_id"] is not None:
             try:
                 uuid.UUID(options["worker_id"])
@@ -86,6 +93,7 @@ class Command(BaseCommand):
             concurrency=options["concurrency"], burst=options["burst"],
             max_jobs=options["max_jobs"], worker_id=options["worker_id"],
             with_scheduler=options["with_scheduler"], grace_seconds=options["grace"],
+            wait_for_leases=options["wait_for_leases"],
         )
         signals = {"count": 0}
 
