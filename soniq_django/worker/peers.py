@@ -1,8 +1,10 @@
 """What the other workers know and hold, read from their rows: two questions, reads only.
 
 - ``knowers``: how many live workers registered a handler for a job name
-  and serve its queue (soniq_workers + soniq_task_registry, Soniq's own
-  workers included) -- the unknown-job rule of unknown.py asks it;
+  and serve its queue (soniq_workers joined to soniq_task_registry by
+  worker id) -- the unknown-job rule of unknown.py asks it. Soniq's own
+  workers register under an id of their own making, not their row's
+  (docs/interop.md), so they never count;
 - ``held``: how many jobs of some queues other workers' claims hold -- a
   burst worker's last log line says it, and ``--wait-for-leases`` waits
   while any of them is leased.
