@@ -8,11 +8,15 @@ class SoniqConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.utils.module_loading import autodiscover_modules
+        from .registry import discover
 
         # Handlers live in each app's ``jobs`` module, as admin classes live
-        # in ``admin``: importing them fills the registry once per process.
-        autodiscover_modules("jobs")
+        # in ``admin``, and in the modules SONIQ["IMPORTS"] names: importing
+        # them fills the registry once per process. Every app's models are
+        # loaded by now, so those modules may import models. A module that
+        # fails to import is not raised here (every manage.py command would
+        # fail with it): soniq.E009 names it, and soniq_worker refuses to start.
+        discover()
         from . import checks  # noqa: F401  (registers the system checks)
 
         # Django Tasks (``django.tasks`` on Django 6, else the backport): let the

@@ -18,10 +18,11 @@ from django.db import connections, router
 from django.db.migrations.executor import MigrationExecutor
 
 from .conf import KEYS, Settings, get_settings
-from .registry import registered_handlers
+from .registry import configured_imports, import_modules, registered_handlers
 
 _POSITIVE = ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "POLL_INTERVAL")
-_NOT_NEGATIVE = ("RESULT_TTL", "RETRY_BASE_SECONDS", "RETRY_MAX_SECONDS")
+_NOT_NEGATIVE = ("RESULT_TTL", "RETRY_BASE_SECONDS", "RETRY_MAX_SECONDS",
+                 "UNKNOWN_JOB_GRACE_SECONDS")
 _INTEGERS = ("DEFAULT_PRIORITY", "DEFAULT_MAX_ATTEMPTS")
 _DEFAULT = Settings()
 
@@ -66,7 +67,22 @@ def _value_errors(config: Settings) -> list[checks.CheckMessage]:
     if not isinstance(queue, str) or not queue or len(queue) > 255:
         errors.append(checks.Error("SONIQ['DEFAULT_QUEUE'] must be a queue name (1-255 characters).",
                                    id="soniq.E003"))
+    imports = config.IMPORTS
+    if not isinstance(imports, (list, tuple)) or not all(
+            isinstance(name, str) and name for name in imports):
+        errors.append(checks.Error("SONIQ['IMPORTS'] must be a list of module names.",
+                                   hint='For example ["shop.tasks", "billing.handlers"].',
+                                   id="soniq.E003"))
     return errors
+
+
+def _import_errors() -> list[checks.CheckMessage]:
+    """soniq.E009 for each module of SONIQ['IMPORTS'] that cannot be imported."""
+    return [checks.Error(
+        f"SONIQ['IMPORTS'] names the module {name!r}, which cannot be imported ({error}).",
+        hint=f"Fix the module path or the module (python -c 'import {name}' shows why); "
+             "soniq_worker does not start until it imports.",
+        id="soniq.E009") for name, error in import_modules(configured_imports())]
 
 
 @checks.register()
@@ -82,6 +98,7 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
             f"Unknown SONIQ setting(s): {', '.join(unknown)}.",
             hint=f"Known settings: {', '.join(sorted(KEYS))}.", id="soniq.E002"))
     messages += _value_errors(config)
+    messages += _import_errors()
     pattern = config.TASK_NAME_PATTERN
     try:
         re.compile(pattern)

@@ -24,6 +24,11 @@ DEFAULT_TASK_NAME_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
 #: (soniq_fail's ``default_max_attempts``), and ``DEFAULT_MAX_ATTEMPTS``'s default.
 DEFAULT_MAX_ATTEMPTS = 4
 
+#: How long after it was enqueued a job whose name no worker knows is deferred
+#: before it is dead-lettered as job_not_found: longer than a rolling deploy
+#: takes (docs/deployment.md#rolling-deploys says why ten minutes).
+DEFAULT_UNKNOWN_JOB_GRACE_SECONDS = 600
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
@@ -42,6 +47,8 @@ class Settings:
     JOB_TIMEOUT_SECONDS: float | None = None
     REQUIRE_SQL_API: bool = False
     PREPARED_STATEMENTS: bool | None = None
+    IMPORTS: tuple | list = ()
+    UNKNOWN_JOB_GRACE_SECONDS: float = DEFAULT_UNKNOWN_JOB_GRACE_SECONDS
 
     configured: frozenset = frozenset()
     """Every key the project set, known or not (the checks name the unknown ones)."""

@@ -36,6 +36,8 @@ class JobStatus(models.TextChoices):
     heartbeat (fenced)        processing  processing   lease_expires_at
     complete (fenced)         processing  done         result, expires_at (+RESULT_TTL);
                                                        lease, pid cleared
+    defer (fenced): given     processing  queued       attempts-1 (not an attempt), last_error,
+    back, e.g. no handler                              scheduled_at (+delay); lease, pid cleared
     fail, retry, attempts     processing  queued       last_error, scheduled_at (+backoff);
     left (fenced)                                      lease, pid cleared
     ... a queued twin holds   processing  cancelled    last_error "superseded: ...",
@@ -363,7 +365,9 @@ class TaskRegistration(models.Model):
     Soniq's own table: one row per (job name, worker), refreshed when that
     worker starts. Nothing reads it to route a job; the reaper reads
     ``max_attempts`` to count lapsed claims of a job whose own
-    ``max_attempts`` is NULL (sql/claim_protocol_v3.sql). soniq_django's
+    ``max_attempts`` is NULL (sql/claim_protocol_v3.sql), and a worker with
+    no handler for a job's name defers the job while a live worker serving
+    its queue registered the name (worker/unknown.py). soniq_django's
     workers also fill ``queue``, ``max_attempts`` and ``unique_job``, which
     stay NULL in rows that Soniq's workers write.
     """

@@ -9,10 +9,15 @@ options (``.configure``).
 ``JobHandler`` is generic in the function's parameters (a ``ParamSpec``):
 a type checker checks the arguments of ``.enqueue``/``.aenqueue`` against
 the function's signature, and calling the handler keeps its return type.
+
+Handlers are found by importing the modules that define them: every
+installed app's ``jobs`` module and each module ``SONIQ["IMPORTS"]`` names
+(``discover``, run by ``SoniqConfig.ready()`` and again by ``soniq_worker``).
 """
 
 import dataclasses
 import functools
+import importlib
 import inspect
 import uuid
 import warnings
@@ -57,6 +62,40 @@ def register_resolver(resolver: Callable[[str], Any]) -> None:
     """
     if resolver not in _resolvers:
         _resolvers.append(resolver)
+
+
+def discover() -> list[tuple[str, str]]:
+    """Import every installed app's ``jobs`` module, then each module of ``SONIQ["IMPORTS"]``.
+
+    Returns ``(module, exception class name)`` for each ``IMPORTS`` module
+    that could not be imported, and raises nothing for them: the system
+    check soniq.E009 names them and ``soniq_worker`` refuses to start. (A
+    broken ``jobs`` module raises, as Django's admin autodiscovery does.)
+    Importing again is cheap: a module already imported is not run twice.
+    """
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("jobs")
+    return import_modules(configured_imports())
+
+
+def configured_imports() -> list[str]:
+    """The module names ``SONIQ["IMPORTS"]`` lists (none when it is not a list of strings)."""
+    names = get_settings().IMPORTS
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        return []  # soniq.E003 reports the setting
+    return list(names)
+
+
+def import_modules(names: list[str]) -> list[tuple[str, str]]:
+    """Import each module of ``names``; ``(module, exception class name)`` for each that failed."""
+    failed = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # reported by name; the traceback is one import away
+            failed.append((name, type(error).__name__))
+    return failed
 
 
 def registered_handlers() -> dict[str, "JobHandler"]:

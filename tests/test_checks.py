@@ -33,7 +33,9 @@ def test_unknown_keys_are_named_with_the_known_ones_as_hint():
     [{"LEASE_SECONDS": 0}, {"LEASE_SECONDS": "30"}, {"HEARTBEAT_SECONDS": True},
      {"RESULT_TTL": -1}, {"DEFAULT_PRIORITY": 1.5}, {"DEFAULT_MAX_ATTEMPTS": 0},
      {"JOB_TIMEOUT_SECONDS": 0}, {"DEFAULT_QUEUE": ""}, {"RETRY_MAX_SECONDS": None},
-     {"PREPARED_STATEMENTS": "yes"}, {"PREPARED_STATEMENTS": 1}],
+     {"PREPARED_STATEMENTS": "yes"}, {"PREPARED_STATEMENTS": 1}, {"IMPORTS": "shop.tasks"},
+     {"IMPORTS": ["shop.tasks", 3]}, {"IMPORTS": [""]}, {"IMPORTS": None},
+     {"UNKNOWN_JOB_GRACE_SECONDS": -1}, {"UNKNOWN_JOB_GRACE_SECONDS": "600"}],
 )
 def test_bad_values(config):
     with override_settings(SONIQ=config):
@@ -44,6 +46,16 @@ def test_bad_values(config):
 def test_prepared_statements_takes_none_or_a_bool(value):
     with override_settings(SONIQ={"PREPARED_STATEMENTS": value}):
         assert "soniq.E003" not in ids(check_settings())
+
+
+@override_settings(SONIQ={"IMPORTS": ["tests.testapp.tasks", "tests.no_such_module"],
+                          "UNKNOWN_JOB_GRACE_SECONDS": 0})
+def test_a_module_imports_names_that_cannot_be_imported():
+    [message] = [m for m in check_settings() if m.id == "soniq.E009"]
+    assert message.msg == ("SONIQ['IMPORTS'] names the module 'tests.no_such_module', which "
+                           "cannot be imported (ModuleNotFoundError).")
+    assert "python -c 'import tests.no_such_module'" in message.hint
+    assert "soniq.E003" not in ids(check_settings())
 
 
 @override_settings(SONIQ={"TASK_NAME_PATTERN": "([a-z"})

@@ -456,7 +456,7 @@ def test_other_languages_can_enqueue_a_task_with_the_documented_shape():
 
 
 @pytest.mark.django_db(transaction=True)
-@override_settings(SONIQ=FAST_RETRIES)
+@override_settings(SONIQ={**FAST_RETRIES, "UNKNOWN_JOB_GRACE_SECONDS": 0})  # no deferral
 def test_a_row_cannot_make_the_worker_call_what_is_not_a_soniq_task(tmp_path):
     marker = tmp_path / "ran"
     names = [

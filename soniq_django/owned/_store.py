@@ -1,7 +1,8 @@
 """Where owned operations touch the database: one class per backend.
 
 ``PostgresClaims`` calls the claim-protocol SQL functions
-(``sql/claim_protocol_v1.sql``), one round trip each. ``SqliteClaims`` does
+(``sql/claim_protocol_v1.sql`` and its later versions; ``sql/current.sql``
+shows them as they stand), one round trip each. ``SqliteClaims`` does
 the same inside one write transaction: it takes SQLite's write lock before
 reading, so the row cannot change between the check and the write, and it
 samples the time after the lock. Both raise ``SoniqError`` subclasses only
@@ -178,6 +179,9 @@ class PostgresClaims:
             "soniq_fail", f,
             [error, retry, delay, reason, dlq_record_id, default_max_attempts, base, cap],
         )
+
+    def defer(self, f: QueueClaimFence, error: str, delay: float, ttl: float) -> bool:
+        return self._boolean("soniq_defer", f, [error, delay, ttl])
 
     def set_pid(self, f: QueueClaimFence, pid: int) -> bool:
         return self._boolean("soniq_set_pid", f, [pid])
@@ -464,6 +468,17 @@ class SqliteClaims:
             self._move_to_dead_letter(
                 row.id, error, "max_retries_exceeded" if retry else reason, dlq_record_id, now
             )
+            return True
+
+    def defer(self, f: QueueClaimFence, error: str, delay: float, ttl: float) -> bool:
+        """Give the claim back without counting its attempt: the twin of soniq_defer (v4)."""
+        with self._locked() as now:
+            row = self._owned_row(f, now)
+            if row is None or row.cancel_requested:
+                return False
+            # The row is this claim's (checked after the write lock) until we commit.
+            self._jobs().filter(id=row.id).update(attempts=max(row.attempts - 1, 0))
+            self._requeue(row, error, now + dt.timedelta(seconds=delay), now, ttl)
             return True
 
     def set_pid(self, f: QueueClaimFence, pid: int) -> bool:

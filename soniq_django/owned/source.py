@@ -335,6 +335,28 @@ class OwnedJobSource:
                         default_max_attempts)
         return await sync_to_async(self._fail)(*args)
 
+    def defer_owned(self, fence: QueueClaimFence, error: str, *, delay: float = 0) -> bool:
+        """Give the exact live claim back: queued again in ``delay`` seconds, no attempt spent.
+
+        For a worker that claimed a job it cannot run now -- one whose name
+        it has no handler for, say, while another release does. ``error``
+        becomes ``last_error``; the claim's attempt is taken back, the
+        generation stays raised (this fence owns nothing afterwards). When a
+        queued twin holds the job's unique or dedup key the job is finished
+        as superseded, as a retry would be. Returns False when the fence no
+        longer owns the job or a cancel is requested (acknowledge it
+        instead). Raises ConfigValidationError for a non-string error or a
+        delay outside 0 s to a year.
+        """
+        return self._defer(*_deferral(fence, error, delay))
+
+    def _defer(self, fence: QueueClaimFence, error: str, delay: float) -> bool:
+        return self._claims.defer(fence, error, delay, _result_ttl())
+
+    async def adefer_owned(self, fence: QueueClaimFence, error: str, *, delay: float = 0
+                           ) -> bool:
+        return await sync_to_async(self._defer)(*_deferral(fence, error, delay))
+
     def set_pid_owned(self, fence: QueueClaimFence, pid: int) -> bool:
         """Record the process id running the exact live claim."""
         return self._set_pid(checked_fence(fence), positive_int(pid, "pid", INT32_MAX))
@@ -450,3 +472,12 @@ def _failure(fence, error, retry, dlq_record_id, reason, delay, default_max):
     positive_int(default_max, "default_max_attempts", INT32_MAX)
     # PostgreSQL text cannot hold NUL; a traceback may.
     return fence, error.replace("\x00", "\\x00"), retry, dlq_record_id, str(reason), delay, default_max
+
+
+def _deferral(fence, error, delay) -> tuple:
+    fence = checked_fence(fence)
+    if type(error) is not str:
+        raise ConfigValidationError("error must be a string")
+    if type(delay) not in (int, float) or not 0 <= delay <= 31536000:
+        raise ConfigValidationError("delay must be a number of seconds from 0 to a year")
+    return fence, error.replace("\x00", "\\x00"), float(delay)

@@ -1340,3 +1340,48 @@ BEGIN
     RETURN 'superseded';
 END
 $fn$;
+
+-- soniq_defer (from claim_protocol_v4.sql) --
+CREATE FUNCTION {schema}.soniq_defer(
+    job_id text, worker_id text, generation bigint, claim_token text, queue text,
+    error text,
+    delay_seconds double precision DEFAULT 0,
+    result_ttl_seconds double precision DEFAULT 300
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz;
+    v_cancel boolean;
+BEGIN
+    IF soniq_defer.error IS NULL THEN
+        RAISE EXCEPTION 'invalid deferral' USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    PERFORM {schema}.soniq_check_seconds_v1(delay_seconds, 'delay_seconds', true);
+    PERFORM {schema}.soniq_check_seconds_v1(result_ttl_seconds, 'result_ttl_seconds', true);
+    -- Locks the row, then reads the clock: the whole fence is compared after the lock.
+    v_now := {schema}.soniq_lock_fence_v1(
+        soniq_defer.job_id, soniq_defer.worker_id, soniq_defer.generation,
+        soniq_defer.claim_token, soniq_defer.queue);
+    IF v_now IS NULL THEN
+        RETURN false;
+    END IF;
+    SELECT j.cancel_requested INTO v_cancel
+      FROM {schema}.soniq_jobs AS j WHERE j.id = soniq_defer.job_id::uuid;
+    IF v_cancel THEN  -- the worker must acknowledge the cancel instead
+        RETURN false;
+    END IF;
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+    UPDATE {schema}.soniq_jobs AS j
+       SET attempts = GREATEST(j.attempts - 1, 0)
+     WHERE j.id = soniq_defer.job_id::uuid;
+    PERFORM {schema}.soniq_requeue_v1(
+        soniq_defer.job_id::uuid, soniq_defer.error,
+        v_now + pg_catalog.make_interval(secs => soniq_defer.delay_seconds),
+        v_now, soniq_defer.result_ttl_seconds);
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+    RETURN true;
+END
+$fn$;

@@ -27,16 +27,22 @@ class OutcomeKind(enum.Enum):
     """Retrying cannot help: ``fail_owned(retry=False)`` with a dead-letter reason."""
     CANCELLED = "cancelled"
     """It stopped after a cancel request: ``acknowledge_cancel_owned``."""
+    UNKNOWN = "unknown"
+    """No handler here for the job's name: unknown.py turns it into DEFERRED or DEAD."""
+    DEFERRED = "deferred"
+    """Left for a worker that knows the name: ``defer_owned``, no attempt spent."""
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How a job ended: its kind, with the result (DONE), error (RETRY, DEAD) or reason (DEAD)."""
+    """How a job ended: its kind, with its result, error, dead-letter reason or delay."""
 
     kind: OutcomeKind
     result: Any = None
     error: str | None = None
     reason: str | None = None
+    delay: float | None = None
+    """Seconds until a DEFERRED job is due again."""
     exception: BaseException | None = field(default=None, repr=False, compare=False)
     """What the handler raised, if it raised (``soniq_django.testing`` can re-raise it)."""
 
@@ -57,7 +63,8 @@ async def _run_async(handler: JobHandler, args: dict, context: JobContext, timeo
 def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> Outcome:
     """Run the job's handler with its stored keyword arguments; never raises.
 
-    Unknown job name → dead (``job_not_found``); args that do not bind →
+    Unknown job name → unknown (unknown.py decides: deferred, or dead as
+    ``job_not_found`` after the grace period); args that do not bind →
     dead (``invalid_arguments``); ``PermanentFailure`` → dead
     (``permanent_failure``); a cancel seen by the handler → cancelled; a
     non-JSON return value → dead (``permanent_failure``); any other
@@ -65,9 +72,8 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> 
     """
     handler = get_handler(claimed.job_name)
     if handler is None:
-        return Outcome(OutcomeKind.DEAD,
-                       error=f"no handler is registered for job {claimed.job_name!r}",
-                       reason=DeadLetterReason.JOB_NOT_FOUND)
+        return Outcome(OutcomeKind.UNKNOWN,
+                       error=f"no handler is registered for job {claimed.job_name!r}")
     try:
         handler.signature.bind(**claimed.args)
     except TypeError as error:

@@ -25,7 +25,7 @@ So every final write has one owner:
 
 - a completion: with one slot, the job thread (with the next claim, in one
   transaction); with more, the main thread (with the round's claims);
-- a failure, a dead letter, a cancel acknowledgement: the job thread;
+- a failure, a dead letter, a deferral, a cancel acknowledgement: the job thread;
 - the failure of a job past ``JOB_TIMEOUT_SECONDS``: the main thread;
 - a cancel honoured after it refused a write: the thread of that write.
 
@@ -42,9 +42,10 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import close_old_connections, connections
 
 from ..conf import get_settings
+from ..errors import SoniqError
 from ..owned import OwnedJobSource
 from ..throughput import ThroughputCounter
-from . import planner, registration
+from . import peers, planner, registration
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
 from .execution import execute
@@ -66,12 +67,18 @@ class Worker:
     that many workers started together do not claim together; None (the
     default) is up to ``MAX_STARTUP_JITTER`` or ``POLL_INTERVAL``,
     whichever is shorter, and none in burst mode.
+
+    ``wait_for_leases`` (burst mode): do not exit while other workers'
+    leases hold jobs of this worker's queues -- a dead peer's jobs come
+    back when its leases lapse, and this worker runs them. A burst worker's
+    last log line says how many jobs other workers still hold.
     """
 
     def __init__(self, *, using: str = "default", queues: list[str] | None = None,
                  concurrency: int = 1, burst: bool = False, max_jobs: int | None = None,
                  worker_id: str | None = None, with_scheduler: bool = False,
-                 grace_seconds: float = 30.0, startup_jitter: float | None = None):
+                 grace_seconds: float = 30.0, startup_jitter: float | None = None,
+                 wait_for_leases: bool = False):
         self.using = using
         self.queues = queues
         self.concurrency = concurrency
@@ -80,6 +87,7 @@ class Worker:
         self.with_scheduler = with_scheduler
         self.grace_seconds = grace_seconds
         self.startup_jitter = startup_jitter
+        self.wait_for_leases = wait_for_leases
         self.stopping = threading.Event()  # no more claims; finish in-flight jobs
         self.aborted = threading.Event()  # give up on in-flight jobs too
         self.wake = threading.Event()
@@ -102,6 +110,7 @@ class Worker:
         self._unknown_streak = 0
         self._backoff_due = False
         self._drain_deadline: float | None = None
+        self._held_elsewhere: int | None = 0  # leased jobs of our queues others hold
 
     @property
     def claimed_count(self) -> int:
@@ -144,8 +153,10 @@ class Worker:
                 registration.unregister(self.using, self.worker_id)
             except Exception:
                 logger.warning("could not mark worker %s stopped", self.worker_id)
+            last_word = self._held_note() if self.burst else ""
             close_old_connections()
-        logger.info("worker %s stopped after %d jobs", self.worker_id, self.claimed_count)
+        logger.info("worker %s stopped after %d jobs%s", self.worker_id, self.claimed_count,
+                    last_word)
         return 1 if self.aborted.is_set() else 0
 
     def _loop(self, pool: ThreadPoolExecutor) -> None:
@@ -174,7 +185,8 @@ class Worker:
             idle=not pending and not len(self.flights), claims_left=self.budget.left,
             max_jobs_reached=self.budget.reached, found_nothing=self._found_nothing,
             unknown_streak=self._unknown_streak, backoff_due=self._backoff_due,
-            burst=self.burst, drain_deadline=self._drain_deadline,
+            burst=self.burst, wait_for_leases=self.wait_for_leases,
+            held_elsewhere=self._held_elsewhere, drain_deadline=self._drain_deadline,
             poll_interval=float(get_settings().POLL_INTERVAL), grace_seconds=self.grace_seconds)
 
     def _claim(self, n: int, pool: ThreadPoolExecutor) -> None:
@@ -190,6 +202,24 @@ class Worker:
             pool.submit(self._run_jobs, self.flights.track(job))
         if answer.found_nothing:
             self._found_nothing = True  # the queue is empty: wait for news
+            if self.burst and self.wait_for_leases:
+                held = self._held()
+                self._held_elsewhere = None if held is None else held.leased
+
+    def _held(self) -> "peers.Held | None":
+        """What other workers' claims hold of this worker's queues; None: unreadable now."""
+        try:
+            return peers.held(self.using, self.worker_id, self.queues)
+        except SoniqError:
+            return None
+
+    def _held_note(self) -> str:
+        """A burst worker's last words: the jobs of its queues other workers still hold."""
+        held = self._held()
+        if held is None:
+            return "; the jobs other workers hold could not be counted"
+        return (f"; other workers still hold {held.jobs} job(s) of its queues "
+                f"({held.leased} under a lease)")
 
     def _wait(self, step: planner.Wait) -> None:
         if not step.wake_early:  # a backoff: only an abort cuts it short

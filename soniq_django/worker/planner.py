@@ -12,6 +12,10 @@ from dataclasses import dataclass
 BUSY_WAIT = 0.5
 #: A burst worker looks at least this often (it exits as soon as nothing is left).
 BURST_WAIT = 0.2
+#: A burst worker waiting for other workers' leases (``wait_for_leases``) looks
+#: again this often at most: each look is a claim (whose reaper settles lapsed
+#: leases) and a count.
+LEASE_WAIT = 1.0
 
 
 class StopReason(enum.Enum):
@@ -22,7 +26,8 @@ class StopReason(enum.Enum):
     DRAINED = "drained"
     """Stopping (or ``max_jobs`` claimed), and every claimed job is settled."""
     NOTHING_LEFT = "nothing left"
-    """Burst mode: the last claim found nothing and no job is running."""
+    """Burst mode: the last claim found nothing and no job is running (with
+    ``wait_for_leases``: and no other worker's lease holds a job of its queues)."""
     GRACE_OVER = "grace period over"
     """Stopping, but jobs still run after the grace period: the loop aborts them."""
 
@@ -51,6 +56,10 @@ class Snapshot:
     backoff_due: bool = False
     """The last round's claim stayed unknown and the loop has not backed off since."""
     burst: bool = False
+    wait_for_leases: bool = False
+    """Burst mode: do not stop while other workers' leases hold jobs of these queues."""
+    held_elsewhere: int | None = 0
+    """Jobs of these queues under other workers' leases, as last counted (None: unknown)."""
     drain_deadline: float | None = None
     """When the grace period of a stop ends (set by the first drain wait)."""
     poll_interval: float = 1.0
@@ -114,6 +123,9 @@ def plan(s: Snapshot) -> Plan:
             return Stop(StopReason.GRACE_OVER)
         return Wait(BUSY_WAIT)
     if s.burst and s.found_nothing and s.idle:
+        if s.wait_for_leases and s.held_elsewhere != 0:
+            # A dead peer's jobs come back when its leases lapse: wait, then claim.
+            return Wait(min(s.poll_interval, LEASE_WAIT))
         return Stop(StopReason.NOTHING_LEFT)
     seconds = s.poll_interval if s.found_nothing else BUSY_WAIT
     return Wait(min(seconds, BURST_WAIT) if s.burst else seconds)

@@ -27,6 +27,7 @@ from ..owned._store import guarded
 from ..owned.types import ClaimedJob
 from ..registry import get_handler
 from ..throughput import ThroughputCounter
+from . import unknown
 from .capacity import Budget
 from .execution import Outcome, OutcomeKind
 from .flight import InFlight
@@ -38,7 +39,8 @@ class Recorded(NamedTuple):
     """How a written outcome is logged, and counted in ``soniq_throughput``."""
 
     verb: str
-    counted_as: str
+    counted_as: str | None
+    """A column of soniq_throughput; None: not an outcome the dashboard counts."""
 
 
 #: Each kind of outcome, once its final write is applied.
@@ -47,6 +49,8 @@ RECORDED = {
     OutcomeKind.RETRY: Recorded("failed, will retry", "failed"),
     OutcomeKind.DEAD: Recorded("dead-lettered", "dead_lettered"),
     OutcomeKind.CANCELLED: Recorded("cancelled", "cancelled"),
+    OutcomeKind.DEFERRED: Recorded("deferred (no handler here; no attempt spent)", None),
+    OutcomeKind.UNKNOWN: Recorded("deferred or dead-lettered (no handler here)", None),
 }
 _EXHAUSTED = Recorded("failed with no attempts left, dead-lettered", "dead_lettered")
 
@@ -202,6 +206,8 @@ class Writes:
                            claimed.job_id, RECORDED[outcome.kind].verb)
             return
         fence = claimed.claim_fence
+        if outcome.kind is OutcomeKind.UNKNOWN:  # deferred or dead: unknown.py's rule
+            outcome = unknown.resolve(self.using, self.worker_id, claimed, outcome.error)
         if outcome.kind is OutcomeKind.DONE:
             write = lambda: self.source.complete_owned(fence, outcome.result)  # noqa: E731
         elif outcome.kind is OutcomeKind.RETRY:
@@ -211,6 +217,9 @@ class Writes:
         elif outcome.kind is OutcomeKind.DEAD:
             write = lambda: self.source.fail_owned(  # noqa: E731
                 fence, outcome.error, retry=False, dead_letter_reason=outcome.reason)
+        elif outcome.kind is OutcomeKind.DEFERRED:
+            write = lambda: self.source.defer_owned(  # noqa: E731
+                fence, outcome.error, delay=outcome.delay)
         else:
             write = lambda: self.source.acknowledge_cancel_owned(fence)  # noqa: E731
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
@@ -234,7 +243,8 @@ class Writes:
             if outcome.kind is OutcomeKind.RETRY and claimed.attempts >= (
                     claimed.max_attempts or _default_max_attempts(claimed.job_name)):
                 recorded = _EXHAUSTED
-            self.throughput.add(claimed.queue, recorded.counted_as)
+            if recorded.counted_as is not None:
+                self.throughput.add(claimed.queue, recorded.counted_as)
             logger.info("%s %s %s after %.3fs (attempt %s)", claimed.job_name, claimed.job_id,
                         recorded.verb, elapsed, claimed.attempts)
             return

@@ -15,7 +15,7 @@ exact replays of earlier submissions, forced replacements, submissions
 naming a dead-letter-only job id; claims by several workers
 (``claim_next_owned``, ``claim_many_owned``, fresh nonces); ``complete``,
 ``fail`` (``retry`` True and False, ``retry_delay=0`` so a retried job is due
-again), ``heartbeat``, ``set_pid``, ``acknowledge_cancel`` and
+again), ``defer`` (``delay=0``), ``heartbeat``, ``set_pid``, ``acknowledge_cancel`` and
 ``recover_owned_claim`` with live and stale fences;
 lease lapses (the row's ``lease_expires_at`` is moved into the past with
 ``tests.owned_helpers.rewrite``; the next claim reaps it); ``request_cancel``
@@ -42,6 +42,9 @@ Checked on every step:
 - every row is terminal (done, cancelled, dead-lettered) or can run again
   (queued and due, or processing with a lease that will lapse and be
   reaped);
+- a deferral (``defer_owned``) gives back the attempt its claim counted: the
+  job is queued again with the attempts it had before that claim (or, like a
+  retry, superseded by a queued twin);
 - a retry (``fail_owned(retry=True)`` or a reaped lapse) of a unique/dedup job
   whose queued slot is taken by a queued twin finishes the failed row as
   ``cancelled`` with ``last_error`` starting "superseded" and naming the
@@ -593,6 +596,23 @@ class OwnedProtocol(RuleBasedStateMachine):
                     f"cancelled (superseded), found {row.status}")
         else:
             self.to_dead_letter(job, "max_retries_exceeded" if retry else "permanent_failure")
+
+    @precondition(lambda self: self.fences)
+    @rule(data=st.data())
+    def defer(self, data):
+        """A worker gives its claim back (no handler for the name here): no attempt spent."""
+        fence = self._draw_fence(data)
+        job = self._job_of(fence)
+        expected = self.is_live(fence) and not job.cancel_requested
+        twins = self.twins(job)
+        what = "defer_owned" + (
+            f" [while queued twin(s) {[self.jobs[t].name for t in twins]} hold the slot]"
+            if twins and expected else "")
+        call = lambda: self.source.defer_owned(fence, "not here", delay=0)  # noqa: E731
+        if not self._fence_call(what, fence, call, expected):
+            return
+        job.attempts = max(job.attempts - 1, 0)
+        self.requeue(job)
 
     @precondition(lambda self: self.fences)
     @rule(data=st.data())

@@ -202,6 +202,33 @@ def test_reversing_0011_restores_the_released_bodies_and_reapplying_gives_versio
     assert fetch("SELECT soniq_request_cancel(gen_random_uuid())") == [(False,)]
 
 
+def _soniq_functions() -> dict[str, str]:
+    return dict(fetch("SELECT p.proname, p.prosrc FROM pg_proc AS p WHERE p.pronamespace = "
+                      "current_schema()::regnamespace AND p.proname LIKE 'soniq%%'"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
+    v4 = _file_source("claim_protocol_v4.sql", "soniq_defer")
+    before = _soniq_functions()
+    assert before["soniq_defer"] == v4
+    try:
+        call_command("migrate", "soniq_django", "0011", verbosity=0)
+        after = _soniq_functions()
+        assert "soniq_defer" not in after
+        assert after == {name: body for name, body in before.items() if name != "soniq_defer"}
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before
+    fetch("SELECT soniq_enqueue('again.v4', max_attempts => 1)")
+    job_id, generation = fetch(
+        "SELECT job_id::text, generation FROM soniq_claim('w', 'nonce-4')")[0]
+    assert fetch("SELECT soniq_defer(%s, 'w', %s, 'nonce-4', 'default', 'not here')",
+                 [job_id, generation]) == [(True,)]
+    assert fetch("SELECT status, attempts FROM soniq_jobs WHERE id = %s", [job_id]) == [
+        ("queued", 0)]
+
+
 def test_current_sql_is_up_to_date():
     # Rewrite it with: python -m soniq_django.sql.current
     assert (SQL_DIR / "current.sql").read_text(encoding="utf-8") == current.render()

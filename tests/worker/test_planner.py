@@ -5,6 +5,7 @@ import pytest
 from soniq_django.worker.planner import (
     BURST_WAIT,
     BUSY_WAIT,
+    LEASE_WAIT,
     Claim,
     Snapshot,
     Stop,
@@ -50,6 +51,26 @@ TABLE = [
     ("burst: not yet looked", dict(burst=True, free_slots=1), Claim(1)),
     ("burst: a short poll interval is kept", dict(burst=True, idle=False, found_nothing=True,
                                                   poll_interval=0.05), Wait(0.05)),
+    # Burst mode waiting for other workers' leases (--wait-for-leases).
+    ("burst, waiting for leases: other workers' leases hold jobs",
+     dict(burst=True, free_slots=1, found_nothing=True, wait_for_leases=True, held_elsewhere=2),
+     Wait(LEASE_WAIT)),
+    ("burst, waiting for leases: none held", dict(burst=True, free_slots=1, found_nothing=True,
+                                                  wait_for_leases=True, held_elsewhere=0),
+     Stop(StopReason.NOTHING_LEFT)),
+    ("burst, waiting for leases: the count failed, so wait",
+     dict(burst=True, free_slots=1, found_nothing=True, wait_for_leases=True,
+          held_elsewhere=None), Wait(LEASE_WAIT)),
+    ("burst, waiting for leases, a short poll interval is kept",
+     dict(burst=True, free_slots=1, found_nothing=True, wait_for_leases=True, held_elsewhere=1,
+          poll_interval=0.05), Wait(0.05)),
+    ("burst, not waiting: others' leases do not keep it",
+     dict(burst=True, free_slots=1, found_nothing=True, held_elsewhere=3),
+     Stop(StopReason.NOTHING_LEFT)),
+    ("burst, waiting for leases, told to stop", dict(burst=True, stopping=True, free_slots=1,
+                                                    found_nothing=True, wait_for_leases=True,
+                                                    held_elsewhere=1),
+     Stop(StopReason.DRAINED)),
     # Stopping: no more claims; settle what runs, within the grace period.
     ("stopping, idle", dict(stopping=True, free_slots=1), Stop(StopReason.DRAINED)),
     ("stopping, completions pending: write them, claim nothing",
@@ -96,12 +117,13 @@ def test_a_plan_is_always_one_of_claim_wait_stop():
     import itertools
 
     flags = ["aborted", "stopping", "idle", "max_jobs_reached", "found_nothing", "backoff_due",
-             "burst"]
+             "burst", "wait_for_leases"]
     for values in itertools.product([False, True], repeat=len(flags)):
-        for pending, free, left, deadline in itertools.product(
-                (0, 2), (0, 3), (None, 0, 1), (None, NOW - 1, NOW + 1)):
+        for pending, free, left, deadline, held in itertools.product(
+                (0, 2), (0, 3), (None, 0, 1), (None, NOW - 1, NOW + 1), (0, 1, None)):
             facts = dict(zip(flags, values), pending=pending, free_slots=free,
-                         claims_left=left, drain_deadline=deadline, unknown_streak=1)
+                         claims_left=left, drain_deadline=deadline, unknown_streak=1,
+                         held_elsewhere=held)
             decided = plan(snap(**facts))
             assert isinstance(decided, Claim | Wait | Stop)
             if isinstance(decided, Claim):  # never past max_jobs, never more than the slots
@@ -111,3 +133,5 @@ def test_a_plan_is_always_one_of_claim_wait_stop():
             if isinstance(decided, Stop) and decided.reason is not StopReason.ABORTED:
                 assert not pending and not facts["backoff_due"]
                 assert facts["idle"] or decided.reason is StopReason.GRACE_OVER
+            if decided == Stop(StopReason.NOTHING_LEFT) and facts["wait_for_leases"]:
+                assert held == 0  # never while another worker's lease may hold a job

@@ -152,7 +152,9 @@ def test_permanent_failure_is_dead_lettered_at_once(run_log):
     assert "Traceback (most recent call last)" in letter.last_error
 
 
-def test_a_job_without_a_handler_is_dead_lettered_as_job_not_found(run_log):
+def test_a_job_without_a_handler_past_its_grace_is_dead_lettered_as_job_not_found(settings):
+    # Within UNKNOWN_JOB_GRACE_SECONDS it would be deferred (tests/worker/test_unknown_jobs.py).
+    soniq(settings, UNKNOWN_JOB_GRACE_SECONDS=0)
     job_id = enqueue("tests.worker.nobody_handles_this", {"x": 1})
     assert run_burst() == 0
     letter = dead(job_id)

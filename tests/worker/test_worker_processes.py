@@ -28,7 +28,8 @@ from soniq_django import bulk_enqueue, enqueue
 from soniq_django.producer.request import JobRequest
 from soniq_django.models import DeadLetterJob, Job, Worker as WorkerRow
 from soniq_django.owned import OwnedJobSource, QueueClaimFence
-from tests.support.workers import RunLog, wait_until
+from tests.support.owned import rewrite
+from tests.support.workers import RunLog, run_burst, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -210,6 +211,49 @@ def test_2000_jobs_across_4_worker_processes_each_end_done_exactly_once(workers,
     }
     print(f"\n2000 jobs / 4 workers x 2: {elapsed:.1f} s; jobs per worker: "
           f"{sorted(per_worker.values())}")
+
+
+# Rolling deploys ---------------------------------------------------------------
+
+
+def test_old_workers_defer_a_new_handlers_job_and_a_new_worker_runs_it(workers, run_log):
+    job_id = enqueue("tests.rolling.added", {"word": "hi"}, max_attempts=1)
+    # The previous release: this process has no handler for the name (it is not in
+    # any jobs.py); twice, as several old workers would.
+    for _ in range(2):
+        assert run_burst() == 0
+        row = Job.objects.get(id=job_id)
+        assert (row.status, row.attempts) == ("queued", 0)
+        assert row.scheduled_at > timezone.now()
+        rewrite(job_id, scheduled_at=timezone.now())  # due again now, not in a few seconds
+    assert not DeadLetterJob.objects.exists()
+    # The next release: SONIQ["IMPORTS"] names the module that holds the handler.
+    child = workers.start("--burst", IMPORTS=["tests.testapp.rolling"], POLL_INTERVAL=0.2)
+    assert child.wait(60) == 0, child.log()[-2000:]
+    row = Job.objects.get(id=job_id)
+    assert (row.status, row.result, row.attempts, row.claim_generation) == ("done", "HI", 1, 3)
+
+
+def test_a_burst_worker_waits_for_a_killed_workers_lease_and_runs_its_job(workers, run_log):
+    # A lease long enough to outlast the start of the next process, which must find it held.
+    fast = {"LEASE_SECONDS": 8, "HEARTBEAT_SECONDS": 0.2, "POLL_INTERVAL": 0.2}
+    job_id = enqueue("tests.worker.sleep", {"seconds": 60, "first_attempt_only": True})
+    doomed = workers.start(**fast)
+    run_log.wait_for("start", job_id, timeout=30)
+    doomed.signal(signal.SIGKILL)
+    assert doomed.wait(10) == -signal.SIGKILL
+    assert not lease_lapsed(job_id)  # the dead worker's lease still holds the job
+    plain = workers.start("--burst", **fast)
+    assert plain.wait(30) == 0
+    assert plain.log().rstrip().endswith(
+        "other workers still hold 1 job(s) of its queues (1 under a lease)")
+    assert Job.objects.get(id=job_id).status == "processing"
+    waiting = workers.start("--burst", "--wait-for-leases", **fast)
+    assert waiting.wait(60) == 0, waiting.log()[-2000:]
+    row = Job.objects.get(id=job_id)
+    assert (row.status, row.attempts, row.result["pid"]) == ("done", 2, waiting.pid)
+    assert waiting.log().rstrip().endswith(
+        "stopped after 1 jobs; other workers still hold 0 job(s) of its queues (0 under a lease)")
 
 
 # Crashes and signals -----------------------------------------------------------

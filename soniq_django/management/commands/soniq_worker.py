@@ -7,6 +7,7 @@ from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
 from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.registry import discover
 from soniq_django.worker import Worker
 
 
@@ -24,6 +25,18 @@ def _require_migrated(alias: str) -> None:
             f"soniq_django migrations are not all applied on database {alias!r} (pending: "
             f"{', '.join(pending)}). Run: python manage.py migrate soniq_django "
             f"--database {alias}")
+
+
+def _require_handlers() -> None:
+    """Refuse to start while a module of SONIQ["IMPORTS"] cannot be imported.
+
+    Its handlers' jobs would reach a worker that does not know them (they are
+    deferred, then dead-lettered as job_not_found); soniq.E009 says the same.
+    """
+    failed = discover()
+    if failed:
+        raise CommandError("SONIQ['IMPORTS'] names modules that cannot be imported: " + ", ".join(
+            f"{name} ({error})" for name, error in failed))
 
 
 def _queues(value: str | None) -> list[str] | None:
@@ -47,7 +60,12 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=1,
                             help="Jobs run at once, in threads (default: 1).")
         parser.add_argument("--burst", action="store_true",
-                            help="Exit once no job is eligible and none is running.")
+                            help="Exit once no job is eligible and none is running; the "
+                                 "last log line says how many jobs other workers still hold.")
+        parser.add_argument("--wait-for-leases", action="store_true",
+                            help="With --burst: do not exit while other workers' leases hold "
+                                 "jobs of these queues (a dead worker's jobs come back when "
+                                 "its leases lapse, and are run).")
         parser.add_argument("--max-jobs", type=int, help="Exit after claiming this many jobs.")
         parser.add_argument("--worker-id", help="This worker's id (default: a new UUID).")
         parser.add_argument("--with-scheduler", action="store_true",
@@ -61,6 +79,8 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1")
         if options["max_jobs"] is not None and options["max_jobs"] < 1:
             raise CommandError("--max-jobs must be at least 1")
+        if options["wait_for_leases"] and not options["burst"]:
+            raise CommandError("--wait-for-leases needs --burst")
         if options["worker_id"] is not None:
             try:
                 uuid.UUID(options["worker_id"])
@@ -68,11 +88,13 @@ class Command(BaseCommand):
                 raise CommandError("--worker-id must be a UUID") from None
         using = database_alias(options)  # the routers' write alias for jobs, by default
         _require_migrated(using)
+        _require_handlers()
         worker = Worker(
             using=using, queues=_queues(options["queues"]),
             concurrency=options["concurrency"], burst=options["burst"],
             max_jobs=options["max_jobs"], worker_id=options["worker_id"],
             with_scheduler=options["with_scheduler"], grace_seconds=options["grace"],
+            wait_for_leases=options["wait_for_leases"],
         )
         signals = {"count": 0}
 

@@ -1,0 +1,80 @@
+"""A job whose name this worker has no handler for: leave it for one that has, or dead-letter it.
+
+During a rolling deploy, workers of two releases serve the same queues: a
+job of a handler the new release added reaches old workers, and a job of a
+handler it removed reaches new ones. Neither may dead-letter the other's
+work on first contact. The rule (``decide``), in order:
+
+1. another live worker that serves the job's queue registered a handler
+   for the name in soniq_task_registry → defer: a worker that knows it is
+   there to take it;
+2. the job was enqueued less than ``UNKNOWN_JOB_GRACE_SECONDS`` ago
+   (``created_at``) → defer: a worker that knows it may still be starting;
+3. otherwise → dead letter, ``job_not_found`` (replay it once a handler
+   exists).
+
+A deferral (``defer_owned``) queues the job again ``DEFER_SECONDS`` later
+and takes back the attempt its claim counted, so old workers never spend a
+new handler's attempts. When the facts cannot be read (the database is
+unavailable) the job is deferred: any worker can undo a deferral, only a
+replay undoes a dead letter.
+"""
+
+import random
+
+from django.utils import timezone
+
+from ..conf import get_settings
+from ..errors import SoniqError
+from ..models import DeadLetterReason, Job
+from ..owned._store import guarded
+from ..owned.types import ClaimedJob
+from . import peers
+from .execution import Outcome, OutcomeKind
+
+#: Seconds a deferred job waits before any worker may claim it again (times
+#: a jitter from 0.5 to 1, so that the workers deferring it drift apart).
+DEFER_SECONDS = 5.0
+
+
+def decide(*, age: float | None, knowers: int, grace: float) -> bool:
+    """Whether to defer (True) or dead-letter (False) a job no handler here knows.
+
+    ``age``: seconds since the job was enqueued (None: unknown);
+    ``knowers``: other live workers that registered its name and serve its queue.
+    """
+    return knowers > 0 or age is None or age < grace
+
+
+def resolve(using: str, worker_id: str, claimed: ClaimedJob, error: str) -> Outcome:
+    """The outcome for ``claimed``, whose name has no handler here: DEFERRED or DEAD.
+
+    Reads the job's age and its peers; never raises.
+    """
+    grace = float(get_settings().UNKNOWN_JOB_GRACE_SECONDS)
+    try:
+        age = _age(using, claimed)
+        knowing = peers.knowers(using, claimed.job_name, claimed.queue, exclude=worker_id)
+    except SoniqError:
+        return _deferred(f"{error}; deferred (this worker could not read who knows it)")
+    if not decide(age=age, knowers=knowing, grace=grace):
+        return Outcome(OutcomeKind.DEAD, reason=DeadLetterReason.JOB_NOT_FOUND, error=(
+            f"{error}; no live worker registered it, and it was enqueued {age:.0f} s ago: "
+            f"longer than UNKNOWN_JOB_GRACE_SECONDS ({grace:g} s)"))
+    if knowing:
+        return _deferred(f"{error}; deferred for the {knowing} live worker(s) that registered it")
+    return _deferred(f"{error}; deferred for a worker that knows it, until "
+                     f"UNKNOWN_JOB_GRACE_SECONDS ({grace:g} s) after it was enqueued")
+
+
+def _deferred(error: str) -> Outcome:
+    return Outcome(OutcomeKind.DEFERRED, error=error,
+                   delay=DEFER_SECONDS * (0.5 + 0.5 * random.random()))
+
+
+def _age(using: str, claimed: ClaimedJob) -> float | None:
+    """Seconds since the job was enqueued, or None when its row is gone."""
+    with guarded(using, atomic=False):
+        created = Job.objects.using(using).filter(id=claimed.job_id).values_list(
+            "created_at", flat=True).first()
+    return None if created is None else (timezone.now() - created).total_seconds()
