@@ -7,18 +7,19 @@ predicts the answer of every call from the model and, after every step,
 compares the whole database with the model.
 
 Steps: ``enqueue`` with and without ``unique_job``/``dedup_key`` (tiny pools
-of names, args and keys so that twins collide), with ``max_attempts=None``,
-and with a job id that is already taken (also one that exists only in the
-dead letters); ``submit_owned`` of random requests (``active_key``,
-``force``, explicit job ids, changed content under a known submission id),
-exact replays of earlier submissions, forced replacements, submissions
-naming a dead-letter-only job id; claims by several workers
+of names, args and keys so that twins collide), with ``max_attempts=None``
+(half the time), and with a job id that is already taken; the twin of a
+running unique/dedup job, after which the running attempt fails with retry
+or lapses; ``submit_owned`` of random requests (``active_key``, ``force``,
+explicit job ids, changed content under a known submission id), exact
+replays of earlier submissions, forced replacements; claims by several workers
 (``claim_next_owned``, ``claim_many_owned``, fresh nonces); ``complete``,
 ``fail`` (``retry`` True and False, ``retry_delay=0`` so a retried job is due
 again), ``defer`` (``delay=0``), ``heartbeat``, ``set_pid``, ``acknowledge_cancel`` and
 ``recover_owned_claim`` with live and stale fences;
 lease lapses (the row's ``lease_expires_at`` is moved into the past with
-``tests.owned_helpers.rewrite``; the next claim reaps it); ``request_cancel``
+``tests.owned_helpers.rewrite``; the next claim reaps it), also over and
+over (a job that kills every worker running it); ``request_cancel``
 of known and unknown ids; dead-letter replay; handler registry rows
 (``soniq_task_registry.max_attempts``) that set a job's default attempts.
 
@@ -51,7 +52,8 @@ Checked on every step:
   twin (``fail_owned`` answers True);
 - ``enqueue(job_id=...)`` of an id that exists only in the dead letters
   raises ``DUPLICATE_JOB_ID``; ``submit_owned`` of it raises
-  ``QUEUE_SUBMISSION_CONFLICT``;
+  ``QUEUE_SUBMISSION_CONFLICT`` (tried for every job as it becomes only a
+  dead letter);
 - a lapsed claim of a job with ``max_attempts`` NULL counts against the job
   name's registry row (``soniq_task_registry.max_attempts``), else 4: at
   that many attempts the reaper dead-letters it as ``max_retries_exceeded``
@@ -135,7 +137,9 @@ DEDUP_KEYS = (None, "k1", "k2")
 SUBMISSION_IDS = ("s1", "s2", "s3")
 ACTIVE_KEYS = (None, "a1", "a2")
 WORKERS = ("w1", "w2", "w3")
-ENQUEUE_MAX_ATTEMPTS = (None, 1, 2, 4)
+# NULL (the handler's default, else 4) half the time: the limit the reaper must count lapses
+# against.
+ENQUEUE_MAX_ATTEMPTS = st.one_of(st.none(), st.sampled_from((1, 2, 4)))
 OWNED_MAX_ATTEMPTS = (1, 2, 4)  # submit_owned refuses None
 
 DEFAULT_MAX_ATTEMPTS = 4  # for max_attempts NULL without a registry row
@@ -365,7 +369,7 @@ class OwnedProtocol(RuleBasedStateMachine):
 
     @initialize(jobs=st.lists(
         st.tuples(st.sampled_from(NAMES), st.sampled_from(ARGS), st.booleans(),
-                  st.sampled_from(DEDUP_KEYS), st.sampled_from(ENQUEUE_MAX_ATTEMPTS)),
+                  st.sampled_from(DEDUP_KEYS), ENQUEUE_MAX_ATTEMPTS),
         min_size=1, max_size=4))
     def enqueue_some(self, jobs):
         """Start every example with a few jobs, so that its steps have work to do."""
@@ -374,7 +378,7 @@ class OwnedProtocol(RuleBasedStateMachine):
 
     @rule(job_name=st.sampled_from(NAMES), args=st.sampled_from(ARGS), unique=st.booleans(),
           dedup_key=st.sampled_from(DEDUP_KEYS),
-          max_attempts=st.sampled_from(ENQUEUE_MAX_ATTEMPTS))
+          max_attempts=ENQUEUE_MAX_ATTEMPTS)
     def enqueue_job(self, job_name, args, unique, dedup_key, max_attempts):
         probe = ModelJob(name="new", id=uuid.uuid4(), job_name=job_name, args=args,
                          max_attempts=max_attempts, unique=unique, dedup_key=dedup_key)
@@ -398,16 +402,21 @@ class OwnedProtocol(RuleBasedStateMachine):
                      f"enqueue(job_id=<id of {job.name}, in {where}>)",
                      lambda: enqueue("t.a", {}, job_id=job.id))
 
-    def _dead_only(self) -> list[ModelJob]:
-        return [j for j in self.jobs.values() if j.status is None]
+    def _running_with_key(self) -> list[ModelJob]:
+        return [j for j in self._processing() if j.unique or j.dedup_key is not None]
 
-    @precondition(lambda self: self._dead_only())
-    @rule(data=st.data())
-    def enqueue_dead_letter_job_id(self, data):
-        job = self._draw_job(data, self._dead_only())
-        expect_error(ErrorCode.DUPLICATE_JOB_ID,
-                     f"enqueue(job_id=<id of {job.name}, only in soniq_dead_letter_jobs>)",
-                     lambda: enqueue(job.job_name, job.args, job_id=job.id))
+    @precondition(lambda self: self._running_with_key())
+    @rule(data=st.data(), then=st.sampled_from(("retry", "lapse")))
+    def enqueue_twin(self, data, then):
+        """The same unique/dedup job is enqueued again while it runs, and then the running
+        attempt fails with retry or its lease lapses (the next claim reaps it): the queued
+        twin holds the slot that retry needs."""
+        job = self._draw_job(data, self._running_with_key())
+        self.enqueue_job(job.job_name, job.args, job.unique, job.dedup_key, job.max_attempts)
+        if then == "retry":
+            self._fail(job.fence, True)
+        else:
+            self._lapse(job)
 
     # Owned submissions ------------------------------------------------
 
@@ -500,13 +509,6 @@ class OwnedProtocol(RuleBasedStateMachine):
         request = JobRequest("t.b", {"replaces": holder.name}, active_key=holder.active_key)
         self._submit(request, f"replace-{next(self.counter)}", True)
 
-    @precondition(lambda self: self._dead_only())
-    @rule(data=st.data())
-    def submit_dead_letter_job_id(self, data):
-        job = self._draw_job(data, self._dead_only())
-        request = JobRequest(job.job_name, job.args, job_id=job.id)
-        self._submit(request, f"dead-{next(self.counter)}", False)
-
     # Claims -----------------------------------------------------------
 
     def _eligible(self) -> set:
@@ -574,7 +576,9 @@ class OwnedProtocol(RuleBasedStateMachine):
     @precondition(lambda self: self.fences)
     @rule(data=st.data(), retry=st.booleans())
     def fail(self, data, retry):
-        fence = self._draw_fence(data)
+        self._fail(self._draw_fence(data), retry)
+
+    def _fail(self, fence: QueueClaimFence, retry: bool) -> None:
         job = self._job_of(fence)
         expected = self.is_live(fence) and not job.cancel_requested
         twins = self.twins(job)
@@ -662,11 +666,26 @@ class OwnedProtocol(RuleBasedStateMachine):
     @rule(data=st.data())
     def lapse(self, data):
         """The worker stops heartbeating: its lease is now in the past."""
-        job = self._draw_job(data, self._processing())
+        self._lapse(self._draw_job(data, self._processing()))
+
+    def _lapse(self, job: ModelJob) -> None:
         self.lapses += 1
         # Distinct instants, so the reaper's order (oldest lease first) is the model's.
         rewrite(job.id, lease_expires_at=self.past + dt.timedelta(seconds=self.lapses))
         job.lapsed = self.lapses
+
+    @precondition(lambda self: self._processing())
+    @rule(data=st.data(), worker=st.sampled_from(WORKERS))
+    def poison(self, data, worker):
+        """A job that kills every worker running it: its lease lapses and a worker claims,
+        again and again while that claim takes the job back (its attempts run out, or
+        another job comes first, or it is superseded or cancelled)."""
+        job = self._draw_job(data, self._processing())
+        for _ in range(self.limit(job) + 1):
+            self._lapse(job)
+            self.claim_many(worker, 3)
+            if job.status != "processing" or job.lapsed is not None:
+                break
 
     # Administration ---------------------------------------------------
 
@@ -835,6 +854,14 @@ class OwnedProtocol(RuleBasedStateMachine):
             assert info is not None, (
                 f"get_job cannot find {job.describe()} (RESULT_TTL is a day)")
             assert info.status == expected, f"get_job of {job.describe()} says {info.status}"
+            if job.status is None:
+                # Its id is taken while only its dead letter holds it (a replay brings
+                # the job back under that id).
+                expect_error(ErrorCode.DUPLICATE_JOB_ID,
+                             f"enqueue(job_id=<id of {job.name}, only in soniq_dead_letter_jobs>)",
+                             lambda: enqueue(job.job_name, job.args, job_id=job.id))
+                self._submit(JobRequest(job.job_name, job.args, job_id=job.id),
+                             f"dead-{next(self.counter)}", False)
             live = 0
             for label, fence in self.fences.items():
                 if fence.job_id != str(job.id):
