@@ -223,11 +223,18 @@ class _Runner:
 
     def run(self, claimed) -> tuple[JobRun, BaseException | None]:
         """Run one claimed job and write its outcome; return the run and what to raise, if any."""
-        from .worker.execution import OutcomeKind, execute
+        from .models import DeadLetterReason
+        from .worker.execution import Outcome, OutcomeKind, execute
 
         flight = self.flights.track(claimed)
         try:
             outcome = self._execute(execute, flight)
+            if outcome.kind is OutcomeKind.UNKNOWN:
+                # A worker defers a name it does not know (another release may
+                # know it); a test's process knows every handler it will ever
+                # have, so the job is dead-lettered at once, as job_not_found.
+                outcome = Outcome(OutcomeKind.DEAD, error=outcome.error,
+                                  reason=DeadLetterReason.JOB_NOT_FOUND)
             self.writes.write_outcome(flight, outcome)
         finally:
             self.flights.finish(flight)

@@ -109,6 +109,7 @@ from soniq_django.models import DeadLetterJob, Job, TaskRegistration
 from soniq_django.owned import OwnedJobSource, QueueClaimFence
 from soniq_django.producer import enqueue, get_job
 from soniq_django.replay import GENERATION_STRIDE, replay_dead_letters
+from soniq_django.worker.flight import Flights, InFlight
 from tests.support.owned import nonce, rewrite
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -227,6 +228,11 @@ class OwnedProtocol(RuleBasedStateMachine):
         self.registry: dict[str, int] = {}
         self.submitted: dict[str, tuple[JobRequest, uuid.UUID]] = {}
         self.fences: dict[str, QueueClaimFence] = {}  # every fence ever issued, by label
+        # Each worker's registry of the runs it has in flight, as the worker
+        # keeps it (worker/flight.py); a run stays open after its lease lapses
+        # (its handler runs on) until ``a_run_ends``.
+        self.flights = {worker: Flights() for worker in WORKERS}
+        self.runs: dict[str, InFlight] = {}  # open runs, by fence label
         self.fingerprints: dict[str, str] = {}  # submission id -> fingerprint first seen
         self.dead_identity: dict[uuid.UUID, tuple] = {}  # dead letter -> identity first seen
         self.checked: dict[uuid.UUID, tuple] = {}  # job -> model state last probed
@@ -335,6 +341,7 @@ class OwnedProtocol(RuleBasedStateMachine):
         job.status, job.attempts, job.generation = "processing", job.attempts + 1, fence.generation
         job.fence, job.lapsed, job.cancel_requested = fence, None, False
         self.fences[f"{job.name}.g{fence.generation}"] = fence
+        self.runs[f"{job.name}.g{fence.generation}"] = self.flights[worker].track(claimed)
 
     def _check_settled(self, settled, claimed_ids) -> None:
         """Where each job the reaper settled must be now (clear messages for the report).
@@ -750,6 +757,28 @@ class OwnedProtocol(RuleBasedStateMachine):
         self.registry[job_name] = max_attempts
 
     # Invariants -------------------------------------------------------
+
+    @precondition(lambda self: self.runs)
+    @rule(data=st.data())
+    def a_run_ends(self, data):
+        """A handler returns and its worker forgets the run -- that run only.
+
+        The same worker may meanwhile have claimed the job again (the first
+        run's lease lapsed while its handler ran on): the second run must
+        keep its flight, or it loses its heartbeats and the job runs a third time.
+        """
+        label = data.draw(st.sampled_from(sorted(self.runs)), label="run")
+        run = self.runs.pop(label)
+        self.flights[run.claimed.claim_fence.worker_id].finish(run)
+
+    @invariant()
+    def every_open_run_keeps_its_flight(self):
+        for label, run in self.runs.items():
+            held = self.flights[run.claimed.claim_fence.worker_id].all()
+            assert any(flight is run for flight in held), (
+                f"the run {label} lost its flight in worker "
+                f"{run.claimed.claim_fence.worker_id}'s registry (another claim of the same "
+                f"job replaced or removed it)")
 
     @invariant()
     def database_matches_the_model(self):
