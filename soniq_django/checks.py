@@ -13,6 +13,7 @@ from django.core import checks
 from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
+from . import pooling
 from .conf import KEYS, Settings, get_settings
 from .registry import registered_handlers
 
@@ -56,8 +57,8 @@ def _value_errors(config: Settings) -> list[checks.CheckMessage]:
     prepared = config.PREPARED_STATEMENTS
     if prepared is not None and type(prepared) is not bool:
         errors.append(checks.Error("SONIQ['PREPARED_STATEMENTS'] must be None, True or False.",
-                                   hint="None (the default) prepares them unless the database "
-                                        "sets DISABLE_SERVER_SIDE_CURSORS.", id="soniq.E003"))
+                                   hint="None (the default) prepares them only on a connection "
+                                        "straight to the server.", id="soniq.E003"))
     queue = config.DEFAULT_QUEUE
     if not isinstance(queue, str) or not queue or len(queue) > 255:
         errors.append(checks.Error("SONIQ['DEFAULT_QUEUE'] must be a queue name (1-255 characters).",
@@ -105,7 +106,7 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
                     id="soniq.E008"))
     for alias in settings.DATABASES:
         messages += _backend_messages(alias)
-    return messages
+    return messages + pooling.settings_messages(config)
 
 
 def _backend_messages(alias: str) -> list[checks.CheckMessage]:
@@ -129,6 +130,8 @@ def check_database(app_configs=None, databases=None, **kwargs) -> list[checks.Ch
     messages = []
     for alias in databases or []:
         connection = connections[alias]
+        if connection.vendor == "postgresql":
+            messages += pooling.database_messages(alias, get_settings())
         executor = MigrationExecutor(connection)
         targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "soniq_django"]
         if executor.migration_plan(targets):

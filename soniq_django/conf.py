@@ -42,6 +42,7 @@ class Settings:
     JOB_TIMEOUT_SECONDS: float | None = None
     REQUIRE_SQL_API: bool = False
     PREPARED_STATEMENTS: bool | None = None
+    LISTEN_DATABASE: str | None = None
 
     configured: frozenset = frozenset()
     """Every key the project set, known or not (the checks name the unknown ones)."""
