@@ -389,7 +389,7 @@ def test_a_prepared_call_that_meets_a_taken_statement_name_is_sent_again_unprepa
     # psycopg gives ours (42P05); here the same session holds it, for real.
     from soniq_django.producer import _pg
 
-    monkeypatch.setattr(_pg, "_warned", set())
+    monkeypatch.setattr(_pg, "_warned", set(), raising=False)
     connection.ensure_connection()
     taken = f"_pg3_{connection.connection._prepared._prepared_idx}"  # psycopg's next name
     with connection.cursor() as cursor:
