@@ -17,6 +17,7 @@ from django.core import checks
 from django.db import connections, router
 from django.db.migrations.executor import MigrationExecutor
 
+from . import pooling
 from .conf import KEYS, Settings, get_settings
 from .registry import configured_imports, import_modules, registered_handlers
 
@@ -61,8 +62,8 @@ def _value_errors(config: Settings) -> list[checks.CheckMessage]:
     prepared = config.PREPARED_STATEMENTS
     if prepared is not None and type(prepared) is not bool:
         errors.append(checks.Error("SONIQ['PREPARED_STATEMENTS'] must be None, True or False.",
-                                   hint="None (the default) prepares them unless the database "
-                                        "sets DISABLE_SERVER_SIDE_CURSORS.", id="soniq.E003"))
+                                   hint="None (the default) prepares them only on a connection "
+                                        "straight to the server.", id="soniq.E003"))
     queue = config.DEFAULT_QUEUE
     if not isinstance(queue, str) or not queue or len(queue) > 255:
         errors.append(checks.Error("SONIQ['DEFAULT_QUEUE'] must be a queue name (1-255 characters).",
@@ -127,7 +128,7 @@ def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     writes = soniq_aliases(reads=False)
     for alias in soniq_aliases(reads=True):
         messages += _backend_messages(alias, writes=alias in writes)
-    return messages + _router_messages()
+    return messages + _router_messages() + pooling.settings_messages(config)
 
 
 def soniq_aliases(*, reads: bool) -> list[str]:
@@ -190,6 +191,8 @@ def check_database(app_configs=None, databases=None, **kwargs) -> list[checks.Ch
             # nothing to apply and no SQL function to ask.
             continue
         connection = connections[alias]
+        if connection.vendor == "postgresql":
+            messages += pooling.database_messages(alias, get_settings())
         executor = MigrationExecutor(connection)
         targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "soniq_django"]
         if executor.migration_plan(targets):

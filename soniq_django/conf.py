@@ -49,6 +49,7 @@ class Settings:
     PREPARED_STATEMENTS: bool | None = None
     IMPORTS: tuple | list = ()
     UNKNOWN_JOB_GRACE_SECONDS: float = DEFAULT_UNKNOWN_JOB_GRACE_SECONDS
+    LISTEN_DATABASE: str | None = None
 
     configured: frozenset = frozenset()
     """Every key the project set, known or not (the checks name the unknown ones)."""

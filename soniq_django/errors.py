@@ -240,6 +240,9 @@ _UNAVAILABLE_CLASSES = frozenset({"08", "40", "53", "55", "57", "58"})
 #: SQLite's primary result codes of the same kind: BUSY and LOCKED ("database
 #: is locked"), NOMEM, INTERRUPT, IOERR, FULL, CANTOPEN, PROTOCOL.
 _SQLITE_UNAVAILABLE = frozenset({5, 6, 7, 9, 10, 13, 14, 15})
+#: A prepared statement missing (26000) or its name taken (42P05) on the server
+#: connection at hand: a transaction pooler in between, most often.
+_PREPARED_STATEMENT_STATES = frozenset({"26000", "42P05"})
 
 
 def _unavailable(error: BaseException) -> bool:
@@ -287,6 +290,8 @@ def translate(error: BaseException) -> SoniqError:
     - the database unavailable -> QUEUE_PERSISTENCE_FAILED: a SQLSTATE of
       class 08, 40, 53, 55, 57 or 58, SQLite's BUSY, LOCKED, IOERR, FULL…,
       or, without any code, Django's OperationalError or InterfaceError;
+    - a prepared statement missing or already there (26000, 42P05) ->
+      QUEUE_DATABASE_REFUSED naming the SQLSTATE, with a hint at poolers;
     - anything else (a constraint, a trigger, a missing function or table, a
       broken enclosing transaction) -> QUEUE_DATABASE_REFUSED naming the SQLSTATE.
     """
@@ -309,6 +314,11 @@ def translate(error: BaseException) -> SoniqError:
         return SoniqError(ErrorCode.QUEUE_CLAIM_CONFLICT, "nonce_reused")
     if _unavailable(error):
         return SoniqError(ErrorCode.QUEUE_PERSISTENCE_FAILED, "unavailable")
+    if state in _PREPARED_STATEMENT_STATES:
+        return SoniqError(ErrorCode.QUEUE_DATABASE_REFUSED, (
+            f"the database refused the operation (SQLSTATE {state}): a prepared statement is "
+            "missing or taken on this server connection, as behind a transaction pooler; see "
+            "docs/deployment.md"))
     if isinstance(error, TransactionManagementError):
         return SoniqError(ErrorCode.QUEUE_DATABASE_REFUSED,
                           "Django refused the query: the enclosing transaction is broken by an "

@@ -125,3 +125,36 @@ def test_unapplied_migrations_warn_without_stopping_migrate():
 
 def test_checks_are_registered():
     assert check_settings in checks.registry.registry.registered_checks
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (3, ["soniq.E003"]), ("nowhere", ["soniq.E010"]),
+    ("default", [] if connection.vendor == "postgresql" else ["soniq.E010"]), (None, []),
+])
+def test_listen_database_names_a_postgresql_database(value, expected):
+    with override_settings(SONIQ={"LISTEN_DATABASE": value}):
+        found = [i for i in ids(check_settings()) if i in ("soniq.E003", "soniq.E010")]
+    assert found == expected
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.parametrize(("soniq", "expected"), [
+    ({}, ["soniq.W010"]), ({"LISTEN_DATABASE": "default"}, ["soniq.W010"]),
+    ({"LISTEN_DATABASE": "server_binding"}, []),
+    ({"LISTEN_DATABASE": "server_binding", "PREPARED_STATEMENTS": True}, ["soniq.W011"]),
+    ({"PREPARED_STATEMENTS": False}, ["soniq.W010"]),
+])
+def test_a_database_set_up_for_a_transaction_pooler_gets_pooler_advice(
+        soniq, expected, monkeypatch):
+    # DISABLE_SERVER_SIDE_CURSORS is Django's setting for a transaction pooler.
+    monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
+    with override_settings(SONIQ=soniq):
+        assert [i for i in ids(check_settings()) if i.startswith("soniq.W01")] == expected
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db(databases=["default", "server_binding"])
+def test_the_database_check_finds_no_pooler_in_front_of_the_test_server():
+    # Through PgBouncer it does: tests/deploy/test_pooler_checks.py.
+    with override_settings(SONIQ={"PREPARED_STATEMENTS": True}):
+        assert check_database(databases=["default", "server_binding"]) == []

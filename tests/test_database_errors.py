@@ -196,6 +196,29 @@ def test_a_statement_timeout_is_unavailable():
     assert translate(error).code is ErrorCode.QUEUE_PERSISTENCE_FAILED
 
 
+@pytest.mark.postgresql_only
+@pytest.mark.django_db
+@pytest.mark.parametrize(("sql", "state"), [
+    ("EXECUTE soniq_never_prepared", "26000"),
+    ("PREPARE soniq_twice AS SELECT 1; PREPARE soniq_twice AS SELECT 2", "42P05"),
+], ids=["missing", "taken"])
+def test_a_missing_or_taken_prepared_statement_is_refused_with_a_hint_at_poolers(sql, state):
+    # What a transaction pooler does to prepared statements (docs/deployment.md).
+    try:
+        error = _failing(sql)
+    finally:  # a prepared statement outlives the transaction that failed
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT name FROM pg_prepared_statements WHERE name = 'soniq_twice'")
+            if cursor.fetchone():
+                cursor.execute("DEALLOCATE soniq_twice")
+    assert error.__cause__.sqlstate == state
+    translated = translate(error)
+    assert translated.code is ErrorCode.QUEUE_DATABASE_REFUSED
+    assert f"(SQLSTATE {state})" in translated.reason
+    assert "transaction pooler" in translated.reason and "docs/deployment.md" in translated.reason
+    _assert_clean(translated, "soniq_never_prepared", "soniq_twice")
+
+
 # --------------------------------------------------------------------------
 # Failures of the database itself, on enqueue, bulk_enqueue and get_job
 

@@ -9,18 +9,28 @@ too (``errors.translate``): the caller never sees a ``django.db`` error.
 
 The enqueue calls run on a server-binding psycopg cursor on Django's own
 connection (same transaction, same adapters), as a prepared statement when
-``SONIQ["PREPARED_STATEMENTS"]`` allows it: by default unless the database
-sets ``DISABLE_SERVER_SIDE_CURSORS`` (Django's sign of a transaction-pooling
-PgBouncer, which would lose them between transactions). Django leaves
-psycopg's ``prepare_threshold`` off for its own queries; only soniq's
-statement is prepared. Errors go through Django's error wrapper. While
-Django logs queries (``DEBUG``, ``CaptureQueriesContext``) or an execute
-wrapper is installed, the call goes through Django's cursor instead, so that
-they see it.
+``SONIQ["PREPARED_STATEMENTS"]`` allows it. ``None`` (the default) prepares
+only on a connection straight to the server: not when the database sets
+``DISABLE_SERVER_SIDE_CURSORS`` (Django's sign of a transaction pooler), nor
+when the connection turns out to go through a pooler (``pooled()``). Behind
+a transaction pooler a statement is parsed on one server connection and may
+be bound on another, or on one where another client's statement has the
+same name and runs instead. ``True`` prepares anyway (for a pooler that
+keeps prepared statements); a prepared call that fails because its
+statement is missing or taken is sent again unprepared, and that
+connection prepares nothing from then on (``_stop_preparing``).
+
+Django leaves psycopg's ``prepare_threshold`` off for its own queries; only
+soniq's statement is prepared. Errors go through Django's error wrapper.
+While Django logs queries (``DEBUG``, ``CaptureQueriesContext``) or an
+execute wrapper is installed, the call goes through Django's cursor
+instead, so that they see it.
 """
 
 import json
+import logging
 import uuid
+import weakref
 from contextlib import contextmanager, nullcontext
 
 import psycopg
@@ -28,7 +38,10 @@ from django.db import transaction
 
 from ..conf import get_settings
 from ..errors import translating
+from ..pooling import pooled
 from .request import PreparedJob
+
+logger = logging.getLogger("soniq_django.producer")
 
 # Positional, every parameter cast: one statement text and one parameter
 # type list whatever the values, so a prepared statement is reused.
@@ -41,6 +54,16 @@ _ENQUEUE_MANY = "SELECT soniq_enqueue_many(%s::jsonb)"
 
 # psycopg's default; any value works, prepare=True prepares at the first call.
 _PREPARE_THRESHOLD = 5
+
+#: A prepared call failed because the server connection at hand does not hold
+#: this client's statement: it is missing (26000), its name is taken (42P05),
+#: or another statement has the name and another number of parameters (08P01,
+#: "bind message supplies ..."). Each fails before anything runs.
+_NOT_OURS = frozenset({"26000", "42P05", "08P01"})
+
+# psycopg connections that prepare nothing more, and the aliases warned about.
+_unprepared: "weakref.WeakSet" = weakref.WeakSet()
+_warned: set[str] = set()
 
 GET_JOB = (
     "SELECT id, job_name, status, queue, attempts, max_attempts, result, last_error, "
@@ -65,15 +88,49 @@ def _translated(connection, alias: str):
 
 
 def prepares_statements(connection) -> bool:
-    """Whether soniq's enqueue statements are prepared on ``connection``."""
+    """Whether soniq's enqueue statements are prepared on ``connection`` (connected, psycopg).
+
+    Raises the driver's error if finding out whether a pooler is in between fails.
+    """
+    raw = connection.connection
+    if raw in _unprepared:
+        return False
     wanted = get_settings().PREPARED_STATEMENTS
     if wanted is None:
-        return not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+        return not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS") and not pooled(raw)
     return wanted
 
 
-def _fetchone(connection, sql: str, params: list) -> tuple:
-    """Run one statement on Django's connection and return its one row."""
+def _stop_preparing(connection, alias: str, sqlstate: str) -> None:
+    """Prepare nothing more on this connection, and have psycopg forget what it prepared.
+
+    Forgetting sends nothing to the server. psycopg would send DEALLOCATE ALL
+    at the next rollback while it remembers a statement, and behind a
+    transaction pooler that lands on whichever server connection the pooler
+    picks, dropping statements another client owns there. psycopg has no
+    public call to forget without deallocating: its cache is emptied directly.
+    """
+    raw = connection.connection
+    _unprepared.add(raw)
+    cache = getattr(raw, "_prepared", None)
+    for part in ("_names", "_counts", "_to_flush"):
+        getattr(cache, part, []).clear()
+    if alias not in _warned:
+        _warned.add(alias)
+        logger.warning(
+            "a prepared enqueue statement failed on database %r (SQLSTATE %s): sent again "
+            "unprepared; this connection prepares nothing more. Behind a pooler that does not "
+            "keep prepared statements set SONIQ['PREPARED_STATEMENTS'] to None or False "
+            "(docs/deployment.md).", alias, sqlstate)
+
+
+def _fetchone(connection, alias: str, sql: str, params: list) -> tuple | None:
+    """Run one statement on Django's connection and return its one row.
+
+    None when a prepared call failed on a statement that is not ours
+    (``_NOT_OURS``): nothing ran, the connection prepares nothing more, and
+    inside ``atomic()`` the savepoint ``_translated`` made is marked for rollback.
+    """
     if connection.queries_logged or connection.execute_wrappers:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -87,7 +144,8 @@ def _fetchone(connection, sql: str, params: list) -> tuple:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchone()
-    prepare = prepares_statements(connection)
+    with connection.wrap_database_errors:
+        prepare = prepares_statements(connection)
     # psycopg prepares nothing while prepare_threshold is None (Django's
     # default): lift it for this statement only. Django's own cursors bind
     # client-side and are never prepared, whatever the threshold.
@@ -96,11 +154,33 @@ def _fetchone(connection, sql: str, params: list) -> tuple:
         raw.prepare_threshold = _PREPARE_THRESHOLD
     try:
         with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
-            cursor.execute(sql, params, prepare=prepare)
+            try:
+                cursor.execute(sql, params, prepare=prepare)
+            except psycopg.Error as error:
+                if not (prepare and error.sqlstate in _NOT_OURS):
+                    raise
+                if connection.in_atomic_block:
+                    transaction.set_rollback(True, using=alias)
+                _stop_preparing(connection, alias, error.sqlstate)
+                return None
             return cursor.fetchone()
     finally:
         if lifted:
             raw.prepare_threshold = None
+
+
+def _call(connection, alias: str, sql: str, params: list) -> tuple:
+    """The one row of ``sql``; a prepared call that met a statement not ours is sent again.
+
+    The failed attempt ran nothing (``_NOT_OURS``) and its savepoint is rolled
+    back; the second attempt is unprepared. Raises ``SoniqError``.
+    """
+    with _translated(connection, alias):
+        row = _fetchone(connection, alias, sql, params)
+    if row is None:  # this connection now prepares nothing: the second call cannot be None
+        with _translated(connection, alias):
+            row = _fetchone(connection, alias, sql, params)
+    return row
 
 
 def enqueue(job: PreparedJob, connection, alias: str) -> uuid.UUID:
@@ -109,8 +189,7 @@ def enqueue(job: PreparedJob, connection, alias: str) -> uuid.UUID:
         job.job_name, _json(job.args), job.queue, job.priority, job.scheduled_at,
         job.max_attempts, job.unique_job, job.dedup_key, job.producer_id, job.job_id,
     ]
-    with _translated(connection, alias):
-        (job_id,) = _fetchone(connection, _ENQUEUE, params)
+    (job_id,) = _call(connection, alias, _ENQUEUE, params)
     return job_id
 
 
@@ -136,8 +215,7 @@ def enqueue_many(jobs: list[PreparedJob], connection, alias: str) -> list[uuid.U
         if not job.job_id_generated:
             row["job_id"] = str(job.job_id)
         append(row)
-    with _translated(connection, alias):
-        (ids,) = _fetchone(connection, _ENQUEUE_MANY, [_json(rows)])
+    (ids,) = _call(connection, alias, _ENQUEUE_MANY, [_json(rows)])
     return ids
 
 

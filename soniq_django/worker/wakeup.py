@@ -1,58 +1,190 @@
 """Wake an idle worker when a job arrives: LISTEN on PostgreSQL, polling elsewhere.
 
 ``soniq_enqueue`` and owned submissions send NOTIFY soniq_new_job with the
-queue name at commit. The listener has its own connection (a LISTEN needs a
-session, not a pooled transaction) and reconnects with backoff; the worker
-still polls every ``poll_interval`` seconds, so a lost notification only
-delays a job.
+queue name at commit. The listener has its own connection, to
+``SONIQ["LISTEN_DATABASE"]`` when set, else to the worker's database. A
+LISTEN needs a session of its own: through a transaction pooler
+(PgBouncer's ``pool_mode = transaction``) it lands on a server connection
+the pooler then hands to other clients, and no notification reaches the
+listener.
+
+So the listener tests itself each time it connects: it also LISTENs on a
+probe channel, sends a NOTIFY with a fresh token there over a new
+connection to the worker's database (the way an enqueue's NOTIFY comes) and
+waits up to ``PROBE_SECONDS`` for it.
+
+- Heard: it wakes the worker on each notification for its queues until the
+  connection is lost, then reconnects with backoff and tests itself again.
+- Not heard: it warns, naming ``LISTEN_DATABASE``; takes its LISTENs off
+  the server session that holds them, so that none stays behind on a
+  pooled server connection (``_unlisten``); closes its connection; and
+  from then on wakes the worker every ``FALLBACK_POLL_SECONDS`` (or
+  ``POLL_INTERVAL``, if shorter).
+
+The worker also polls every ``POLL_INTERVAL`` seconds, so a lost
+notification only delays a job.
 """
 
 import logging
 import threading
+import time
+import uuid
 
 from django.db import connections
 
+from ..conf import get_settings
+
 logger = logging.getLogger("soniq_django.worker")
+
+CHANNEL = "soniq_new_job"
+PROBE_CHANNEL = "soniq_listener_probe"
+#: How long the self-test waits for its own NOTIFY (it takes milliseconds when it works).
+PROBE_SECONDS = 2.0
+#: How often a listener that hears nothing wakes the worker instead.
+FALLBACK_POLL_SECONDS = 0.5
+# Attempts at reaching the server session that holds a LISTEN no one hears.
+_UNLISTEN_TRIES = 10
 
 
 class Listener(threading.Thread):
-    """Sets ``wake`` whenever a job is enqueued in one of ``queues`` (None: any)."""
+    """Sets ``wake`` whenever a job is enqueued in one of ``queues`` (None: any).
+
+    ``ready`` is set once the self-test passed; ``deaf`` once it failed (the
+    listener then wakes the worker every ``FALLBACK_POLL_SECONDS``).
+    """
 
     def __init__(self, using: str, queues: list[str] | None, wake: threading.Event,
                  stop: threading.Event):
         super().__init__(name="soniq-listener", daemon=True)
         self.using, self.queues, self.wake, self.stop = using, queues, wake, stop
+        self.listen_alias = get_settings().LISTEN_DATABASE or using
         self.ready = threading.Event()
-
-    def _connect(self):
-        wrapper = connections[self.using]
-        raw = wrapper.get_new_connection(wrapper.get_connection_params())
-        raw.autocommit = True
-        raw.execute("LISTEN soniq_new_job")
-        return raw
+        self.deaf = threading.Event()
 
     def run(self) -> None:
         delay = 0.1
         while not self.stop.is_set():
+            raw = None
             try:
-                raw = self._connect()
-            except Exception:  # the database is away; keep polling meanwhile
-                logger.warning("listener cannot connect; retrying in %.1f s", delay)
+                raw, session = self._connect()
+                heard = self._heard(raw)
+                if self.stop.is_set():
+                    return
+                if not heard:
+                    self._give_up(raw, session)
+                    _close(raw)
+                    raw = None
+                    self._poll()
+                    return
+                delay = 0.1
+                logger.info("listening for new jobs on database %r", self.listen_alias)
+                self.ready.set()
+                self.wake.set()  # jobs may have arrived while we were not listening
+                self._listen(raw)
+            except Exception:  # the database is away; the worker keeps polling meanwhile
+                logger.warning("listener %s; retrying in %.1f s",
+                               "cannot connect" if raw is None else "lost its connection", delay)
                 self.stop.wait(delay)
                 delay = min(delay * 2, 5.0)
-                continue
-            delay = 0.1
-            self.ready.set()
-            self.wake.set()  # jobs may have arrived while we were not listening
-            try:
-                while not self.stop.is_set():
-                    for note in raw.notifies(timeout=0.5):
-                        if self.queues is None or note.payload in self.queues:
-                            self.wake.set()
-            except Exception:
-                logger.warning("listener lost its connection; reconnecting")
             finally:
-                try:
-                    raw.close()
-                except Exception:
-                    pass
+                _close(raw)
+
+    # Connections ------------------------------------------------------
+
+    def _new_connection(self, alias: str):
+        wrapper = connections[alias]
+        raw = wrapper.get_new_connection(wrapper.get_connection_params())
+        raw.autocommit = True
+        return raw
+
+    def _connect(self):
+        """A connection LISTENing on both channels, and the server session that holds them."""
+        raw = self._new_connection(self.listen_alias)
+        try:
+            with raw.transaction():  # one transaction: one server session, even when pooled
+                raw.execute(f"LISTEN {CHANNEL}")
+                raw.execute(f"LISTEN {PROBE_CHANNEL}")
+                (session,) = raw.execute("SELECT pg_backend_pid()").fetchone()
+        except Exception:
+            _close(raw)
+            raise
+        return raw, session
+
+    # The self-test ----------------------------------------------------
+
+    def _heard(self, raw) -> bool:
+        """Whether a NOTIFY sent on the worker's database reaches ``raw`` within PROBE_SECONDS."""
+        token = uuid.uuid4().hex
+        sender = self._new_connection(self.using)
+        try:
+            sender.execute("SELECT pg_notify(%s, %s)", [PROBE_CHANNEL, token])
+        finally:
+            _close(sender)
+        heard = False
+        deadline = time.monotonic() + PROBE_SECONDS
+        while not heard and (left := deadline - time.monotonic()) > 0 and not self.stop.is_set():
+            for note in raw.notifies(timeout=left):
+                heard = note.channel == PROBE_CHANNEL and note.payload == token
+                if heard:
+                    break  # the generator holds the connection: leave it before the UNLISTEN
+                self._note(note)  # a job enqueued meanwhile
+        if heard:
+            raw.execute(f"UNLISTEN {PROBE_CHANNEL}")
+        return heard
+
+    def _give_up(self, raw, session: int) -> None:
+        interval = min(FALLBACK_POLL_SECONDS, float(get_settings().POLL_INTERVAL))
+        logger.warning(
+            "the listener on database %r does not hear NOTIFY (a transaction pooler in "
+            "between?): polling every %.1f s instead of listening. Set "
+            "SONIQ['LISTEN_DATABASE'] to a direct or session-mode connection to the worker's "
+            "database (docs/deployment.md).", self.listen_alias, interval)
+        try:
+            reached = self._unlisten(raw, session)
+        except Exception:  # the connection went: so did its session, unless pooled
+            reached = False
+        if not reached:
+            logger.info("the listener's LISTEN may stay on a pooled server connection until "
+                        "the pooler closes it")
+        self.deaf.set()
+
+    def _unlisten(self, raw, session: int) -> bool:
+        """Take both LISTENs off server session ``session``, if ``raw`` reaches it; whether it did.
+
+        Behind a transaction pooler each transaction may get another server
+        connection: try a few, and UNLISTEN only on the one that holds them.
+        """
+        for _ in range(_UNLISTEN_TRIES):
+            with raw.transaction():
+                (here,) = raw.execute("SELECT pg_backend_pid()").fetchone()
+                if here == session:
+                    raw.execute(f"UNLISTEN {CHANNEL}")
+                    raw.execute(f"UNLISTEN {PROBE_CHANNEL}")
+                    return True
+            self.stop.wait(0.02)
+        return False
+
+    # Waking the worker ------------------------------------------------
+
+    def _note(self, note) -> None:
+        if note.channel == CHANNEL and (self.queues is None or note.payload in self.queues):
+            self.wake.set()
+
+    def _listen(self, raw) -> None:
+        while not self.stop.is_set():
+            for note in raw.notifies(timeout=0.5):
+                self._note(note)
+
+    def _poll(self) -> None:
+        """Wake the worker every FALLBACK_POLL_SECONDS (POLL_INTERVAL if shorter) until stopped."""
+        interval = min(FALLBACK_POLL_SECONDS, float(get_settings().POLL_INTERVAL))
+        while not self.stop.wait(interval):
+            self.wake.set()
+
+
+def _close(raw) -> None:
+    if raw is not None:
+        try:
+            raw.close()
+        except Exception:
+            pass

@@ -3,10 +3,13 @@
 Before any work it records its execution in ``chaos_executions`` over its own
 autocommit connection (one per job thread, separate from Django's), retrying
 through database restarts: the record exists even if the job's completion is
-later lost. It records the generation of its claim twice: the context's
-``attempts`` (every claim raises attempts and generation by one, and chaos
-jobs start at 0, so the two are equal -- the checker verifies that on every
-row) and the row's ``claim_generation`` as read by job id at that moment.
+later lost. That connection goes to ``SONIQ_CHAOS_RECORD_URL`` when set (the
+run through PgBouncer records straight to the server: the instrument does
+not go through what it tests), else to the worker's database. It records
+the generation of its claim twice: the context's ``attempts`` (every claim
+raises attempts and generation by one, and chaos jobs start at 0, so the two
+are equal -- the checker verifies that on every row) and the row's
+``claim_generation`` as read by job id at that moment.
 
 Then it does its "work" -- touches Django's connection like a real handler
 (which fails while the database is down, and the failure is the attempt's)
@@ -50,8 +53,9 @@ def _execute(sql: str, params, deadline: float) -> bool:
         try:
             conn = getattr(_local, "conn", None)
             if conn is None or conn.closed:
-                conn = _local.conn = psycopg.connect(
-                    os.environ["SONIQ_WORKER_DATABASE_URL"], autocommit=True, connect_timeout=3)
+                url = (os.environ.get("SONIQ_CHAOS_RECORD_URL")
+                       or os.environ["SONIQ_WORKER_DATABASE_URL"])
+                conn = _local.conn = psycopg.connect(url, autocommit=True, connect_timeout=3)
             conn.execute(sql, params)
             return True
         except psycopg.Error:

@@ -1,5 +1,6 @@
 """enqueue, bulk_enqueue and get_job on the real database (both backends)."""
 
+import contextlib
 import datetime as dt
 import math
 import threading
@@ -369,6 +370,41 @@ def test_the_enqueue_statement_is_prepared_as_configured(
     assert len(found) == (1 if prepared else 0)  # Django's own queries never are
     assert connection.connection.prepare_threshold == user_threshold
     assert Job.objects.filter(job_name="a.prepared").count() == 3
+
+
+@pytest.fixture
+def fresh_connection():
+    """A new connection for the test (none of its statements prepared), closed at the end."""
+    connection.close()
+    yield
+    connection.close()
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("in_atomic", [False, True], ids=["autocommit", "atomic"])
+def test_a_prepared_call_that_meets_a_taken_statement_name_is_sent_again_unprepared(
+        in_atomic, fresh_connection, caplog, monkeypatch):
+    # Behind a transaction pooler another client's statement may hold the name
+    # psycopg gives ours (42P05); here the same session holds it, for real.
+    from soniq_django.producer import _pg
+
+    monkeypatch.setattr(_pg, "_warned", set(), raising=False)
+    connection.ensure_connection()
+    taken = f"_pg3_{connection.connection._prepared._prepared_idx}"  # psycopg's next name
+    with connection.cursor() as cursor:
+        cursor.execute(f"PREPARE {taken} AS SELECT 1")
+    with override_settings(SONIQ={"PREPARED_STATEMENTS": True}):
+        with transaction.atomic() if in_atomic else contextlib.nullcontext():
+            first = enqueue("a.taken", {"n": 1})
+            rest = bulk_enqueue([JobRequest("a.taken", {"n": 2})])
+            assert Job.objects.filter(job_name="a.taken").count() == 2  # the transaction is fine
+    assert set(Job.objects.filter(job_name="a.taken").values_list("id", flat=True)) == {
+        first, *rest}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, statement FROM pg_prepared_statements")
+        assert cursor.fetchall() == [(taken, f"PREPARE {taken} AS SELECT 1")]  # nothing more
+    assert "SONIQ['PREPARED_STATEMENTS']" in caplog.text and "42P05" in caplog.text
 
 
 def test_get_job_reads_a_queued_job():
