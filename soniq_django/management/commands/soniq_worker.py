@@ -7,6 +7,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from soniq_django.worker import Worker
+from soniq_django.worker.connection import wait_for_database
 
 
 def _require_migrated(alias: str) -> None:
@@ -66,6 +67,7 @@ class Command(BaseCommand):
                 uuid.UUID(options["worker_id"])
             except ValueError:
                 raise CommandError("--worker-id must be a UUID") from None
+        wait_for_database(options["database"])  # a refusing server is waited for, never fatal
         _require_migrated(options["database"])
         worker = Worker(
             using=options["database"], queues=_queues(options["queues"]),
