@@ -144,8 +144,12 @@ class SharedConnection:
         SoniqError(QUEUE_PERSISTENCE_FAILED) when the worker is stopping
         and the server refused.
         """
-        with self._lock, self._installed():
-            yield
+        with self._lock:
+            previous = self._install()
+            try:
+                yield
+            finally:
+                self._uninstall(previous)
 
     @contextmanager
     def try_turn(self, patience: float) -> Iterator[bool]:
@@ -158,8 +162,11 @@ class SharedConnection:
             yield False
             return
         try:
-            with self._installed():
+            previous = self._install()
+            try:
                 yield True
+            finally:
+                self._uninstall(previous)
         finally:
             self._lock.release()
 
@@ -173,20 +180,20 @@ class SharedConnection:
             if self._wrapper is not None:
                 self._wrapper.close()
 
-    @contextmanager
-    def _installed(self) -> Iterator[None]:
+    def _install(self):
+        """Make the shared connection this thread's ``connections[using]``; return what was."""
         wrapper = self._connected()
-        previous = {conn.alias: conn for conn in connections.all(initialized_only=True)}.get(
-            self.using)
+        previous = next((conn for conn in connections.all(initialized_only=True)
+                         if conn.alias == self.using), None)
         connections[self.using] = wrapper
-        try:
-            yield
-        finally:
-            keep_healthy(wrapper)
-            if previous is None:
-                del connections[self.using]
-            else:
-                connections[self.using] = previous
+        return previous
+
+    def _uninstall(self, previous) -> None:
+        keep_healthy(self._wrapper)
+        if previous is None:
+            del connections[self.using]
+        else:
+            connections[self.using] = previous
 
     def _connected(self):
         if self._wrapper is None:
@@ -238,10 +245,13 @@ def handler_connections() -> Iterator[None]:
               if conn.connection is not None]
     watched = {id(conn) for conn in opened}
     used: set[str] = set()
-    with ExitStack() as watching:
-        for conn in opened:
-            watching.enter_context(conn.execute_wrapper(_noting(used, conn.alias)))
+    if not opened:  # the common case, kept cheap: nothing to watch
         yield
+    else:
+        with ExitStack() as watching:
+            for conn in opened:
+                watching.enter_context(conn.execute_wrapper(_noting(used, conn.alias)))
+            yield
     for conn in connections.all(initialized_only=True):
         if id(conn) in watched and conn.alias not in used:
             conn.close()
