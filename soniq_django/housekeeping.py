@@ -68,27 +68,30 @@ def _check_now(now: dt.datetime | None) -> dt.datetime | None:
 
 def purge_expired(using: str = DEFAULT_DB_ALIAS, *, batch: int = 1000,
                   now: dt.datetime | None = None,
-                  progress: Callable[[int], None] | None = None) -> int:
+                  progress: Callable[[int], None] | None = None,
+                  batches: int | None = None) -> int:
     """Delete finished, unprotected jobs whose ``expires_at`` has passed.
 
     Works in transactions of at most ``batch`` rows until a batch comes back
-    short; ``progress`` (if given) is called with the running total after
+    short, or ``batches`` batches were made (None: no limit); ``progress`` (if given) is called with the running total after
     every batch that deleted something. ``now`` replaces the database clock
     (for tests and for "purge as of"). Returns how many rows were deleted.
-    Raises ValueError for a bad ``batch`` or ``now``, and
+    Raises ValueError for a bad ``batch``, ``batches`` or ``now``, and
     SoniqError(QUEUE_PERSISTENCE_FAILED) when the database fails (batches
     already committed stay deleted).
     """
     _check_batch(batch)
+    if batches is not None and (type(batches) is not int or batches < 1):
+        raise ValueError("batches must be a positive integer or None")
     _check_now(now)
     purge_batch = _pg_batch if connections[using].vendor == "postgresql" else _sqlite_batch
-    total = 0
+    total = made = 0
     while True:
         deleted = purge_batch(using, batch, now)
-        total += deleted
+        total, made = total + deleted, made + 1
         if deleted and progress is not None:
             progress(total)
-        if deleted < batch:
+        if deleted < batch or made == batches:
             return total
 
 

@@ -128,10 +128,23 @@ def test_purges_in_batches_until_nothing_is_left():
     assert not Job.objects.exists()
 
 
+def test_purges_at_most_the_batches_it_is_allowed():
+    # The worker's heartbeat purges one batch at a time on the shared connection.
+    Job.objects.bulk_create(
+        Job(job_name="a.job", status="done", expires_at=timezone.now() - HOUR) for _ in range(25)
+    )
+    assert purge_expired(batch=10, batches=2) == 20
+    assert Job.objects.count() == 5
+    assert purge_expired(batch=10, batches=1) == 5
+    assert not Job.objects.exists()
+
+
 @pytest.mark.parametrize("batch", [0, -1, 1.5, True])
 def test_a_bad_batch_is_refused(batch):
     with pytest.raises(ValueError):
         purge_expired(batch=batch)
+    with pytest.raises(ValueError):
+        purge_expired(batches=batch)
 
 
 def test_a_naive_now_is_refused():

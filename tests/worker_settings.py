@@ -25,6 +25,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA synchronous = OFF",
     }
 
+if "SONIQ_TEST_APPLICATION_NAME" in os.environ:  # every connection of the process says whose
+    DATABASES["default"]["OPTIONS"] = {**DATABASES["default"].get("OPTIONS", {}),
+                                       "application_name": os.environ["SONIQ_TEST_APPLICATION_NAME"]}
+
 if "SONIQ_TEST_CONN_MAX_AGE" in os.environ:  # JSON: a number of seconds, or null (forever)
     DATABASES["default"]["CONN_MAX_AGE"] = json.loads(os.environ["SONIQ_TEST_CONN_MAX_AGE"])
 

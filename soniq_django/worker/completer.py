@@ -31,7 +31,7 @@ from ..owned.types import MAX_CLAIM_BATCH
 from .capacity import Slots
 from .execution import Outcome, OutcomeKind
 from .flight import Flights, InFlight
-from .writes import Answer, Writes, keep_healthy_connections
+from .writes import Answer, Writes
 
 logger = logging.getLogger("soniq_django.worker")
 
@@ -76,7 +76,6 @@ class Completer:
         if completion:
             return self._complete(flight)
         self._flights.finish(flight)
-        keep_healthy_connections()
         self._free_slot()
         return None
 
@@ -174,7 +173,6 @@ class InlineCompleter(Completer):
         except Exception:
             logger.exception("worker error while running %s", flight.claimed.job_name)
         self._flights.finish(flight)
-        keep_healthy_connections()
         if following is None:
             self._free_slot()
         return following
@@ -184,7 +182,6 @@ class BatchCompleter(Completer):
     """Several slots: completions go to the main loop, which writes them with its claims."""
 
     def _complete(self, flight: InFlight) -> None:
-        keep_healthy_connections()
         # The slot first, then the completion: the round that writes the
         # completion also fills this slot (the loop reads pending writes first).
         self._slots.give()

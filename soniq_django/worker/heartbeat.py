@@ -2,14 +2,24 @@
 
 It never makes a final write: a job past its timeout is handed to the
 completer (``time_out``), whose main loop writes the failure.
+
+Each step of a beat (the worker's row; each job's lease) is one turn on
+the worker's shared connection (connection.py), so the other threads'
+calls go in between. A slow call of another thread must not hold up the
+lease renewals: the heartbeat waits at most half a beat for its turn, and
+otherwise makes the step on a connection of its own, which it closes
+after the first beat that had the shared one again -- unless the shared connection is waiting for a
+server that refuses connections: then no second one would be had either,
+and the beat is skipped.
 """
 
 import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
-from django.db import close_old_connections
+from django.db import connections
 
 from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
@@ -17,13 +27,15 @@ from ..housekeeping import purge_expired
 from ..owned import OwnedJobSource
 from ..throughput import ThroughputCounter
 from . import registration
+from .connection import SharedConnection, keep_healthy
 from .flight import Flights, InFlight
-from .writes import keep_healthy_connections
 
 logger = logging.getLogger("soniq_django.worker")
 
 #: How often a worker purges finished rows whose RESULT_TTL has passed.
 HOUSEKEEPING_SECONDS = 60.0
+#: Rows purged in one heartbeat step (one short transaction on the shared connection).
+PURGE_BATCH = 1000
 
 
 def beat_interval() -> float:
@@ -35,10 +47,12 @@ def beat_interval() -> float:
 class Heartbeat:
     """``run()`` is the heartbeat thread: every ``beat_interval()`` until stopped and idle."""
 
-    def __init__(self, *, source: OwnedJobSource, worker_id: str, flights: Flights,
-                 throughput: ThroughputCounter, time_out: Callable[[InFlight, object], None],
-                 stopping: threading.Event, aborted: threading.Event):
+    def __init__(self, *, source: OwnedJobSource, shared: SharedConnection, worker_id: str,
+                 flights: Flights, throughput: ThroughputCounter,
+                 time_out: Callable[[InFlight, object], None], stopping: threading.Event,
+                 aborted: threading.Event):
         self.source = source
+        self.shared = shared
         self.using = source.using
         self.worker_id = worker_id
         self.flights = flights
@@ -47,22 +61,53 @@ class Heartbeat:
         self.stopping = stopping
         self.aborted = aborted
         self._next_purge = 0.0
+        self._aside = False  # the last beat went on a connection of its own (a slow call held ours)
 
     def run(self) -> None:
-        while not self.stopping.wait(beat_interval()) or len(self.flights):
-            if self.aborted.is_set():
-                return
-            self.beat_worker()
-            for flight in self.flights.all():
-                try:
-                    self.beat(flight)
-                except Exception:  # one job's trouble must not stop every lease's renewal
-                    logger.exception("heartbeat of %s %s failed", flight.claimed.job_name,
-                                     flight.claimed.job_id)
-                    close_old_connections()
-            keep_healthy_connections()
-            if self.stopping.is_set():
-                time.sleep(beat_interval())
+        try:
+            while not self.stopping.wait(beat_interval()) or len(self.flights):
+                if self.aborted.is_set():
+                    return
+                self.beat_all()
+                if self.stopping.is_set():
+                    time.sleep(beat_interval())
+        finally:
+            connections.close_all()  # this thread's own, if the last beats went aside
+
+    def beat_all(self) -> None:
+        """One beat: the worker's row, then every lease; each step in a turn of its own."""
+        aside = False
+        try:
+            for step in [self.beat_worker,
+                         *(partial(self._beat_one, flight) for flight in self.flights.all())]:
+                with self.shared.try_turn(beat_interval() / 2) as turn:
+                    if not turn and self.shared.connecting:
+                        return  # no connection to be had; the waiting turn said so
+                    aside = aside or not turn
+                    step()
+        except SoniqError:
+            return  # stopping, and the server refused the connection
+        finally:
+            self._aside_for(aside)
+
+    def _aside_for(self, aside: bool) -> None:
+        """Say once that beats went aside; close the second connection once they are back."""
+        if aside and not self._aside:
+            logger.warning("a slow database call holds the worker's connection; renewing "
+                           "leases on a second connection meanwhile")
+        for conn in connections.all(initialized_only=True):  # this thread's own
+            if aside:
+                keep_healthy(conn)
+            else:
+                conn.close()
+        self._aside = aside
+
+    def _beat_one(self, flight: InFlight) -> None:
+        try:
+            self.beat(flight)
+        except Exception:  # one job's trouble must not stop every lease's renewal
+            logger.exception("heartbeat of %s %s failed", flight.claimed.job_name,
+                             flight.claimed.job_id)
 
     def beat_worker(self) -> None:
         """The worker's own row, its throughput counts, and housekeeping."""
@@ -71,18 +116,25 @@ class Heartbeat:
                               "stopping" if self.stopping.is_set() else "running")
             self.throughput.flush(self.using)
             self.housekeep()
-        except Exception:
-            close_old_connections()
+        except Exception:  # the next beat tries again (the turn closed a broken connection)
+            pass
 
     def housekeep(self) -> None:
-        """Purge expired finished rows about once a minute (never protected ones)."""
+        """Purge one batch of expired finished rows (never protected ones), about once a minute.
+
+        One batch per beat keeps the shared connection free for the other
+        threads between batches; while a batch comes back full, the next
+        one is at the next beat rather than a minute later.
+        """
         now = time.monotonic()
         if now < self._next_purge:
             return
         self._next_purge = now + HOUSEKEEPING_SECONDS
-        purged = purge_expired(self.using)
+        purged = purge_expired(self.using, batch=PURGE_BATCH, batches=1)
         if purged:
             logger.info("housekeeping: purged %d expired job rows", purged)
+        if purged >= PURGE_BATCH:
+            self._next_purge = now
 
     def beat(self, flight: InFlight) -> None:
         """Renew one job's lease and read its cancel request -- or hand over its timeout."""
@@ -109,4 +161,3 @@ class Heartbeat:
             if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
                 raise
             logger.warning("heartbeat failed (database unavailable); retrying")
-            close_old_connections()

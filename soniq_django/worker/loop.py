@@ -1,6 +1,6 @@
 """The worker: claim → run → complete or fail, with fences from end to end, built from parts.
 
-Threads, each with its own database connection, and what each one writes:
+Threads, and what each one writes:
 
 - the **main thread** runs the loop: it takes a snapshot, asks the planner
   (planner.py) what to do -- claim n, wait t, stop -- and does it. A claim
@@ -17,7 +17,7 @@ Threads, each with its own database connection, and what each one writes:
   next round (``BatchCompleter``).
 - the **heartbeat thread** (heartbeat.py) renews every lease, reads cancel
   requests, refreshes the worker's row and throughput counts, and purges
-  expired rows once a minute. It decides timeouts but writes none.
+  expired rows. It decides timeouts but writes none.
 - on PostgreSQL a **listener thread** (wakeup.py) turns NOTIFY into
   wake-ups; optionally the **scheduler** thread enqueues periodic jobs.
 
@@ -30,9 +30,34 @@ So every final write has one owner:
 - a cancel honoured after it refused a write: the thread of that write.
 
 Every claim goes through ``Writes.round`` (writes.py), from whichever thread.
+
+Connections (connection.py). The worker's own calls -- every write above,
+every claim, every heartbeat -- go through **one shared connection**,
+taken in turns: a turn is one call, whichever thread makes it. A job
+thread has a connection of its own only while its handlers use the ORM.
+The listener has its own (a LISTEN needs a session), and so does the
+scheduler. So a worker holds 1 + (job threads whose handlers use the
+database) + 1 listener on PostgreSQL + 1 with ``--with-scheduler``
+connections: 2 at any concurrency when handlers touch no database.
+
+Why the heartbeat shares it and lease renewals still never wait on a slow
+write: no turn lasts longer than one call. Recovery of an unknown round
+and the retries of a final write try each call in a turn of its own and
+pause outside it, so a main loop blocked in recovery holds the connection
+only while a call is on the wire, and the heartbeat's turns come in
+between. A call that is itself slow (a lock wait, a slow server) would
+hold the lease renewals up, so the heartbeat waits at most half a beat
+for its turn and otherwise renews on a second connection until it has
+its turn again (renewals then come at most 1.5 beats apart, within half a
+lease). While
+the shared connection waits for a server that refuses connections, the
+beat is skipped: a second connection would be refused too. A worker that
+cannot get a connection -- at start or later -- waits with backoff and
+jitter, logs it once, and never exits for it.
 """
 
 import logging
+import math
 import random
 import threading
 import time
@@ -42,17 +67,18 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import close_old_connections, connections
 
 from ..conf import get_settings
-from ..errors import SoniqError
+from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
 from ..throughput import ThroughputCounter
 from . import peers, planner, registration
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
+from .connection import SharedConnection, handler_connections
 from .execution import execute
 from .flight import Flights, InFlight
 from .heartbeat import Heartbeat
 from .wakeup import Listener
-from .writes import Writes
+from .writes import Writes, retrying
 
 logger = logging.getLogger("soniq_django.worker")
 
@@ -92,16 +118,19 @@ class Worker:
         self.aborted = threading.Event()  # give up on in-flight jobs too
         self.wake = threading.Event()
         self.source = OwnedJobSource(using)
+        self.shared = SharedConnection(using, self.stopping)
         self.flights = Flights()
         self.slots = Slots(concurrency)
         self.budget = Budget(max_jobs)
         self.throughput = ThroughputCounter()
-        self.writes = Writes(source=self.source, worker_id=self.worker_id, queues=queues,
-                             budget=self.budget, throughput=self.throughput, stop=self.aborted)
+        self.writes = Writes(source=self.source, shared=self.shared, worker_id=self.worker_id,
+                             queues=queues, budget=self.budget, throughput=self.throughput,
+                             stop=self.aborted)
         completer = InlineCompleter if concurrency == 1 else BatchCompleter
         self.completer = completer(writes=self.writes, flights=self.flights, slots=self.slots,
                                    wake=self.wake, stopping=self.stopping, aborted=self.aborted)
-        self.heartbeat = Heartbeat(source=self.source, worker_id=self.worker_id,
+        self.heartbeat = Heartbeat(source=self.source, shared=self.shared,
+                                   worker_id=self.worker_id,
                                    flights=self.flights, throughput=self.throughput,
                                    time_out=self.completer.time_out, stopping=self.stopping,
                                    aborted=self.aborted)
@@ -132,9 +161,16 @@ class Worker:
     # Main loop --------------------------------------------------------
 
     def run(self) -> int:
-        """Run until stopped (or, in burst mode, until nothing is left); return an exit code."""
-        registration.register(self.using, self.worker_id, self.queues, self.concurrency)
-        registration.publish_registry(self.using, self.worker_id)
+        """Run until stopped (or, in burst mode, until nothing is left); return an exit code.
+
+        While the database refuses connections the worker waits (it says
+        so once); stopped before it could register, it returns 0.
+        """
+        self.shared.adopt()
+        if not self._register():
+            self.shared.close()
+            logger.info("worker %s stopped before it could register", self.worker_id)
+            return 0
         background = self._start_background()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="soniq-job")
         logger.info("worker %s started (queues=%s, concurrency=%d)", self.worker_id,
@@ -149,15 +185,27 @@ class Worker:
             for thread in background:
                 thread.join(timeout=5)
             try:
-                self.throughput.flush(self.using)
-                registration.unregister(self.using, self.worker_id)
+                with self.shared.turn():
+                    self.throughput.flush(self.using)
+                    registration.unregister(self.using, self.worker_id)
             except Exception:
                 logger.warning("could not mark worker %s stopped", self.worker_id)
             last_word = self._held_note() if self.burst else ""
+            self.shared.close()
             close_old_connections()
         logger.info("worker %s stopped after %d jobs%s", self.worker_id, self.claimed_count,
                     last_word)
         return 1 if self.aborted.is_set() else 0
+
+    def _register(self) -> bool:
+        """Register this worker and its registry; False: stopped before it could."""
+        def register() -> bool:
+            with self.shared.turn(), translating():
+                registration.register(self.using, self.worker_id, self.queues, self.concurrency)
+                registration.publish_registry(self.using, self.worker_id)
+            return True
+
+        return bool(retrying(register, math.inf, self.stopping))
 
     def _loop(self, pool: ThreadPoolExecutor) -> None:
         """Plan, then act; until the planner says stop."""
@@ -209,7 +257,8 @@ class Worker:
     def _held(self) -> "peers.Held | None":
         """What other workers' claims hold of this worker's queues; None: unreadable now."""
         try:
-            return peers.held(self.using, self.worker_id, self.queues)
+            with self.shared.turn():  # the worker's own connection, as every call of its own
+                return peers.held(self.using, self.worker_id, self.queues)
         except SoniqError:
             return None
 
@@ -261,8 +310,9 @@ class Worker:
         """Run the job and settle it; then each next job its (inline) completion claimed."""
         while flight is not None:
             try:
-                outcome = execute(flight.claimed, flight.context,
-                                  get_settings().JOB_TIMEOUT_SECONDS)
+                with handler_connections():  # the job thread's own: its handlers' use only
+                    outcome = execute(flight.claimed, flight.context,
+                                      get_settings().JOB_TIMEOUT_SECONDS)
             except Exception:  # execute() never raises; if it did, the lease lapses
                 logger.exception("worker error while running %s", flight.claimed.job_name)
                 outcome = None

@@ -17,8 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from django.db import close_old_connections, connections
-
 from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
 from ..models import Job
@@ -29,6 +27,7 @@ from ..registry import get_handler
 from ..throughput import ThroughputCounter
 from . import unknown
 from .capacity import Budget
+from .connection import SharedConnection
 from .execution import Outcome, OutcomeKind
 from .flight import InFlight
 
@@ -59,6 +58,10 @@ def retrying(call, deadline: float, stop: threading.Event):
     """Call ``call()`` until it stops raising QUEUE_PERSISTENCE_FAILED or ``deadline`` passes.
 
     Returns its value, or None when the deadline passed without an answer.
+    Each call takes its own turn on the shared connection, so the pauses
+    between tries leave the connection to the other threads (the
+    heartbeat's lease renewals among them); the turn closes a broken
+    connection, and the next try opens a new one.
     """
     delay = 0.05
     while True:
@@ -67,7 +70,6 @@ def retrying(call, deadline: float, stop: threading.Event):
         except SoniqError as error:
             if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
                 raise
-        close_old_connections()
         if time.monotonic() >= deadline or stop.wait(delay):
             return None
         delay = min(delay * 2, 2.0)
@@ -97,12 +99,16 @@ class Writes:
 
     ``round`` is the worker's one claim path: whichever thread claims (the
     main loop, or a job thread's inline completion) claims through it.
-    Which thread makes which write is the completer's rule (completer.py).
+    Which thread makes which write is the completer's rule (completer.py);
+    every call is one turn on the worker's shared connection (connection.py),
+    whichever thread makes it.
     """
 
-    def __init__(self, *, source: OwnedJobSource, worker_id: str, queues: list[str] | None,
-                 budget: Budget, throughput: ThroughputCounter, stop: threading.Event):
-        self.source = source
+    def __init__(self, *, source: OwnedJobSource, shared: SharedConnection, worker_id: str,
+                 queues: list[str] | None, budget: Budget, throughput: ThroughputCounter,
+                 stop: threading.Event):
+        self.source = shared.turns(source)
+        self.shared = shared
         self.using = source.using
         self.worker_id = worker_id
         self.queues = queues
@@ -192,7 +198,7 @@ class Writes:
 
     def _completed(self, fence) -> bool:
         """Whether this claim's completion is in the database (it was written unseen)."""
-        with guarded(self.using, atomic=False):
+        with self.shared.turn(), guarded(self.using, atomic=False):
             return Job.objects.using(self.using).filter(
                 id=fence.job_id, status="done", claim_token=fence.claim_token,
                 claim_generation=fence.generation,
@@ -271,28 +277,3 @@ def _default_max_attempts(job_name: str) -> int:
     """What a job with ``max_attempts`` NULL gets: its handler's retries plus one, or the setting."""
     handler = get_handler(job_name)
     return handler.max_attempts if handler else get_settings().DEFAULT_MAX_ATTEMPTS
-
-
-def keep_healthy_connections() -> None:
-    """Between jobs: close broken connections, keep healthy ones open.
-
-    ``close_old_connections()`` treats each job like a web request: with the
-    default ``CONN_MAX_AGE=0`` it closes every connection, and the next
-    fenced write pays for a new backend and a cold PL/pgSQL session (about
-    9 ms a job, measured in bench/). A worker is one long "request", so it
-    keeps healthy connections; a positive ``CONN_MAX_AGE`` still recycles
-    them, and a connection that failed is closed and reopened on next use.
-    """
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is None:
-            continue
-        max_age = conn.settings_dict["CONN_MAX_AGE"]
-        if (
-            conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]
-            or (conn.errors_occurred and not conn.is_usable())
-            or (max_age and conn.close_at is not None and time.monotonic() >= conn.close_at)
-        ):
-            conn.close()
-        else:
-            conn.errors_occurred = False
-

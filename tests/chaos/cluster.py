@@ -81,8 +81,9 @@ def free_port() -> int:
 class Cluster:
     """One private PostgreSQL server. Use as a context manager: it is always deleted."""
 
-    def __init__(self, database: str = "soniq_chaos"):
+    def __init__(self, database: str = "soniq_chaos", max_connections: int = 200):
         self.bindir = find_bindir()
+        self.max_connections = max_connections
         self.owner: str | None = None
         if os.geteuid() == 0:
             try:
@@ -149,7 +150,7 @@ class Cluster:
 
     def start(self) -> None:
         options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} "
-                   "-c fsync=off -c max_connections=200")
+                   f"-c fsync=off -c max_connections={self.max_connections}")
         result = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-w",
                            "-t", "120", "-o", options, "start")
         self._check("pg_ctl start", result)

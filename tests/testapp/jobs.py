@@ -162,3 +162,14 @@ def worker_wait_for_file(path: str, limit: float = 30.0) -> dict:
             raise TimeoutError(f"{path} never appeared")
         time.sleep(0.005)
     return _trace()
+
+
+@job(name="tests.worker.open_connections")
+def worker_open_connections(seconds: float = 0.0) -> dict:
+    """Say how many database connections this job thread holds open as the handler starts."""
+    from django.db import connections
+
+    record("start")
+    held = sum(conn.connection is not None for conn in connections.all(initialized_only=True))
+    time.sleep(seconds)
+    return _trace(open=held)

@@ -9,6 +9,7 @@ from django.db.migrations.executor import MigrationExecutor
 from soniq_django.management.database import add_database_argument, database_alias
 from soniq_django.registry import discover
 from soniq_django.worker import Worker
+from soniq_django.worker.connection import wait_for_database
 
 
 def _require_migrated(alias: str) -> None:
@@ -87,6 +88,7 @@ class Command(BaseCommand):
             except ValueError:
                 raise CommandError("--worker-id must be a UUID") from None
         using = database_alias(options)  # the routers' write alias for jobs, by default
+        wait_for_database(using)  # a refusing server is waited for, never fatal
         _require_migrated(using)
         _require_handlers()
         worker = Worker(

@@ -1,0 +1,267 @@
+"""A worker's database connections: one for its own work, taken in turns, and its handlers' own.
+
+Django gives every thread a connection of its own. A worker's own work --
+claims, completions, failures, heartbeats, its row, housekeeping -- needs
+no connection per thread: it is short calls, one at a time, so one
+connection (``SharedConnection``) serves every thread of the worker in
+turns. A *turn* is one call (never a retry loop: retries wait outside
+it). A handler that uses the ORM does so on its job thread's own
+connection, as any Django code does; a job thread keeps that connection
+while its handlers use it, and closes it after a job that did not
+(``handler_connections``).
+
+Connections per worker process (docs/deployment.md#connections-per-worker):
+
+    1                    the shared connection
+  + k                    job threads whose last job used the database (0 <= k <= concurrency)
+  + 1 on PostgreSQL      the LISTEN connection (worker/wakeup.py)
+  + 1 --with-scheduler   the scheduler thread
+
+A server that refuses a connection (``max_connections`` reached, a
+restart) is waited for, with backoff and jitter (``connect_patiently``):
+the worker says so once, and never exits for it.
+"""
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+from django.db import DatabaseError, connections
+
+from ..errors import translate
+
+logger = logging.getLogger("soniq_django.worker")
+
+#: The first pause after a refused connection; it doubles up to MAX_RETRY_SECONDS.
+FIRST_RETRY_SECONDS = 0.1
+#: The longest pause between two connection attempts (each pause is jittered: half to all of it).
+MAX_RETRY_SECONDS = 5.0
+
+
+def connect_patiently(wrapper, stop: threading.Event | None = None) -> None:
+    """Open ``wrapper``'s connection; while the server refuses, wait and try again.
+
+    The pauses double from FIRST_RETRY_SECONDS to MAX_RETRY_SECONDS, each
+    a random half to all of its length, so workers refused together do
+    not come back together. Logs once when it starts waiting and once when
+    it got through. Returns once connected (at once if it was); raises
+    SoniqError(QUEUE_PERSISTENCE_FAILED) after a refused attempt once
+    ``stop`` is set. Errors other than database errors propagate.
+    """
+    delay, waited_since = FIRST_RETRY_SECONDS, None
+    while True:
+        try:
+            wrapper.ensure_connection()
+        except DatabaseError as error:
+            refusal = error
+        else:
+            if waited_since is not None:
+                logger.info("connected to the database after waiting %.1f s",
+                            time.monotonic() - waited_since)
+            return
+        if waited_since is None:
+            waited_since = time.monotonic()
+            logger.warning("cannot connect to the database (unavailable, or refusing "
+                           "connections); waiting, and trying again with backoff")
+        pause = random.uniform(delay / 2, delay)
+        if stop is None:
+            time.sleep(pause)
+        elif stop.is_set() or stop.wait(pause):
+            raise translate(refusal) from None
+        delay = min(delay * 2, MAX_RETRY_SECONDS)
+
+
+def wait_for_database(using: str) -> None:
+    """Connect this thread to ``using``, waiting as long as it takes (see ``connect_patiently``)."""
+    connect_patiently(connections[using])
+
+
+def keep_healthy(conn) -> None:
+    """Between uses: close ``conn`` if it is broken or too old, else keep it open.
+
+    Django's ``close_old_connections()`` treats each use like a web
+    request: with the default ``CONN_MAX_AGE=0`` it closes every
+    connection, and the next fenced write pays for a new backend and a
+    cold PL/pgSQL session (about 9 ms a job, measured in bench/; decision
+    0001). A worker is one long "request": a healthy connection stays
+    open, a positive ``CONN_MAX_AGE`` still recycles it, and one that
+    failed is closed and reopened on next use.
+    """
+    if conn.connection is None:
+        return
+    max_age = conn.settings_dict["CONN_MAX_AGE"]
+    if (
+        conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]
+        or (conn.errors_occurred and not conn.is_usable())
+        or (max_age and conn.close_at is not None and time.monotonic() >= conn.close_at)
+    ):
+        conn.close()
+    else:
+        conn.errors_occurred = False
+
+
+class SharedConnection:
+    """The worker's one connection to ``using`` for its own work, used by its threads in turns.
+
+    ``stopping`` ends a wait for the server: once it is set, a refused
+    connection raises instead of being waited for.
+    """
+
+    def __init__(self, using: str, stopping: threading.Event):
+        self.using = using
+        self._stopping = stopping
+        self._lock = threading.RLock()
+        self._wrapper = None
+        self.connecting = False
+        """A turn is opening the connection (the server may be refusing it)."""
+
+    def adopt(self) -> None:
+        """Make this thread's open connection to ``using`` the shared one, if it has one.
+
+        ``soniq_worker`` connected (waiting if need be) and checked the
+        migrations before the worker started: keeping that connection
+        spares a reconnect, and a busy server cannot take the slot
+        meanwhile. A connection inside a transaction is left alone.
+        """
+        own = {conn.alias: conn for conn in connections.all(initialized_only=True)}
+        conn = own.get(self.using)
+        with self._lock:
+            if (self._wrapper is None and conn is not None and conn.connection is not None
+                    and not conn.in_atomic_block):
+                del connections[self.using]
+                conn.inc_thread_sharing()
+                self._wrapper = conn
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """One turn: ``connections[using]`` is the shared connection, connected, in this thread.
+
+        Waits for the other threads' turns, and for the server while it
+        refuses (see ``connect_patiently``); raises
+        SoniqError(QUEUE_PERSISTENCE_FAILED) when the worker is stopping
+        and the server refused.
+        """
+        with self._lock:
+            previous = self._install()
+            try:
+                yield
+            finally:
+                self._uninstall(previous)
+
+    @contextmanager
+    def try_turn(self, patience: float) -> Iterator[bool]:
+        """A turn if one comes within ``patience`` seconds (True); else False and no turn.
+
+        Without a turn ``connections[using]`` stays this thread's own
+        connection, which the caller closes when it is done with it.
+        """
+        if not self._lock.acquire(timeout=patience):
+            yield False
+            return
+        try:
+            previous = self._install()
+            try:
+                yield True
+            finally:
+                self._uninstall(previous)
+        finally:
+            self._lock.release()
+
+    def turns(self, target) -> "Turns":
+        """``target`` with every method call made in a turn of its own."""
+        return Turns(target, self)
+
+    def close(self) -> None:
+        """Close the shared connection (a next turn would open it again)."""
+        with self._lock:
+            if self._wrapper is not None:
+                self._wrapper.close()
+
+    def _install(self):
+        """Make the shared connection this thread's ``connections[using]``; return what was."""
+        wrapper = self._connected()
+        previous = next((conn for conn in connections.all(initialized_only=True)
+                         if conn.alias == self.using), None)
+        connections[self.using] = wrapper
+        return previous
+
+    def _uninstall(self, previous) -> None:
+        keep_healthy(self._wrapper)
+        if previous is None:
+            del connections[self.using]
+        else:
+            connections[self.using] = previous
+
+    def _connected(self):
+        if self._wrapper is None:
+            self._wrapper = connections.create_connection(self.using)
+            self._wrapper.inc_thread_sharing()
+        if self._wrapper.connection is None:
+            self.connecting = True
+            try:
+                connect_patiently(self._wrapper, self._stopping)
+            finally:
+                self.connecting = False
+        return self._wrapper
+
+
+class Turns:
+    """An object whose every method call takes one turn on a ``SharedConnection``.
+
+    Methods are looked up at each call, so a method replaced on the
+    object afterwards is the one called.
+    """
+
+    def __init__(self, target, shared: SharedConnection):
+        self._target = target
+        self._shared = shared
+
+    def __getattr__(self, name):
+        value = getattr(self._target, name)
+        if not callable(value):
+            return value
+
+        def in_a_turn(*args, **kwargs):
+            with self._shared.turn():
+                return value(*args, **kwargs)
+
+        return in_a_turn
+
+
+@contextmanager
+def handler_connections() -> Iterator[None]:
+    """Around one handler's run on a job thread: then close what it did not use.
+
+    A connection the thread had open and the handler did not use is
+    closed; one it used (or opened) is kept while healthy, for the next
+    job. So a job thread holds a connection only while its handlers use
+    the database. Only connections open before the run are watched: a
+    handler that touches no database costs nothing here.
+    """
+    opened = [conn for conn in connections.all(initialized_only=True)
+              if conn.connection is not None]
+    watched = {id(conn) for conn in opened}
+    used: set[str] = set()
+    if not opened:  # the common case, kept cheap: nothing to watch
+        yield
+    else:
+        with ExitStack() as watching:
+            for conn in opened:
+                watching.enter_context(conn.execute_wrapper(_noting(used, conn.alias)))
+            yield
+    for conn in connections.all(initialized_only=True):
+        if id(conn) in watched and conn.alias not in used:
+            conn.close()
+        else:
+            keep_healthy(conn)
+
+
+def _noting(used: set[str], alias: str):
+    def execute(run, sql, params, many, context):
+        used.add(alias)
+        return run(sql, params, many, context)
+
+    return execute

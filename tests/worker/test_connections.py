@@ -1,0 +1,207 @@
+"""The worker's connections, in this process: one shared for its own calls, none for idle handlers.
+
+soniq_django/worker/connection.py: every call the worker makes for itself
+goes through one connection, taken in turns; a job thread holds a
+connection only while its handlers use the database; a slow call never
+holds up lease renewals; a database that cannot be reached is waited for.
+tests/worker/test_connections_processes.py counts real workers' backends.
+"""
+
+import logging
+import threading
+import time
+
+import pytest
+from django.db import connection, connections
+
+from soniq_django import enqueue
+from soniq_django.errors import ErrorCode, SoniqError
+from soniq_django.models import Job
+from soniq_django.owned import OwnedJobSource
+from soniq_django.worker import Worker
+from soniq_django.worker.connection import connect_patiently
+from tests.support.workers import RunLog, WorkerThread, run_burst, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"RETRY_BASE_SECONDS": 0, "LEASE_SECONDS": 5, "HEARTBEAT_SECONDS": 0.1,
+        "POLL_INTERVAL": 0.2}
+WAITING = "cannot connect to the database"
+ASIDE = "renewing leases on a second connection"
+
+# One slot: the job thread completes and claims; more: the main thread does.
+BOTH_PATHS = pytest.mark.parametrize("concurrency", [1, 3])
+
+
+@pytest.fixture(autouse=True)
+def fast(settings):
+    settings.SONIQ = dict(FAST)
+    return settings
+
+
+@pytest.fixture
+def run_log(tmp_path, monkeypatch):
+    path = tmp_path / "runs.log"
+    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
+    return RunLog(path)
+
+
+def _opened(job_id) -> int:
+    """How many connections the job's thread held open as its handler started."""
+    return Job.objects.get(id=job_id).result["open"]
+
+
+@BOTH_PATHS
+def test_a_job_thread_holds_no_connection_while_its_handlers_touch_no_database(concurrency):
+    # Dead letters and retries are written by the job threads themselves,
+    # and with one slot so are completions and claims: on the shared connection.
+    for _ in range(concurrency + 1):
+        enqueue("tests.worker.permanent", priority=1)
+        enqueue("tests.worker.always_fails", max_attempts=1, priority=1)
+        enqueue("tests.worker.ok", priority=1)
+    probes = [enqueue("tests.worker.open_connections", {"seconds": 0.02}, priority=2)
+              for _ in range(2 * concurrency + 2)]
+    assert run_burst(concurrency=concurrency) == 0
+    assert [_opened(probe) for probe in probes] == [0] * len(probes)
+
+
+@BOTH_PATHS
+def test_every_call_the_worker_makes_for_itself_goes_through_one_connection(concurrency):
+    enqueue("tests.worker.sleep", {"seconds": 0.5})  # long enough for heartbeats
+    for n in range(4):
+        enqueue("tests.worker.ok", {"n": n})
+    enqueue("tests.worker.permanent")
+    worker = Worker(burst=True, concurrency=concurrency)
+    used: set[tuple[int, str]] = set()
+    for name in ("claim_many_owned", "complete_many_and_claim_owned", "complete_many_owned",
+                 "fail_owned", "heartbeat_owned", "get_owned_state"):
+        def recording(*args, _method=getattr(worker.source, name), **kwargs):
+            thread = threading.current_thread().name
+            used.add((id(connections[worker.using]), thread.rstrip("_0123456789")))
+            return _method(*args, **kwargs)
+        setattr(worker.source, name, recording)
+    assert WorkerThread(worker).start().join() == 0
+    threads = {thread for _, thread in used}
+    assert {"test-worker", "soniq-heartbeat"} <= threads and len(threads) >= 3, threads
+    assert len({wrapper for wrapper, _ in used}) == 1, used
+
+
+def test_a_job_thread_keeps_its_connection_while_its_handlers_use_it(run_log):
+    touch = enqueue("tests.worker.touch_db", priority=1)
+    probes = [enqueue("tests.worker.open_connections", priority=p) for p in (2, 3)]
+    assert run_burst(concurrency=1) == 0
+    assert Job.objects.get(id=touch).status == "done"
+    # Kept after the job that used it, for the next one; closed after one that did not.
+    assert [_opened(probe) for probe in probes] == [1, 0]
+
+
+def test_a_slow_call_on_the_shared_connection_does_not_hold_up_lease_renewals(settings,
+                                                                              caplog):
+    caplog.set_level(logging.INFO, logger="soniq_django.worker")
+    settings.SONIQ = {**FAST, "HEARTBEAT_SECONDS": 0.2}
+    job_id = enqueue("tests.worker.ok")
+    worker = Worker()
+    (claimed,) = worker.writes.round([], 1).jobs
+    worker.flights.track(claimed)
+    before = Job.objects.get(id=job_id).lease_expires_at
+    held, release, renewed = threading.Event(), threading.Event(), []
+
+    def slow_call():  # what a call stuck on a lock does: hold the turn
+        with worker.shared.turn():
+            held.set()
+            release.wait(10)
+
+    def heartbeat():
+        started = time.monotonic()
+        worker.heartbeat.beat_all()
+        renewed.append(time.monotonic() - started)
+        release.wait(10)
+        worker.heartbeat.beat_all()  # back on the shared connection
+
+    holder = threading.Thread(target=slow_call)
+    holder.start()
+    assert held.wait(5)
+    time.sleep(0.05)
+    beating = threading.Thread(target=heartbeat, name="soniq-heartbeat")
+    beating.start()
+    wait_until(lambda: renewed, 5, "the beat to end while the slow call holds the connection")
+    after = Job.objects.get(id=job_id).lease_expires_at
+    release.set()
+    holder.join(5)
+    beating.join(5)
+    worker.shared.close()
+    assert renewed[0] < 1.0, renewed  # half a beat of patience, then a second connection
+    assert after > before
+    assert caplog.text.count(ASIDE) == 1
+
+
+@pytest.mark.postgresql_only
+def test_a_completion_stuck_on_a_row_lock_leaves_the_other_leases_renewed(settings, tmp_path,
+                                                                         run_log, caplog):
+    caplog.set_level(logging.INFO, logger="soniq_django.worker")
+    settings.SONIQ = {**FAST, "LEASE_SECONDS": 4, "HEARTBEAT_SECONDS": 0.2}
+    go = tmp_path / "go"
+    stuck = enqueue("tests.worker.wait_for_file", {"path": str(go)}, priority=1)
+    other = enqueue("tests.worker.cooperative", {"seconds": 60}, priority=2)
+    locked, unlock = threading.Event(), threading.Event()
+
+    def lock_the_row():  # an operator's transaction holding the stuck job's row
+        from django.db import transaction
+
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(id=stuck))
+                locked.set()
+                unlock.wait(20)
+        finally:
+            connections.close_all()
+
+    with WorkerThread(Worker(concurrency=2)) as running:
+        run_log.wait_for("start", other)
+        locker = threading.Thread(target=lock_the_row)
+        locker.start()
+        assert locked.wait(5)
+        go.touch()  # the stuck job returns; its completion waits for the lock, on our connection
+        leases = [Job.objects.get(id=other).lease_expires_at]
+        for _ in range(6):
+            time.sleep(0.3)
+            leases.append(Job.objects.get(id=other).lease_expires_at)
+        assert Job.objects.get(id=stuck).status == "processing"  # still waiting for the lock
+        unlock.set()
+        locker.join(10)
+        wait_until(lambda: Job.objects.get(id=stuck).status == "done", 10,
+                   "the stuck completion to go through")
+        assert OwnedJobSource().request_cancel(other) is True
+        assert running.stop() == 0
+    assert (leases[-1] - leases[0]).total_seconds() > 1.0, leases  # renewed all along
+    assert Job.objects.get(id=other).attempts == 1
+    assert ASIDE in caplog.text
+
+
+@pytest.mark.sqlite_only
+def test_a_database_that_cannot_be_opened_is_waited_for_and_said_once(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="soniq_django.worker")
+    later = tmp_path / "not-yet"
+    wrapper = connection.copy()
+    wrapper.settings_dict["NAME"] = str(later / "db.sqlite3")
+    appears = threading.Timer(1.0, later.mkdir)
+    appears.start()
+    started = time.monotonic()
+    try:
+        connect_patiently(wrapper, threading.Event())
+        waited = time.monotonic() - started
+        assert wrapper.connection is not None
+    finally:
+        appears.cancel()
+        wrapper.close()
+    assert waited >= 1.0
+    assert caplog.text.count(WAITING) == 1  # several tries, one line
+    assert caplog.text.count("connected to the database after waiting") == 1
+
+    gone = connection.copy()
+    gone.settings_dict["NAME"] = str(tmp_path / "never" / "db.sqlite3")
+    stopped = threading.Event()
+    stopped.set()
+    with pytest.raises(SoniqError) as raised:
+        connect_patiently(gone, stopped)  # stopping: one try, then the error
+    assert raised.value.code is ErrorCode.QUEUE_PERSISTENCE_FAILED
