@@ -201,6 +201,7 @@ class _Runner:
         from .owned import OwnedJobSource
         from .throughput import ThroughputCounter
         from .worker.capacity import Budget
+        from .worker.connection import CallersConnection
         from .worker.flight import Flights
         from .worker.writes import Writes
 
@@ -210,7 +211,8 @@ class _Runner:
         self.flights = Flights()
         self.timeout = get_settings().JOB_TIMEOUT_SECONDS
         # Counts kept in memory and never flushed: a test's run is not throughput.
-        self.writes = Writes(source=self.source, worker_id=WORKER_ID, queues=self.queues,
+        self.writes = Writes(source=self.source, shared=CallersConnection(alias),
+                             worker_id=WORKER_ID, queues=self.queues,
                              budget=Budget(None), throughput=ThroughputCounter(),
                              stop=threading.Event())
 

@@ -265,3 +265,23 @@ def _noting(used: set[str], alias: str):
         return run(sql, params, many, context)
 
     return execute
+
+
+class CallersConnection:
+    """The caller's own connection, used as it is: the ``SharedConnection`` of ``run_jobs()``.
+
+    ``soniq_django.testing.run_jobs()`` runs jobs in the calling thread on
+    the test's own connection (inside its transaction); there is no other
+    thread to take turns with.
+    """
+
+    def __init__(self, using: str):
+        self.using = using
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        yield
+
+    def turns(self, target):
+        return target
+
