@@ -50,6 +50,8 @@ class Settings:
     IMPORTS: tuple | list = ()
     UNKNOWN_JOB_GRACE_SECONDS: float = DEFAULT_UNKNOWN_JOB_GRACE_SECONDS
     LISTEN_DATABASE: str | None = None
+    QUEUES: Any = dataclasses.field(default_factory=dict)
+    """Flow control per queue (soniq.E011 checks it; flow.py applies it)."""
 
     configured: frozenset = frozenset()
     """Every key the project set, known or not (the checks name the unknown ones)."""
