@@ -32,9 +32,12 @@
 --    is exact across workers.
 --
 -- Which limit applies is the row's own value, else the configured one,
--- field by field (the rate's two columns go together). Queues without a row,
--- or whose row limits nothing, cost one lookup of soniq_queue_settings and
--- take no lock. The counts need each statement to see what other claims
+-- field by field (the rate's two columns go together). A claim whose queues
+-- have no row, or whose rows limit nothing, is version 2's claim after one
+-- lookup of soniq_queue_settings, and takes no lock. Otherwise the queues it
+-- may serve freely are named (a claim of every queue finds those with a
+-- queued job by skipping through the claim index), so that a paused or
+-- limited queue's backlog is never walked past. The counts need each statement to see what other claims
 -- committed while this one waited for the lock: READ COMMITTED, the
 -- default. A limited claim in another isolation level is refused (22023,
 -- HINT CONFIG) rather than allowed to miscount.
@@ -105,9 +108,9 @@ $fn$;
 -- Version 2's claim (claim_protocol_v2.sql says what it answers), with flow
 -- control: the queues it may serve that are paused are skipped, and each
 -- limited queue with a due job gets a budget (soniq_queue_budget_v1, taken in
--- queue-name order, so two claimers lock rows in one order). The jobs of
--- unlimited queues and at most each limited queue's budget of its jobs are
--- locked (SKIP LOCKED), then the first cardinality(claim_tokens) of them by
+-- queue-name order, so two claimers lock rows in one order). The jobs of the
+-- free queues and at most each limited queue's budget of its jobs are locked
+-- (SKIP LOCKED), then the first cardinality(claim_tokens) of them by
 -- (priority, created_at) are claimed -- the order of version 2 among the
 -- jobs that may start.
 CREATE OR REPLACE FUNCTION {schema}.soniq_claim_many(
@@ -144,6 +147,7 @@ DECLARE
     v_limited text[];
     v_rated text[];
     v_skip text[];
+    v_free text[];
     v_queue text;
     v_budget integer;
     v_is_rated boolean;
@@ -208,8 +212,8 @@ BEGIN
             OR s.rate_limit IS NOT NULL OR s.configured_rate_limit IS NOT NULL)
        AND (p_queues IS NULL OR s.queue = ANY (p_queues));
 
-    IF v_limited IS NULL THEN
-        -- No limit applies: version 2's claim, without the paused queues.
+    IF v_paused IS NULL AND v_limited IS NULL THEN
+        -- No flow control applies: version 2's claim as it was.
         -- Lock the jobs first (SKIP LOCKED: concurrent claimers take
         -- different rows), in claim order. Then write them one by one by
         -- primary key: for the usual batch of one, measured cheaper than one
@@ -219,7 +223,6 @@ BEGIN
               FROM {schema}.soniq_jobs AS j
              WHERE j.status = 'queued'
                AND (p_queues IS NULL OR j.queue = ANY (p_queues))
-               AND (v_paused IS NULL OR j.queue <> ALL (v_paused))
                AND (j.scheduled_at IS NULL OR j.scheduled_at <= pg_catalog.clock_timestamp())
              ORDER BY j.priority, j.created_at
              LIMIT v_wanted
@@ -230,24 +233,46 @@ BEGIN
             v_top_generation := GREATEST(v_top_generation, r.claim_generation);
         END LOOP;
     ELSE
-        v_skip := coalesce(v_paused, '{}'::text[]) || v_limited;
-        FOR r IN
-            SELECT j.id, j.claim_generation, j.priority, j.created_at
-              FROM {schema}.soniq_jobs AS j
-             WHERE j.status = 'queued'
-               AND (p_queues IS NULL OR j.queue = ANY (p_queues))
-               AND j.queue <> ALL (v_skip)
-               AND (j.scheduled_at IS NULL OR j.scheduled_at <= pg_catalog.clock_timestamp())
-             ORDER BY j.priority, j.created_at
-             LIMIT v_wanted
-               FOR UPDATE SKIP LOCKED
-        LOOP
-            c_ids := c_ids || r.id;
-            c_generations := c_generations || r.claim_generation;
-            c_priorities := c_priorities || r.priority;
-            c_created := c_created || r.created_at;
-        END LOOP;
-        FOREACH v_queue IN ARRAY v_limited LOOP
+        v_skip := coalesce(v_paused, '{}'::text[]) || coalesce(v_limited, '{}'::text[]);
+        -- The queues served that nothing holds back: named by the caller, or
+        -- (all queues) those with a queued job, found by skipping through
+        -- the claim index one queue at a time. A filter on the skipped
+        -- queues instead would walk past every one of their queued jobs.
+        IF p_queues IS NOT NULL THEN
+            v_free := ARRAY(SELECT q.name FROM pg_catalog.unnest(p_queues) AS q(name)
+                             WHERE q.name <> ALL (v_skip));
+        ELSE
+            v_free := ARRAY(
+                WITH RECURSIVE found(name) AS (
+                    (SELECT j.queue FROM {schema}.soniq_jobs AS j
+                      WHERE j.status = 'queued' ORDER BY j.queue LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT j.queue FROM {schema}.soniq_jobs AS j
+                             WHERE j.status = 'queued' AND j.queue > f.name
+                             ORDER BY j.queue LIMIT 1)
+                      FROM found AS f WHERE f.name IS NOT NULL)
+                SELECT f.name FROM found AS f
+                 WHERE f.name IS NOT NULL AND f.name <> ALL (v_skip));
+        END IF;
+        IF pg_catalog.cardinality(v_free) > 0 THEN
+            FOR r IN
+                SELECT j.id, j.claim_generation, j.priority, j.created_at
+                  FROM {schema}.soniq_jobs AS j
+                 WHERE j.status = 'queued'
+                   AND j.queue = ANY (v_free)
+                   AND (j.scheduled_at IS NULL
+                        OR j.scheduled_at <= pg_catalog.clock_timestamp())
+                 ORDER BY j.priority, j.created_at
+                 LIMIT v_wanted
+                   FOR UPDATE SKIP LOCKED
+            LOOP
+                c_ids := c_ids || r.id;
+                c_generations := c_generations || r.claim_generation;
+                c_priorities := c_priorities || r.priority;
+                c_created := c_created || r.created_at;
+            END LOOP;
+        END IF;
+        FOREACH v_queue IN ARRAY coalesce(v_limited, '{}'::text[]) LOOP
             -- An empty queue takes no lock.
             CONTINUE WHEN NOT EXISTS (
                 SELECT 1 FROM {schema}.soniq_jobs AS j
