@@ -14,7 +14,7 @@ kinds of values live in a row:
   admin, or SQL). An override wins; NULL falls back to the configured
   value, field by field.
 
-docs/operations.md is the guide; docs/decisions/0015-queue-flow-control.md
+docs/operations.md is the guide; docs/decisions/0016-queue-flow-control.md
 says why it is built this way.
 """
 

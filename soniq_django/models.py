@@ -430,7 +430,7 @@ class QueueSetting(models.Model):
       field by field (the rate's two columns as one field).
 
     A row with nothing set and ``paused`` false changes nothing. See
-    docs/operations.md and docs/decisions/0015-queue-flow-control.md.
+    docs/operations.md and docs/decisions/0016-queue-flow-control.md.
     """
 
     queue = models.TextField(primary_key=True)

@@ -4,7 +4,7 @@ The two tables, then sql/claim_protocol_v5.sql (PostgreSQL): soniq_claim_many
 skips paused queues and starts at most what a queue's concurrency and rate
 limits leave (soniq_queue_budget_v1, under the queue's row lock). Reversing
 puts claim_protocol_v2.sql's soniq_claim_many back, drops the helper, then
-the tables. See docs/decisions/0015-queue-flow-control.md.
+the tables. See docs/decisions/0016-queue-flow-control.md.
 """
 
 import django.db.models.functions.datetime
