@@ -12,6 +12,15 @@ triggers in the same transaction as the write (a write that did not commit
 leaves no audit row). It carries the generation the write was made for: the
 completion's result and a handler failure's error text both name the
 generation of the execution that produced them.
+
+``chaos_effects`` (the effects scenario, tests/chaos/effects.py): the
+handler's own database write, one row per execution, inserted inside the
+job's atomic transaction. It has no unique constraint on purpose: a second
+row for a job would be stored, so a duplicate shows. The columns
+``effect_at``, ``backend_pid`` and ``sleep_until`` of ``chaos_executions``
+are the handler's note (over its own autocommit connection) that it wrote
+its effect row, from which backend, and until when it then sleeps: how the
+driver picks a run mid-flight to SIGSTOP, and a backend to terminate.
 """
 
 SCHEMA_SQL = r"""
@@ -30,9 +39,21 @@ CREATE TABLE chaos_executions (
     row_status text,
     row_lease timestamptz,
     started_at timestamptz NOT NULL,    -- database clock, the leases' clock
-    finished_at timestamptz             -- set when the handler body ran to its end
+    finished_at timestamptz,            -- set when the handler body ran to its end
+    effect_at timestamptz,              -- effects scenario: the effect row was written
+    backend_pid integer,                -- ... by this server backend (the job's connection)
+    sleep_until timestamptz             -- ... and the handler then sleeps until about this
 );
 CREATE INDEX ON chaos_executions (job_id);
+
+CREATE TABLE chaos_effects (            -- no unique constraint: duplicates must show
+    id bigserial PRIMARY KEY,
+    job_id uuid NOT NULL,
+    generation bigint NOT NULL,
+    exec_id uuid NOT NULL,
+    backend_pid integer NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 
 CREATE TABLE chaos_writes (
     id bigserial PRIMARY KEY,
