@@ -617,13 +617,7 @@ class Outcome:
             "PostgreSQL was down), each replaced",
             f"  restarts:                {f.restarts_total} (fast {f.restarts_fast} / "
             f"immediate {f.restarts_immediate})",
-            f"  stops:                   {f.stops} SIGSTOP past the lease, then SIGCONT "
-            f"({f.stops_missed} found no run to stop); {len(f.stopped_claims)} claims held "
-            f"while stopped, {sum(1 for s in f.stopped_claims if s['effect_written'])} of them "
-            "mid-run with their effect written",
-            f"  terminated backends:     {f.backends_terminated} in {f.terminations} events "
-            f"(job connection mid-run {f.terminated['mid-run']}, at its completion "
-            f"{f.terminated['at completion']}, any worker backend {f.terminated['any']})",
+            *self._stop_lines(),
             f"  executions:              {r.executions} recorded; {r.claims} claims, "
             f"{r.claims_never_run} never reached a handler",
             f"  duplicate executions:    {r.duplicate_executions} (after a lease lapse "
@@ -646,6 +640,20 @@ class Outcome:
             f"  verdict: {'PASS' if self.ok else 'FAIL'}",
         ]
         return "\n".join(lines)
+
+    def _stop_lines(self) -> list[str]:
+        f = self.facts
+        if not (f.stops or f.stops_missed or f.terminations):
+            return []
+        return [
+            f"  stops:                   {f.stops} SIGSTOP past the lease, then SIGCONT "
+            f"({f.stops_missed} found no run to stop); {len(f.stopped_claims)} claims held "
+            f"while stopped, {sum(1 for s in f.stopped_claims if s['effect_written'])} of them "
+            "mid-run with their effect written",
+            f"  terminated backends:     {f.backends_terminated} in {f.terminations} events "
+            f"(job connection mid-run {f.terminated['mid-run']}, at its completion "
+            f"{f.terminated['at completion']}, any worker backend {f.terminated['any']})",
+        ]
 
     def _effects_lines(self) -> list[str]:
         f, r = self.facts, self.report
