@@ -25,7 +25,11 @@ It proves:
    result) the generation of the claim it was applied to; every applied
    failure names that generation in its error; each final row's result
    generation equals its claim_generation. A write produced by an older
-   execution would carry a lower generation.
+   execution would carry a lower generation. (One kind of failure names no
+   generation: the worker's own, for an atomic run that ended outside its
+   handler -- its transaction could not begin, its completion or COMMIT
+   failed. Those are counted, ``atomic_failures_reported``; that they belong
+   to the claim they were applied to rests on the fence alone.)
 4. **Claims are fenced.** Each claim raised the generation by exactly one;
    no claim ran twice (one execution per job and generation at most); each
    execution ran under a claim that existed and was owned by its worker.
@@ -64,6 +68,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 LAPSE_ERROR = "lease lapsed"
+#: How the worker's own failure texts for an atomic run begin (soniq_django/worker/atomic.py,
+#: writes.py): the run ended outside its handler -- its transaction could not begin, its
+#: completion or its COMMIT failed -- and nothing it wrote was kept.
+ATOMIC_WORKER_ERRORS = ("the atomic run", "the commit of this atomic run")
 
 
 @dataclass
@@ -87,6 +95,7 @@ class Report:
     claims_never_run: int = 0
     lease_lapses: int = 0
     failures_reported: int = 0
+    atomic_failures_reported: int = 0  # by the worker: an atomic run's completion/COMMIT failed
     owned_row_reads: int = 0
     workers_not_recovered: int = 0
     stopped_claims: int = 0
@@ -207,6 +216,11 @@ def check(conn, *, restarts: list[dict] | None = None,
                     report.stale_writes_applied += 1
                     report.violation(f"{job_id}: failure of generation {carried} applied to "
                                      f"generation {write['old_generation']}")
+            elif (write["error_head"] or "").startswith(ATOMIC_WORKER_ERRORS):
+                # Fenced like every final write, but its text names no generation: that it
+                # belongs to this claim rests on the fence (the executions are checked below).
+                write["worker_failure"] = True
+                report.atomic_failures_reported += 1
             elif (write["error_tail"] or "").startswith(LAPSE_ERROR):
                 report.lease_lapses += 1
                 if write["old_lease"] is None or write["old_lease"] > write["at"]:
@@ -294,7 +308,7 @@ def check(conn, *, restarts: list[dict] | None = None,
                 report.violation(f"{job_id}: generation {later['attempt']} started before "
                                  f"generation {earlier['attempt']} ended")
                 continue
-            if end["error_generation"] is not None:
+            if end["error_generation"] is not None or end.get("worker_failure"):
                 report.reruns_after_failure += 1
             else:
                 report.reruns_after_lapse += 1

@@ -670,6 +670,9 @@ class Outcome:
             f"  effects rolled back:     {r.effects_rolled_back} (written by a run, then "
             f"gone with its transaction; {f.rolled_back_logged} runs logged by their worker as "
             "rolled back)",
+            f"  atomic runs failed outside their handler: {r.atomic_failures_reported} "
+            "(the transaction could not begin, or its completion or COMMIT failed; "
+            "reported by the worker, retried)",
             f"  executions beyond one per job: {r.duplicate_executions} (counted, not a "
             "failure)",
         ]
