@@ -8,7 +8,7 @@ on the same database and inside transactions that are rolled back, the
 checker is shown bugs of each kind and must report every one: a checker
 that cannot fail proves nothing.
 
-The effects run: 400 atomic ``chaos.effect`` jobs (tests/chaos/effects.py),
+The effects run: 500 atomic ``chaos.effect`` jobs (tests/chaos/effects.py),
 each writing one effect row in its job's transaction and sleeping 50-500 ms,
 through a SIGKILL, a fast and an immediate restart, a worker SIGSTOPped past
 its lease mid-run and resumed, and two rounds of terminated backends. Every
@@ -54,8 +54,8 @@ def _require_a_private_cluster() -> None:
 
 
 EFFECTS_SHORT = effects_config(
-    jobs=400, workers=4, concurrency=2, kills=1, fast_restarts=1, immediate_restarts=1,
-    stops=1, terminations=2, downtime=(0.5, 2.0), long_outages=0, window=(0.1, 0.7),
+    jobs=500, workers=4, concurrency=2, kills=1, fast_restarts=1, immediate_restarts=1,
+    stops=1, terminations=2, downtime=(0.5, 2.0), long_outages=0, window=(0.05, 0.6),
     drain_timeout=150.0, stall_timeout=60.0,
 )
 
