@@ -83,7 +83,7 @@ def _translated(connection, alias: str):
     becomes its ``SoniqError`` (``errors.translate``).
     """
     guard = transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
-    with translating(), guard:
+    with translating(alias), guard:
         yield
 
 
@@ -221,7 +221,7 @@ def enqueue_many(jobs: list[PreparedJob], connection, alias: str) -> list[uuid.U
 
 def get_job_row(job_id: uuid.UUID, connection) -> tuple | None:
     """The ``soniq_get_job`` row for ``job_id``, or None."""
-    with translating(), connection.cursor() as cursor:
+    with translating(connection.alias), connection.cursor() as cursor:
         cursor.execute(GET_JOB, [job_id])
         row = cursor.fetchone()
     if row is None:

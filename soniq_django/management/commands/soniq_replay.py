@@ -2,7 +2,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django.errors import SoniqError
-from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.management.database import (
+    add_database_argument, database_alias, migrations_required,
+)
 from soniq_django.replay import replay_dead_letters
 
 
@@ -20,11 +22,13 @@ class Command(BaseCommand):
         add_database_argument(parser)
 
     def handle(self, *args, **options):
+        alias = database_alias(options)
         try:
-            report = replay_dead_letters(
-                database_alias(options), ids=options["ids"] or None, reason=options["reason"],
-                all=options["all"], dry_run=options["dry_run"], progress=self._progress,
-            )
+            with migrations_required(alias):
+                report = replay_dead_letters(
+                    alias, ids=options["ids"] or None, reason=options["reason"],
+                    all=options["all"], dry_run=options["dry_run"], progress=self._progress,
+                )
             if self.stdout.isatty():
                 self.stdout.write("")  # end the progress line
         except (ValueError, SoniqError, ConnectionDoesNotExist) as error:

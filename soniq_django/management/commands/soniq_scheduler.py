@@ -3,7 +3,9 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
-from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.management.database import (
+    add_database_argument, database_alias, require_migrated,
+)
 from soniq_django.scheduler import Scheduler
 
 
@@ -26,7 +28,9 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         if not options["interval"] > 0:
             raise CommandError("--interval must be a positive number of seconds")
-        scheduler = Scheduler(using=database_alias(options))
+        alias = database_alias(options)
+        require_migrated(alias)
+        scheduler = Scheduler(using=alias)
         if options["once"]:
             scheduler.sync_code_schedules()
             job_ids = scheduler.run_due()
