@@ -10,6 +10,7 @@ and people read ``reason``.
     SoniqError
     ├── ConfigValidationError   bad input: INVALID_TASK_NAME, TASK_ARGS_INVALID,
     │                           INVALID_MAX_ATTEMPTS, INVALID_OPTION, CONFIG
+    ├── SettingsInvalid         SETTINGS_INVALID (also an ImproperlyConfigured)
     ├── MigrationsNotApplied    QUEUE_DATABASE_REFUSED (a soniq table or function missing)
     ├── SchemaAdmissionError    SCHEMA_REFUSED (also an ImproperlyConfigured)
     ├── TablesShapeError        SCHEMA_REFUSED
@@ -71,7 +72,9 @@ class ErrorCode(enum.StrEnum):
     JOB_FAILED = "JOB_FAILED"
     """``soniq_django.testing`` ran a job that was dead-lettered without an exception of
     its handler's own to re-raise (no handler, arguments that do not fit, a non-JSON result)."""
-
+    SETTINGS_INVALID = "SETTINGS_INVALID"
+    """A ``SONIQ`` setting the call needs has a value the system checks reject; the reason
+    names the key, the value's type and the check id (``manage.py check`` says the same)."""
 
 
 #: The codes of bad input, each raised as a ``ConfigValidationError``.
@@ -110,6 +113,19 @@ class ConfigValidationError(SoniqError):
         if code not in INPUT_CODES:
             raise ValueError(f"{code} is not a code of bad input")
         super().__init__(code, reason)
+
+
+class SettingsInvalid(SoniqError, ImproperlyConfigured):
+    """A ``SONIQ`` setting has a value the system checks reject, and a call needs it.
+
+    ``key`` is the setting, ``check_id`` the check that reports it
+    (``soniq.E003``, ``soniq.E004``); the reason says what the value must be
+    and its type, never the value. Also an ``ImproperlyConfigured``.
+    """
+
+    def __init__(self, key: str, check_id: str, reason: str):
+        self.key, self.check_id = key, check_id
+        super().__init__(ErrorCode.SETTINGS_INVALID, reason)
 
 
 class MigrationsNotApplied(SoniqError):

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from ..conf import DEFAULT_MAX_ATTEMPTS, get_settings
+from ..conf import DEFAULT_MAX_ATTEMPTS, checked, current_problems, get_settings
 from ..encoding import hash_normalized_args, normalize_args
 from ..errors import ConfigValidationError, ErrorCode
 
@@ -75,6 +75,7 @@ def _compiled(pattern: str) -> re.Pattern:
     return re.compile(pattern)
 
 
+
 def validate_job_name(job_name: Any, pattern: str | None = None) -> str:
     """Return ``job_name`` if it matches ``pattern`` (default: ``TASK_NAME_PATTERN``).
 
@@ -84,7 +85,7 @@ def validate_job_name(job_name: Any, pattern: str | None = None) -> str:
         raise ConfigValidationError("the job name must be a non-empty string",
                                     code=ErrorCode.INVALID_TASK_NAME)
     if pattern is None:
-        pattern = get_settings().TASK_NAME_PATTERN
+        pattern = checked("TASK_NAME_PATTERN")
     if _compiled(pattern).fullmatch(job_name) is None:
         raise ConfigValidationError(
             "the job name does not match the task-name pattern "
@@ -144,16 +145,28 @@ def coerce_job_id(value: Any) -> uuid.UUID:
     raise _option("job_id must be a UUID")
 
 
+def _check_settings_used(request: JobRequest) -> None:
+    """Raise ``SettingsInvalid`` for a bad setting that ``request`` needs (and only those)."""
+    checked("TASK_NAME_PATTERN")
+    if request.queue is None:
+        checked("DEFAULT_QUEUE")
+    if request.priority is None:
+        checked("DEFAULT_PRIORITY")
+
+
 def prepare(request: JobRequest) -> PreparedJob:
     """Validate ``request`` and return what to insert, with the settings' defaults filled in.
 
     Raises ``ConfigValidationError`` with
     INVALID_TASK_NAME, TASK_ARGS_INVALID or INVALID_MAX_ATTEMPTS (the codes
     SQL ``soniq_enqueue`` uses), INVALID_OPTION for other options, or CONFIG
-    when ``request`` is not a ``JobRequest``.
+    when ``request`` is not a ``JobRequest``; ``SettingsInvalid`` when a
+    setting it needs is one the system checks reject.
     """
     if not isinstance(request, JobRequest):
         raise ConfigValidationError("expected a JobRequest")
+    if current_problems():
+        _check_settings_used(request)
     config = get_settings()
     job_name = validate_job_name(request.job_name, config.TASK_NAME_PATTERN)
     args = normalize_args({} if request.args is None else request.args)
