@@ -40,6 +40,10 @@ DEFAULT_MAX_ATTEMPTS = 4
 #: takes (docs/deployment.md#rolling-deploys says why ten minutes).
 DEFAULT_UNKNOWN_JOB_GRACE_SECONDS = 600
 
+#: The largest job args ``enqueue()`` accepts, as compact UTF-8 JSON: 1 MiB
+#: (docs/settings.md says why).
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
@@ -61,6 +65,7 @@ class Settings:
     IMPORTS: tuple | list = ()
     UNKNOWN_JOB_GRACE_SECONDS: float = DEFAULT_UNKNOWN_JOB_GRACE_SECONDS
     LISTEN_DATABASE: str | None = None
+    MAX_PAYLOAD_BYTES: int | None = DEFAULT_MAX_PAYLOAD_BYTES
 
     configured: frozenset = frozenset()
     """Every key the project set, known or not (the checks name the unknown ones)."""
@@ -157,6 +162,10 @@ def _value_problem(config: Settings, key: str) -> Problem | None:
             isinstance(name, str) and name for name in value)):
         return _problem(key, "SONIQ['IMPORTS'] must be a list of module names.",
                         'For example ["shop.tasks", "billing.handlers"].')
+    if key == "MAX_PAYLOAD_BYTES" and value is not None and not (
+            type(value) is int and value >= 1):
+        return _problem(key, "SONIQ['MAX_PAYLOAD_BYTES'] must be None or a whole number of "
+                             "bytes, at least 1.", f"The default is {default} (1 MiB).")
     if key == "TASK_NAME_PATTERN":
         try:
             re.compile(value)

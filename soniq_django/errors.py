@@ -9,7 +9,8 @@ and people read ``reason``.
 
     SoniqError
     ├── ConfigValidationError   bad input: INVALID_TASK_NAME, TASK_ARGS_INVALID,
-    │                           INVALID_MAX_ATTEMPTS, INVALID_OPTION, CONFIG
+    │   │                       INVALID_MAX_ATTEMPTS, INVALID_OPTION, CONFIG
+    │   └── PayloadTooLarge     PAYLOAD_TOO_LARGE (args over SONIQ["MAX_PAYLOAD_BYTES"])
     ├── SettingsInvalid         SETTINGS_INVALID (also an ImproperlyConfigured)
     ├── MigrationsNotApplied    QUEUE_DATABASE_REFUSED (a soniq table or function missing)
     ├── SchemaAdmissionError    SCHEMA_REFUSED (also an ImproperlyConfigured)
@@ -72,6 +73,9 @@ class ErrorCode(enum.StrEnum):
     JOB_FAILED = "JOB_FAILED"
     """``soniq_django.testing`` ran a job that was dead-lettered without an exception of
     its handler's own to re-raise (no handler, arguments that do not fit, a non-JSON result)."""
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    """The job args, as compact UTF-8 JSON, are larger than ``SONIQ["MAX_PAYLOAD_BYTES"]``;
+    the reason gives both sizes (and, in ``bulk_enqueue``, the request's index)."""
     SETTINGS_INVALID = "SETTINGS_INVALID"
     """A ``SONIQ`` setting the call needs has a value the system checks reject; the reason
     names the key, the value's type and the check id (``manage.py check`` says the same)."""
@@ -80,7 +84,7 @@ class ErrorCode(enum.StrEnum):
 #: The codes of bad input, each raised as a ``ConfigValidationError``.
 INPUT_CODES = frozenset({
     ErrorCode.INVALID_TASK_NAME, ErrorCode.TASK_ARGS_INVALID, ErrorCode.INVALID_MAX_ATTEMPTS,
-    ErrorCode.INVALID_OPTION, ErrorCode.CONFIG,
+    ErrorCode.INVALID_OPTION, ErrorCode.CONFIG, ErrorCode.PAYLOAD_TOO_LARGE,
 })
 
 _MAX_REASON = 200
@@ -113,6 +117,27 @@ class ConfigValidationError(SoniqError):
         if code not in INPUT_CODES:
             raise ValueError(f"{code} is not a code of bad input")
         super().__init__(code, reason)
+
+
+class PayloadTooLarge(ConfigValidationError):
+    """The job args are larger than ``SONIQ["MAX_PAYLOAD_BYTES"]`` (code PAYLOAD_TOO_LARGE).
+
+    ``size`` and ``limit`` are in bytes of compact UTF-8 JSON; ``index`` is the
+    request's position in a ``bulk_enqueue`` (None for one job). The reason
+    gives the sizes, never the args.
+    """
+
+    def __init__(self, size: int, limit: int, index: int | None = None):
+        self.size, self.limit, self.index = size, limit, index
+        where = "" if index is None else f"request {index} (counting from 0): "
+        super().__init__(
+            f"{where}the job args are {size:,} bytes as JSON, more than "
+            f"SONIQ['MAX_PAYLOAD_BYTES'] ({limit:,}); pass ids and let the handler load the data",
+            code=ErrorCode.PAYLOAD_TOO_LARGE)
+
+    def at(self, index: int) -> "PayloadTooLarge":
+        """The same error, naming the position of the request in a bulk enqueue."""
+        return PayloadTooLarge(self.size, self.limit, index)
 
 
 class SettingsInvalid(SoniqError, ImproperlyConfigured):

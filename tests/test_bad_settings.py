@@ -30,6 +30,7 @@ BAD = {
     "pattern not text": ({"TASK_NAME_PATTERN": 5}, "soniq.E004", "int"),
     "empty default queue": ({"DEFAULT_QUEUE": ""}, "soniq.E003", "str"),
     "no attempts": ({"DEFAULT_MAX_ATTEMPTS": 0}, "soniq.E003", "int"),
+    "payload limit as text": ({"MAX_PAYLOAD_BYTES": "1MB"}, "soniq.E003", "str"),
 }
 
 

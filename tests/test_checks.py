@@ -37,11 +37,19 @@ def test_unknown_keys_are_named_with_the_known_ones_as_hint():
      {"JOB_TIMEOUT_SECONDS": 0}, {"DEFAULT_QUEUE": ""}, {"RETRY_MAX_SECONDS": None},
      {"PREPARED_STATEMENTS": "yes"}, {"PREPARED_STATEMENTS": 1}, {"IMPORTS": "shop.tasks"},
      {"IMPORTS": ["shop.tasks", 3]}, {"IMPORTS": [""]}, {"IMPORTS": None},
-     {"UNKNOWN_JOB_GRACE_SECONDS": -1}, {"UNKNOWN_JOB_GRACE_SECONDS": "600"}],
+     {"UNKNOWN_JOB_GRACE_SECONDS": -1}, {"UNKNOWN_JOB_GRACE_SECONDS": "600"},
+     {"MAX_PAYLOAD_BYTES": 0}, {"MAX_PAYLOAD_BYTES": "1MB"}, {"MAX_PAYLOAD_BYTES": True},
+     {"MAX_PAYLOAD_BYTES": 1.5e6}],
 )
 def test_bad_values(config):
     with override_settings(SONIQ=config):
         assert "soniq.E003" in ids(check_settings())
+
+
+@pytest.mark.parametrize("value", [None, 1, 2**40])
+def test_max_payload_bytes_takes_none_or_a_positive_whole_number(value):
+    with override_settings(SONIQ={"MAX_PAYLOAD_BYTES": value}):
+        assert "soniq.E003" not in ids(check_settings())
 
 
 @pytest.mark.parametrize("value", [None, True, False])

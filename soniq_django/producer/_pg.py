@@ -186,7 +186,7 @@ def _call(connection, alias: str, sql: str, params: list) -> tuple:
 def enqueue(job: PreparedJob, connection, alias: str) -> uuid.UUID:
     """Call ``soniq_enqueue`` for one validated job; return the id it gives."""
     params = [
-        job.job_name, _json(job.args), job.queue, job.priority, job.scheduled_at,
+        job.job_name, job.args_json, job.queue, job.priority, job.scheduled_at,
         job.max_attempts, job.unique_job, job.dedup_key, job.producer_id, job.job_id,
     ]
     (job_id,) = _call(connection, alias, _ENQUEUE, params)

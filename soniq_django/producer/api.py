@@ -22,7 +22,7 @@ from . import _pg
 from .commit import warn_if_uncoupled
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
-from .request import JobRequest, PreparedJob, coerce_job_id, prepare
+from .request import JobRequest, PreparedJob, coerce_job_id, prepare, prepare_all
 from ..models import DeadLetterJob, Job, JobStatus
 
 
@@ -144,7 +144,7 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     the async twin).
     """
     refuse_event_loop("bulk_enqueue", "abulk_enqueue")
-    prepared = [prepare(request) for request in requests]
+    prepared = prepare_all(requests)
     if not prepared:
         return []
     alias = write_alias(using)

@@ -2,21 +2,24 @@
 
 ``JobRequest`` is the authored request (also the envelope of owned
 submissions). ``prepare`` checks it exactly as SQL ``soniq_enqueue`` does,
-plus what only Python can get wrong, and returns a ``PreparedJob`` whose
-values are private copies ready to insert. Nothing is written before
-``prepare`` succeeds, so bad input never leaves a partial row.
+plus what only Python can get wrong (and the size of its args, see
+``MAX_PAYLOAD_BYTES``), and returns a ``PreparedJob`` whose values are
+private copies ready to insert. Nothing is written before ``prepare``
+succeeds, so bad input never leaves a partial row.
 """
 
 import datetime as dt
 import functools
+import json
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from ..conf import DEFAULT_MAX_ATTEMPTS, checked, current_problems, get_settings
 from ..encoding import hash_normalized_args, normalize_args
-from ..errors import ConfigValidationError, ErrorCode
+from ..errors import ConfigValidationError, ErrorCode, PayloadTooLarge
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_LABEL_LENGTH = 255
@@ -59,6 +62,9 @@ class PreparedJob:
     unique_job: bool
     dedup_key: str | None
     producer_id: str | None
+    args_json: str
+    """``args`` as compact JSON (UTF-8 text, not ASCII-escaped): what is measured
+    against ``MAX_PAYLOAD_BYTES`` and what the PostgreSQL producer sends."""
 
     @property
     def deduplicates(self) -> bool:
@@ -74,6 +80,21 @@ def _option(reason: str) -> ConfigValidationError:
 def _compiled(pattern: str) -> re.Pattern:
     return re.compile(pattern)
 
+
+#: Job args as the PostgreSQL producer sends them (and as their size is measured).
+encode_args = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def _encoded(args: dict) -> str:
+    """``args`` as compact JSON; raise ``PayloadTooLarge`` over ``MAX_PAYLOAD_BYTES``."""
+    text = encode_args(args)
+    limit = get_settings().MAX_PAYLOAD_BYTES
+    # A character is 1 to 4 bytes of UTF-8: most args are decided without encoding.
+    if limit is not None and len(text) * 4 > limit:
+        size = len(text.encode("utf-8"))
+        if size > limit:
+            raise PayloadTooLarge(size, limit)
+    return text
 
 
 def validate_job_name(job_name: Any, pattern: str | None = None) -> str:
@@ -148,6 +169,7 @@ def coerce_job_id(value: Any) -> uuid.UUID:
 def _check_settings_used(request: JobRequest) -> None:
     """Raise ``SettingsInvalid`` for a bad setting that ``request`` needs (and only those)."""
     checked("TASK_NAME_PATTERN")
+    checked("MAX_PAYLOAD_BYTES")
     if request.queue is None:
         checked("DEFAULT_QUEUE")
     if request.priority is None:
@@ -159,9 +181,10 @@ def prepare(request: JobRequest) -> PreparedJob:
 
     Raises ``ConfigValidationError`` with
     INVALID_TASK_NAME, TASK_ARGS_INVALID or INVALID_MAX_ATTEMPTS (the codes
-    SQL ``soniq_enqueue`` uses), INVALID_OPTION for other options, or CONFIG
-    when ``request`` is not a ``JobRequest``; ``SettingsInvalid`` when a
-    setting it needs is one the system checks reject.
+    SQL ``soniq_enqueue`` uses), INVALID_OPTION for other options, CONFIG
+    when ``request`` is not a ``JobRequest``, and ``PayloadTooLarge``
+    (PAYLOAD_TOO_LARGE) for args over ``MAX_PAYLOAD_BYTES``;
+    ``SettingsInvalid`` when a setting it needs is one the system checks reject.
     """
     if not isinstance(request, JobRequest):
         raise ConfigValidationError("expected a JobRequest")
@@ -170,6 +193,7 @@ def prepare(request: JobRequest) -> PreparedJob:
     config = get_settings()
     job_name = validate_job_name(request.job_name, config.TASK_NAME_PATTERN)
     args = normalize_args({} if request.args is None else request.args)
+    args_json = _encoded(args)
     if type(request.unique_job) is not bool:
         raise _option("unique_job must be True or False")
     queue, priority = request.queue, request.priority
@@ -191,5 +215,17 @@ def prepare(request: JobRequest) -> PreparedJob:
         unique_job=request.unique_job,
         dedup_key=_label(request.dedup_key, "dedup_key", required=False),
         producer_id=_label(request.producer_id, "producer_id", required=False),
+        args_json=args_json,
     )
+
+
+def prepare_all(requests: Iterable[JobRequest]) -> list[PreparedJob]:
+    """``prepare`` each request of a bulk enqueue; ``PayloadTooLarge`` names the request's index."""
+    prepared = []
+    for index, request in enumerate(requests):
+        try:
+            prepared.append(prepare(request))
+        except PayloadTooLarge as error:
+            raise error.at(index) from None
+    return prepared
 
