@@ -102,8 +102,9 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> 
     if context.cancel_requested:
         return Outcome(OutcomeKind.CANCELLED)
     try:
-        return Outcome(OutcomeKind.DONE, result=normalize_json(result))
-    except SoniqError:
+        return Outcome(OutcomeKind.DONE, result=normalize_json(result, "the result"))
+    except SoniqError as error:
         return Outcome(OutcomeKind.DEAD,
-                       error=f"{claimed.job_name} returned a value that is not JSON",
+                       error=f"{claimed.job_name} returned a value that is not JSON "
+                             f"({error.reason})",
                        reason=DeadLetterReason.PERMANENT_FAILURE)
