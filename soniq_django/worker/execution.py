@@ -42,7 +42,8 @@ class Outcome:
     error: str | None = None
     reason: str | None = None
     delay: float | None = None
-    """Seconds until a DEFERRED job is due again."""
+    """Seconds until the job is due again: a DEFERRED job's, or a RETRY's once the worker
+    chose its backoff (writes.py); None otherwise."""
     exception: BaseException | None = field(default=None, repr=False, compare=False)
     """What the handler raised, if it raised (``soniq_django.testing`` can re-raise it)."""
 
