@@ -71,6 +71,8 @@ def test_a_producer_call_says_which_migrate_to_run(empty, call):
 
 COMMANDS = [
     ("soniq_status",), ("soniq_status", "--json"), ("soniq_purge",), ("soniq_replay", "--all"),
+    ("soniq_replay", "0123abcd"), ("soniq_cancel", "--queue", "default"),
+    ("soniq_cancel", "0123abcd", "--dry-run"),
     ("soniq_enqueue", "tests.add"), ("soniq_retire_submissions", "--older-than", "30"),
     ("soniq_retire_submissions", "--older-than", "30", "--confirm"),
     pytest.param(("soniq_grant", "postgres"), marks=pytest.mark.postgresql_only),

@@ -91,6 +91,12 @@ def snapshot(request: object, submission_id: object, force: object) -> OwnedSubm
     positive_int(request.max_attempts, "max_attempts", INT32_MAX)
     if request.active_key is not None:
         identity(request.active_key, "active_key")
+    if request.delay is not None or isinstance(request.run_at, dt.timedelta):
+        # The fingerprint covers what was authored; a countdown would be
+        # counted anew by each replay of the same submission.
+        raise ConfigValidationError(
+            "submit_owned needs run_at as an aware datetime: a countdown (delay=, or a "
+            "timedelta) is not a replayable part of a submission")
     try:
         job = prepare(request)
     except SettingsInvalid:

@@ -85,6 +85,8 @@ class Heartbeat:
                         return  # no connection to be had; the waiting turn said so
                     aside = aside or not turn
                     step()
+            logger.debug("heartbeat: worker row and %d running job(s)%s", len(self.flights),
+                         " (on a second connection)" if aside else "")
         except SoniqError:
             return  # stopping, and the server refused the connection
         finally:

@@ -181,6 +181,7 @@ def test_a_result_that_is_not_json_is_a_permanent_failure(run_log):
     letter = dead(job_id)
     assert letter.dead_letter_reason == "permanent_failure"
     assert "not JSON" in letter.last_error
+    assert "inside the result: a value of type set" in letter.last_error  # where, and what
     assert len(run_log.events("start", job_id)) == 1  # not retried
 
 
