@@ -70,7 +70,9 @@ class Heartbeat:
                     return
                 self.beat_all()
                 if self.stopping.is_set():
-                    time.sleep(beat_interval())
+                    # Draining: beat again in a beat, or end as soon as the last job's
+                    # write is over (the worker's exit waits for this thread).
+                    self.flights.wait_empty(beat_interval())
         finally:
             connections.close_all()  # this thread's own, if the last beats went aside
 
