@@ -1,4 +1,4 @@
-"""Atomic jobs: a handler's writes and its fenced completion commit in one transaction, or not at all.
+"""Atomic jobs: a handler's writes and its fenced completion commit together, or not at all.
 
 ``@job(atomic=True)``, or a Tasks backend with ``OPTIONS["atomic"]``. The
 job thread opens a transaction on its own connection to the jobs database

@@ -6,7 +6,8 @@ which of them writes what:
 - ``settle(flight, outcome)`` -- on the job thread, once the handler
   returned. A failure, a dead letter or a cancel acknowledgement is written
   there and then. An atomic job's completion was written before, in the
-  handler's own transaction (worker/atomic.py): it is only reported. A completion is where the two completers differ: the
+  handler's own transaction (worker/atomic.py): it is only reported. A
+  completion is where the two completers differ: the
   ``InlineCompleter`` (one slot) writes it on the job thread, in one
   transaction with the claim of the slot's next job, which the same thread
   then runs -- no hand-off between threads; the ``BatchCompleter`` (several
