@@ -44,16 +44,9 @@ NOTE_SQL = ("UPDATE chaos_executions SET effect_at = clock_timestamp(), backend_
             "sleep_until = clock_timestamp() + make_interval(secs => %s) WHERE exec_id = %s")
 
 
-def generation_of(context) -> int:
-    """The claim generation of this run (``attempts`` equals it for chaos jobs; the checker
-    verifies that on every row)."""
-    generation = getattr(context, "generation", None)
-    return context.attempts if generation is None else generation
-
-
 def _effect(n: int, seconds: float, fail_first: bool = False) -> dict:
     context = current_job()
-    generation = generation_of(context)
+    generation = context.generation  # the run's claim generation
     exec_id = str(uuid.uuid4())
     recorded = execute_own(RECORD_SQL, {
         "exec": exec_id, "job": context.job_id, "attempt": generation, "pid": os.getpid(),
