@@ -28,7 +28,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from .conf import get_settings
-from .errors import ConfigValidationError, ErrorCode, translating
+from .errors import ConfigValidationError, ErrorCode, SettingsInvalid, translating
 
 #: A rate's unit: its window in seconds.
 RATE_UNITS = {"s": 1, "m": 60, "h": 3600}
@@ -108,13 +108,15 @@ def settings_messages(value: Any) -> list[checks.CheckMessage]:
 def configured_limits() -> dict[str, Limits]:
     """``SONIQ["QUEUES"]`` as ``Limits`` per queue.
 
-    Raises ``ConfigValidationError`` (CONFIG) naming soniq.E011 when the
+    Raises ``SettingsInvalid`` (SETTINGS_INVALID, check soniq.E011) when the
     value is invalid: a worker must not start on limits it cannot apply.
     """
     value = get_settings().QUEUES
     if problems(value):
-        raise ConfigValidationError("SONIQ['QUEUES'] is invalid; manage.py check reports it "
-                                    "as soniq.E011")
+        raise SettingsInvalid("QUEUES", "soniq.E011",
+                              f"SONIQ['QUEUES'] is not a valid flow-control setting (got a "
+                              f"value of type {type(value).__name__}); manage.py check reports "
+                              "it as soniq.E011")
     found = {}
     for name, entry in value.items():
         rate = entry.get("rate")
@@ -155,14 +157,14 @@ def sync_configured(using: str | None = None) -> list[str]:
     whose configured values the setting no longer names has them cleared.
     Overrides and ``paused`` are never touched. Rows are written one by one
     in queue-name order -- the order in which claims lock them -- so a
-    sync never deadlocks with a claim. Raises ``ConfigValidationError``
-    when the setting is invalid (soniq.E011), database errors as
-    ``SoniqError`` (``errors.translate``).
+    sync never deadlocks with a claim. Raises ``SettingsInvalid`` when the
+    setting is invalid (soniq.E011), database errors as ``SoniqError``
+    (``errors.translate``).
     """
     QueueSetting = _models()
     alias = _alias(using)
     wanted = configured_limits()
-    with translating():
+    with translating(alias):
         rows = {row.queue: row for row in QueueSetting.objects.using(alias).filter(
             Q(queue__in=list(wanted)) | Q(configured_concurrency__isnull=False)
             | Q(configured_rate_limit__isnull=False))}
@@ -204,7 +206,7 @@ def pause_queue(name: str, *, by: str | None = None, using: str | None = None) -
     QueueSetting = _models()
     queue, alias = _name(name), _alias(using)
     now = timezone.now()
-    with translating():
+    with translating(alias):
         for attempt in range(2):
             try:
                 with transaction.atomic(using=alias):
@@ -231,7 +233,7 @@ def resume_queue(name: str, *, using: str | None = None) -> bool:
     QueueSetting = _models()
     queue, alias = _name(name), _alias(using)
     now = timezone.now()
-    with translating(), transaction.atomic(using=alias):
+    with translating(alias), transaction.atomic(using=alias):
         resumed = bool(QueueSetting.objects.using(alias).filter(queue=queue, paused=True).update(
             paused=False, paused_at=None, paused_by=None, updated_at=now))
         if resumed:
@@ -276,9 +278,9 @@ def queue_states(using: str | None = None) -> list[QueueState]:
     alias = _alias(using)
     try:
         wanted = configured_limits()
-    except ConfigValidationError:
+    except SettingsInvalid:
         wanted = {}
-    with translating():
+    with translating(alias):
         rows = {row.queue: row for row in QueueSetting.objects.using(alias).all()}
         names = sorted(set(rows) | set(wanted))
         counts = {(row["queue"], row["status"]): row["n"] for row in Job.objects.using(alias)

@@ -26,7 +26,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import get_settings
+from .conf import checked, get_settings
 from .errors import ConfigValidationError, ErrorCode
 from .producer.request import JobRequest, prepare
 
@@ -57,8 +57,8 @@ def register_resolver(resolver: Callable[[str], Any]) -> None:
     """Let ``get_handler`` ask ``resolver(job_name)`` for names no ``@job`` handler has.
 
     The resolver returns a handler-like object (``name``, ``func``,
-    ``signature``, ``is_async``, ``max_attempts``, ``queue``, ``unique``) or
-    None. Adding the same resolver twice keeps one.
+    ``signature``, ``is_async``, ``max_attempts``, ``queue``, ``unique``,
+    optionally ``atomic``) or None. Adding the same resolver twice keeps one.
     """
     if resolver not in _resolvers:
         _resolvers.append(resolver)
@@ -128,6 +128,7 @@ class _Options:
     producer_id: str | None = None
     job_id: Any = None
     using: str | None = None
+    delay: Any = None
 
 
 _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(_Options))
@@ -137,12 +138,14 @@ class JobHandler(Generic[P, R]):
     """A function registered as a job. Call it to run it here and now."""
 
     def __init__(self, func: Callable[P, R], *, name: str, queue: str | None,
-                 retries: int | None, unique: bool):
+                 retries: int | None, unique: bool, atomic: bool = False):
         self.func = func
         self.name = name
         self.queue = queue
         self.retries = retries
         self.unique = unique
+        self.atomic = atomic
+        """Its writes on the jobs database commit with its fenced completion, or not at all."""
         self.signature = inspect.signature(func)
         self.is_async = inspect.iscoroutinefunction(func)
         functools.update_wrapper(self, func)
@@ -155,13 +158,20 @@ class JobHandler(Generic[P, R]):
 
     @property
     def max_attempts(self) -> int:
-        """Attempts a job of this handler gets: ``retries + 1``."""
+        """Attempts a job of this handler gets: ``retries + 1`` (else ``DEFAULT_MAX_ATTEMPTS``).
+
+        Raises ``SettingsInvalid`` when that setting is needed and the checks reject it.
+        """
         if self.retries is None:
-            return get_settings().DEFAULT_MAX_ATTEMPTS
+            return checked("DEFAULT_MAX_ATTEMPTS")
         return self.retries + 1
 
     def configure(self, **options: Any) -> "ConfiguredJob[P]":
-        """Return an enqueuer with per-call options (``run_at``, ``priority``, ``dedup_key``, …)."""
+        """Return an enqueuer with per-call options (``run_at``, ``delay``, ``priority``, …).
+
+        ``run_at`` is an aware datetime or a ``timedelta`` from now; ``delay``
+        (seconds or a ``timedelta``) is the same countdown by another name.
+        """
         return ConfiguredJob(self, _Options()).configure(**options)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
@@ -186,28 +196,43 @@ class JobHandler(Generic[P, R]):
         Raises ``ConfigValidationError(TASK_ARGS_INVALID)`` when they do not fit the
         function's signature or cannot be passed by keyword.
         """
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError:
-            raise ConfigValidationError(
-                f"the arguments do not fit the signature of job {self.name}",
-                code=ErrorCode.TASK_ARGS_INVALID,
-            ) from None
+        bound = bind_or_refuse(self.signature, args, kwargs, f"job {self.name}")
         stored: dict = {}
         for name, value in bound.arguments.items():
             kind = self.signature.parameters[name].kind
             if kind is inspect.Parameter.VAR_KEYWORD:
                 stored.update(value)
-            elif kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
-                if kind is inspect.Parameter.VAR_POSITIONAL and not value:
-                    continue
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                if value:
+                    raise ConfigValidationError(
+                        f"extra positional arguments (*{name}) of job {self.name}: a job row "
+                        "carries keyword arguments only",
+                        code=ErrorCode.TASK_ARGS_INVALID,
+                    )
+            elif kind is inspect.Parameter.POSITIONAL_ONLY:
                 raise ConfigValidationError(
-                    f"job {self.name} takes positional-only arguments, which a job row cannot carry",
+                    f"argument {name!r} of job {self.name} is positional-only: a job row carries "
+                    "keyword arguments only",
                     code=ErrorCode.TASK_ARGS_INVALID,
                 )
             else:
                 stored[name] = value
         return stored
+
+
+def bind_or_refuse(signature: Any, args: tuple | list, kwargs: dict,
+                   what: str) -> inspect.BoundArguments:
+    """``signature.bind(*args, **kwargs)``, or ``ConfigValidationError(TASK_ARGS_INVALID)``.
+
+    The message says what does not fit -- the argument missing, unexpected or
+    given twice, by name, as ``inspect`` words it (never a value) -- and
+    then ``what`` (``"job billing.send_invoice"``).
+    """
+    try:
+        return signature.bind(*args, **kwargs)
+    except TypeError as error:
+        raise ConfigValidationError(f"{error} ({what})", code=ErrorCode.TASK_ARGS_INVALID
+                                    ) from None
 
 
 class ConfiguredJob(Generic[P]):
@@ -218,9 +243,28 @@ class ConfiguredJob(Generic[P]):
         self.options = options
 
     def configure(self, **options: Any) -> "ConfiguredJob[P]":
+        """These options on top of the ones set before; a later value wins.
+
+        ``run_at`` and ``delay`` are one option spelt two ways: setting one
+        clears the other, and giving both in one call raises
+        ``ConfigValidationError(INVALID_OPTION)``. An unknown option name
+        raises ``TypeError``; values are checked when the job is enqueued.
+        ``atomic`` is not an option of one enqueue but the handler's
+        (``@job(atomic=True)``): it raises ``TypeError`` too.
+        """
+        if "atomic" in options:  # how the worker runs the handler, not a property of one job
+            raise TypeError("configure() got atomic: a job row cannot carry it; it is the "
+                            "handler's, @job(atomic=True)")
         unknown = set(options) - _OPTION_NAMES
         if unknown:
             raise TypeError(f"configure() got unknown options: {', '.join(sorted(unknown))}")
+        if options.get("run_at") is not None and options.get("delay") is not None:
+            raise ConfigValidationError("configure() got run_at and delay: give one of them",
+                                        code=ErrorCode.INVALID_OPTION)
+        if options.get("run_at") is not None:
+            options.setdefault("delay", None)
+        elif options.get("delay") is not None:
+            options.setdefault("run_at", None)
         return ConfiguredJob(self.handler, dataclasses.replace(self.options, **options))
 
     def request(self, *args: P.args, **kwargs: P.kwargs) -> JobRequest:
@@ -240,6 +284,7 @@ class ConfiguredJob(Generic[P]):
             dedup_key=opts.dedup_key,
             producer_id=opts.producer_id,
             job_id=opts.job_id,
+            delay=opts.delay,
         )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
@@ -302,20 +347,28 @@ def job(func: Callable[P, R], /) -> JobHandler[P, R]: ...
 
 @overload
 def job(func: None = None, /, *, name: str | None = None, queue: str | None = None,
-        retries: int | None = None, unique: bool = False
+        retries: int | None = None, unique: bool = False, atomic: bool = False
         ) -> Callable[[Callable[P, R]], JobHandler[P, R]]: ...
 
 
 def job(func: Callable | None = None, *, name: str | None = None, queue: str | None = None,
-        retries: int | None = None, unique: bool = False) -> Any:
+        retries: int | None = None, unique: bool = False, atomic: bool = False) -> Any:
     """Register a function as a job handler; usable as ``@job``, ``@job()`` or ``@job(name=...)``.
 
     Without ``name=`` the job name is derived from ``module.function`` and a
     ``DeprecationWarning`` prints it: other languages cannot know a Python
     import path, so name jobs on purpose.
+
+    ``atomic=True``: the worker runs the handler inside a transaction on the
+    jobs database and writes the job's fenced completion in that same
+    transaction, so the handler's writes there commit together with the
+    completion or not at all (docs/exactly-once.md). ``async def`` handlers
+    may be atomic too.
     """
     if retries is not None and (type(retries) is not int or retries < 0):
         raise ImproperlyConfigured("@job(retries=...) must be a whole number of 0 or more")
+    if type(atomic) is not bool:
+        raise ImproperlyConfigured("@job(atomic=...) must be True or False")
 
     def decorate(function: Callable, stacklevel: int = 2) -> JobHandler:
         job_name = name
@@ -327,7 +380,8 @@ def job(func: Callable | None = None, *, name: str | None = None, queue: str | N
                 DeprecationWarning,
                 stacklevel=stacklevel,
             )
-        handler = JobHandler(function, name=job_name, queue=queue, retries=retries, unique=unique)
+        handler = JobHandler(function, name=job_name, queue=queue, retries=retries, unique=unique,
+                             atomic=atomic)
         _register(handler)
         return handler
 

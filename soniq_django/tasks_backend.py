@@ -12,6 +12,8 @@ that *is* a Task of this backend: a row cannot name an arbitrary function.
 """
 
 import builtins
+import dataclasses
+import datetime as dt
 import importlib
 import inspect
 import logging
@@ -26,8 +28,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 from django.utils import timezone
 
-from .conf import get_settings
-from .errors import ConfigValidationError, ErrorCode, SoniqError
+from .conf import checked, get_settings
+from .errors import ConfigValidationError, SettingsInvalid, SoniqError
 
 try:  # Django 6
     from django.tasks import task_backends
@@ -48,7 +50,7 @@ logger = logging.getLogger("soniq_django.tasks")
 PRIORITY_PIVOT = 100
 """soniq priority = PRIORITY_PIVOT - Django priority: Django 0 is soniq's default 100."""
 
-_OPTIONS = frozenset({"database", "enqueue_on_commit", "max_attempts"})
+_OPTIONS = frozenset({"atomic", "database", "enqueue_on_commit", "max_attempts"})
 
 _STATUSES = {
     "queued": TaskResultStatus.READY,
@@ -72,7 +74,9 @@ class SoniqTaskBackend(BaseTaskBackend):
 
     ``OPTIONS``: ``database`` (alias; default: the routers' choice for jobs),
     ``enqueue_on_commit`` (default False: insert inside the caller's
-    transaction) and ``max_attempts`` (default: ``SONIQ["DEFAULT_MAX_ATTEMPTS"]``).
+    transaction), ``max_attempts`` (default: ``SONIQ["DEFAULT_MAX_ATTEMPTS"]``)
+    and ``atomic`` (default False: True runs every task of this backend as
+    ``@job(atomic=True)`` runs its handler; docs/exactly-once.md).
     """
 
     supports_defer = True
@@ -99,6 +103,11 @@ class SoniqTaskBackend(BaseTaskBackend):
             raise ImproperlyConfigured(
                 f"TASKS[{alias!r}]['OPTIONS']['enqueue_on_commit'] must be True or False."
             )
+        self.atomic = options.get("atomic", False)
+        if type(self.atomic) is not bool:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['OPTIONS']['atomic'] must be True or False."
+            )
         self._max_attempts = options.get("max_attempts")
         if self._max_attempts is not None and (
             type(self._max_attempts) is not int or self._max_attempts < 1
@@ -111,11 +120,25 @@ class SoniqTaskBackend(BaseTaskBackend):
     def max_attempts(self) -> int:
         """Attempts each task gets before it fails for good."""
         if self._max_attempts is None:
-            return get_settings().DEFAULT_MAX_ATTEMPTS
+            return checked("DEFAULT_MAX_ATTEMPTS")
         return self._max_attempts
 
     def validate_task(self, task: Task) -> None:
-        """Django's rules, plus: the task's module path must be a valid soniq job name."""
+        """Django's rules, plus: the task's module path must be a valid soniq job name.
+
+        ``run_after`` may also be a ``timedelta`` (a countdown, which Django's
+        own check refuses): ``task.using(run_after=timedelta(minutes=5))``
+        runs the task five minutes after it is enqueued, by the database's clock.
+        """
+        if isinstance(task.run_after, dt.timedelta):
+            from .producer.request import schedule
+
+            try:
+                schedule(task.run_after, None)
+            except SoniqError as error:
+                raise InvalidTaskError(error.reason.replace("run_at", "run_after")) from None
+            # Django's checks of everything else (and USE_TZ's of a datetime).
+            task = dataclasses.replace(task, run_after=None)
         super().validate_task(task)
         if "." in task.func.__qualname__:
             raise InvalidTaskError("Task function must be defined at a module level.")
@@ -123,6 +146,11 @@ class SoniqTaskBackend(BaseTaskBackend):
 
         try:
             validate_job_name(task.module_path)
+        except SettingsInvalid:
+            # A bad TASK_NAME_PATTERN is soniq.E004's to report (manage.py
+            # check), not an import error of every module with a @task:
+            # enqueue() refuses with it until it is fixed.
+            return
         except SoniqError:
             raise InvalidTaskError(
                 f"The task {task.module_path!r} cannot be stored as a soniq job: its module path "
@@ -228,14 +256,11 @@ class SoniqTaskBackend(BaseTaskBackend):
 
 
 def _check_call(task: Task, args: list, kwargs: dict) -> None:
+    from .registry import bind_or_refuse
+
     leading = [None] if task.takes_context else []
-    try:
-        inspect.signature(task.func).bind(*leading, *args, **kwargs)
-    except TypeError:
-        raise ConfigValidationError(
-            f"the arguments do not fit the signature of task {task.module_path}",
-            code=ErrorCode.TASK_ARGS_INVALID,
-        ) from None
+    bind_or_refuse(inspect.signature(task.func), [*leading, *args], kwargs,
+                   f"task {task.module_path}")
 
 
 def _stored_row(job_id: Any, database: str | None) -> dict | None:
@@ -355,6 +380,11 @@ class TaskHandler:
     def max_attempts(self) -> int:
         """Attempts for rows that store no ``max_attempts`` (NULL)."""
         return task_backends[self.task.backend].max_attempts
+
+    @property
+    def atomic(self) -> bool:
+        """Whether the task's backend runs its tasks atomically (``OPTIONS["atomic"]``)."""
+        return task_backends[self.task.backend].atomic
 
     def _run(self, args: list | None = None, kwargs: dict | None = None) -> Any:
         leading = [TaskContext(task_result=self._running())] if self.task.takes_context else []

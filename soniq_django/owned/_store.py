@@ -46,6 +46,16 @@ LAPSED_ERROR = "lease lapsed: the worker stopped heartbeating"
 logger = logging.getLogger("soniq_django.owned")
 
 
+def retry_backoff(attempt: int, base: float, cap: float) -> float:
+    """Seconds a failed ``attempt`` waits before it is due again: soniq_fail's rule.
+
+    ``min(cap, base * 2^(attempt - 1))`` times a jitter factor from 0.5 to 1.
+    The SQLite twin uses it, and so does the worker, which passes the delay
+    it chose to ``fail_owned`` so that its log line can say it.
+    """
+    return min(cap, base * 2 ** min(max(attempt - 1, 0), 60)) * (0.5 + 0.5 * random.random())
+
+
 def persistence_failed(reason: str = "unavailable") -> SoniqError:
     return SoniqError(ErrorCode.QUEUE_PERSISTENCE_FAILED, reason)
 
@@ -70,7 +80,7 @@ def guarded(alias: str, *, atomic: bool):
         else:
             yield connection
     except DatabaseError as error:
-        raise translate(error) from None
+        raise translate(error, alias) from None
 
 
 def _json_text(value: Any) -> str | None:
@@ -481,15 +491,26 @@ class SqliteClaims:
                 row, now, lease_expires_at=now + dt.timedelta(seconds=lease)
             )
 
-    def complete(self, f: QueueClaimFence, result: Any, ttl: float) -> bool:
+    def complete(self, f: QueueClaimFence, result: Any, ttl: float, *,
+                 held_since: dt.datetime | None = None) -> bool:
+        """The twin of soniq_complete.
+
+        ``held_since``: the caller's transaction has held the write lock
+        since then, and the fence was live at that time (an atomic job,
+        worker/atomic.py). No one else could write the row since, so the
+        lease is checked as of that time: the row is exactly as it was.
+        """
         with self._locked() as now:
-            row = self._owned_row(f, now)
+            checked_at = now if held_since is None else held_since
+            row = self._owned_row(f, checked_at)
             if row is None or row.cancel_requested:
                 return False
-            return self._update_owned(
-                row, now, status=JobStatus.DONE, result=result, lease_expires_at=None,
-                pid=None, expires_at=now + dt.timedelta(seconds=ttl),
-            )
+            changed = self._jobs().filter(
+                id=row.id, claim_token=row.claim_token, claim_generation=row.claim_generation,
+                status=JobStatus.PROCESSING, lease_expires_at__gt=checked_at,
+            ).update(status=JobStatus.DONE, result=result, lease_expires_at=None, pid=None,
+                     expires_at=now + dt.timedelta(seconds=ttl), updated_at=now)
+            return changed == 1
 
     def complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float,
                            owner: str, tokens: list[str], queues: list[str] | None,
@@ -510,8 +531,7 @@ class SqliteClaims:
             limit = row.max_attempts if row.max_attempts is not None else default_max_attempts
             if retry and row.attempts < limit:
                 if delay is None:
-                    delay = min(cap, base * 2 ** min(max(row.attempts - 1, 0), 60))
-                    delay *= 0.5 + 0.5 * random.random()
+                    delay = retry_backoff(row.attempts, base, cap)
                 # The row is this claim's (checked after the write lock) until we commit.
                 self._requeue(row, error, now + dt.timedelta(seconds=delay), now,
                               FAIL_SUPERSEDED_TTL)

@@ -24,6 +24,9 @@ class InFlight:
     settled: threading.Lock = field(default_factory=threading.Lock)
     done: bool = False
     lost: bool = False
+    holds_write_lock: bool = False
+    """An atomic job's transaction holds SQLite's write lock: no one else can change its row
+    until it ends, and the heartbeat could not renew the lease meanwhile (worker/atomic.py)."""
     outcome: Outcome | None = None  # a completion waiting for the batched completer's round
 
     @property
@@ -48,12 +51,14 @@ class Flights:
 
     def __init__(self):
         self._lock = threading.Lock()
+        self._emptied = threading.Condition(self._lock)
         self._by_claim: dict[tuple[str, int], InFlight] = {}
 
     def track(self, claimed: ClaimedJob) -> InFlight:
         flight = InFlight(claimed, JobContext(
             job_id=str(claimed.job_id), job_name=claimed.job_name, queue=claimed.queue,
-            attempts=claimed.attempts, max_attempts=claimed.max_attempts))
+            attempts=claimed.attempts, max_attempts=claimed.max_attempts,
+            generation=claimed.claim_fence.generation))
         with self._lock:
             self._by_claim[flight.key] = flight
         return flight
@@ -63,6 +68,13 @@ class Flights:
         with self._lock:
             if self._by_claim.get(flight.key) is flight:
                 del self._by_claim[flight.key]
+                if not self._by_claim:
+                    self._emptied.notify_all()
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the last run to finish; True if none is left."""
+        with self._lock:
+            return self._emptied.wait_for(lambda: not self._by_claim, timeout)
 
     def all(self) -> list[InFlight]:
         with self._lock:

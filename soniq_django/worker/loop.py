@@ -14,7 +14,9 @@ Threads, and what each one writes:
   thread. A completion, with one slot, is written by the job thread in one
   transaction with the claim of the slot's next job, which it then runs
   (``InlineCompleter``); with more slots it is handed to the main thread's
-  next round (``BatchCompleter``).
+  next round (``BatchCompleter``). An atomic job's completion is written by
+  its job thread, on that thread's own connection, in the handler's
+  transaction (atomic.py).
 - the **heartbeat thread** (heartbeat.py) renews every lease, reads cancel
   requests, refreshes the worker's row and throughput counts, and purges
   expired rows. It decides timeouts but writes none.
@@ -24,7 +26,8 @@ Threads, and what each one writes:
 So every final write has one owner:
 
 - a completion: with one slot, the job thread (with the next claim, in one
-  transaction); with more, the main thread (with the round's claims);
+  transaction); with more, the main thread (with the round's claims); an
+  atomic job's, its job thread (in the handler's transaction);
 - a failure, a dead letter, a deferral, a cancel acknowledgement: the job thread;
 - the failure of a job past ``JOB_TIMEOUT_SECONDS``: the main thread;
 - a cancel honoured after it refused a write: the thread of that write.
@@ -35,6 +38,8 @@ Connections (connection.py). The worker's own calls -- every write above,
 every claim, every heartbeat -- go through **one shared connection**,
 taken in turns: a turn is one call, whichever thread makes it. A job
 thread has a connection of its own only while its handlers use the ORM.
+(An atomic job's completion is the one final write on a job thread's own
+connection: the last statement of its handler's transaction.)
 The listener has its own (a LISTEN needs a session), and so does the
 scheduler. So a worker holds 1 + (job threads whose handlers use the
 database) + 1 listener on PostgreSQL + 1 with ``--with-scheduler``
@@ -66,12 +71,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections, connections
 
-from .. import flow
+from .. import flow, pooling
 from ..conf import get_settings
 from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
+from ..registry import registered_handlers
 from ..throughput import ThroughputCounter
 from . import peers, planner, registration
+from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
 from .connection import SharedConnection, handler_connections
@@ -80,7 +87,7 @@ from .flight import Flights, InFlight
 from .throttle import RatePoll
 from .heartbeat import Heartbeat
 from .wakeup import Listener
-from .writes import Writes, retrying
+from .writes import NOT_RECORDED, RECORDED, Writes, retrying
 
 logger = logging.getLogger("soniq_django.worker")
 
@@ -128,6 +135,7 @@ class Worker:
         self.writes = Writes(source=self.source, shared=self.shared, worker_id=self.worker_id,
                              queues=queues, budget=self.budget, throughput=self.throughput,
                              stop=self.aborted)
+        self.atomic = AtomicRunner(self.writes, stop=self.aborted)
         completer = InlineCompleter if concurrency == 1 else BatchCompleter
         self.completer = completer(writes=self.writes, flights=self.flights, slots=self.slots,
                                    wake=self.wake, stopping=self.stopping, aborted=self.aborted)
@@ -148,6 +156,11 @@ class Worker:
     def claimed_count(self) -> int:
         """Jobs this worker claimed."""
         return self.budget.claimed
+
+    @property
+    def short_id(self) -> str:
+        """The start of the worker's id, as its log lines name it."""
+        return self.worker_id[:8]
 
     # Control ----------------------------------------------------------
 
@@ -172,12 +185,11 @@ class Worker:
         self.shared.adopt()
         if not self._register():
             self.shared.close()
-            logger.info("worker %s stopped before it could register", self.worker_id)
+            logger.info("worker %s stopped before it could register", self.short_id)
             return 0
+        logger.info("%s", self._banner())
         background = self._start_background()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="soniq-job")
-        logger.info("worker %s started (queues=%s, concurrency=%d)", self.worker_id,
-                    ",".join(self.queues) if self.queues else "all", self.concurrency)
         try:
             self.stopping.wait(self._jitter())  # workers started together claim apart
             self._loop(pool)
@@ -192,18 +204,52 @@ class Worker:
                     self.throughput.flush(self.using)
                     registration.unregister(self.using, self.worker_id)
             except Exception:
-                logger.warning("could not mark worker %s stopped", self.worker_id)
+                logger.warning("could not mark worker %s stopped", self.short_id)
             last_word = self._held_note() if self.burst else ""
             self.shared.close()
             close_old_connections()
-        logger.info("worker %s stopped after %d jobs%s", self.worker_id, self.claimed_count,
-                    last_word)
+        logger.info("worker %s stopped after %d jobs%s%s", self.short_id, self.claimed_count,
+                    self._summary(), last_word)
         return 1 if self.aborted.is_set() else 0
+
+    def _banner(self) -> str:
+        """The first line a worker logs: who it is, what it serves, how it hears of new jobs."""
+        vendor = connections[self.using].vendor
+        poll = f"polling every {float(get_settings().POLL_INTERVAL):g} s"
+        through = ""
+        if vendor == "postgresql":
+            listen = get_settings().LISTEN_DATABASE or self.using
+            try:
+                with self.shared.turn():
+                    if pooling.pooled(connections[self.using].connection):
+                        through = ", through a pooler"
+            except Exception:  # only the banner would miss it
+                pass
+            wake = f"LISTEN on {listen!r} (tested at start) and {poll}"
+        else:
+            wake = poll
+        handlers = len(registered_handlers())
+        extras = [] if self.budget.max_jobs is None else [f"at most {self.budget.max_jobs} jobs"]
+        if self.with_scheduler:
+            extras.append("with the scheduler")
+        extras.append("burst: exits when no job is left" if self.burst
+                      else f"SIGTERM or Ctrl-C stops it (grace {self.grace_seconds:g} s)")
+        return (f"worker {self.short_id} started on database {self.using!r} ({vendor}{through}): "
+                f"queues {','.join(self.queues) if self.queues else 'all'}, concurrency "
+                f"{self.concurrency}, {handlers} handler(s); wake-ups: {wake}; "
+                f"{'; '.join(extras)}")
+
+    def _summary(self) -> str:
+        """How the jobs this worker settled ended, for its last line ('' when none did)."""
+        tally = self.writes.tally
+        order = list(dict.fromkeys(r.tally for r in RECORDED.values())) + [NOT_RECORDED]
+        parts = [f"{tally[name]} {name}" for name in order if tally[name]]
+        return f" ({', '.join(parts)})" if parts else ""
 
     def _register(self) -> bool:
         """Register this worker and its registry; False: stopped before it could."""
         def register() -> bool:
-            with self.shared.turn(), translating():
+            with self.shared.turn(), translating(self.using):
                 registration.register(self.using, self.worker_id, self.queues, self.concurrency)
                 registration.publish_registry(self.using, self.worker_id)
                 flow.sync_configured(self.using)  # SONIQ["QUEUES"], where every claim reads it
@@ -287,8 +333,13 @@ class Worker:
         if step.drain_deadline is not None:
             self._drain_deadline = step.drain_deadline
         # A wake-up that came while busy ends the wait at once.
-        self.wake.wait(step.seconds)
+        woken = self.wake.wait(step.seconds)
         self.wake.clear()
+        if not self.stopping.is_set():
+            if woken:
+                logger.debug("woken up early (a new job, a free slot)")
+            else:
+                logger.debug("waited %.1f s: looking for jobs again", step.seconds)
         self._found_nothing = False
 
     def _jitter(self) -> float:
@@ -320,8 +371,11 @@ class Worker:
         while flight is not None:
             try:
                 with handler_connections():  # the job thread's own: its handlers' use only
-                    outcome = execute(flight.claimed, flight.context,
-                                      get_settings().JOB_TIMEOUT_SECONDS)
+                    timeout = get_settings().JOB_TIMEOUT_SECONDS
+                    if is_atomic(flight.claimed.job_name):  # completed in its own transaction
+                        outcome = self.atomic.run(flight, timeout)
+                    else:
+                        outcome = execute(flight.claimed, flight.context, timeout)
             except Exception:  # execute() never raises; if it did, the lease lapses
                 logger.exception("worker error while running %s", flight.claimed.job_name)
                 outcome = None

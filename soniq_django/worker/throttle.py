@@ -32,7 +32,7 @@ class RatePoll:
         if now >= self._next:
             self._next = now + REFRESH_SECONDS
             try:
-                with self.shared.turn(), translating():
+                with self.shared.turn(), translating(self.using):
                     self._cap = flow.rate_poll(self.using, self.queues)
             except SoniqError:
                 pass  # the database is away: keep the last reading; the claim will say so

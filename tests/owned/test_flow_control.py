@@ -14,7 +14,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from soniq_django import bulk_enqueue, enqueue, pause_queue, resume_queue
-from soniq_django.errors import ConfigValidationError, ErrorCode
+from soniq_django.errors import ConfigValidationError, ErrorCode, SettingsInvalid
 from soniq_django.flow import Limits, configured_limits, parse_rate, queue_states, sync_configured
 from soniq_django.models import Job, QueueSetting, QueueStart
 from soniq_django.owned import OwnedJobSource
@@ -286,9 +286,11 @@ def test_sync_writes_the_setting_into_the_configured_columns_and_nothing_else(so
 
 @override_settings(SONIQ={"QUEUES": {"emails": {"concurrency": 0}}})
 def test_sync_refuses_an_invalid_setting_and_writes_nothing():
-    with pytest.raises(ConfigValidationError) as error:
+    with pytest.raises(SettingsInvalid) as error:
         sync_configured()
-    assert error.value.code is ErrorCode.CONFIG and "soniq.E011" in error.value.reason
+    assert (error.value.code, error.value.key, error.value.check_id) == (
+        ErrorCode.SETTINGS_INVALID, "QUEUES", "soniq.E011")
+    assert "soniq.E011" in error.value.reason and "dict" in error.value.reason
     assert not QueueSetting.objects.exists()
 
 
