@@ -11,6 +11,7 @@ included), but no trigger and no functions in the path.
 
 import json
 import secrets
+import statistics
 import threading
 import time
 import uuid
@@ -163,3 +164,53 @@ def protocol_drain(dbname: str, connections: int, window: float | None) -> dict:
         return True
 
     return _drain_threads(dbname, connections, window, one_job)
+
+
+#: The queues of claim_costs(): none, a concurrency limit, a rate limit -- each far
+#: above what the loop reaches, so they never bind and the row is their cost alone.
+CLAIM_COST_QUEUES = {
+    "none": None, "limited": (100_000, None, None), "rated": (None, 1_000_000, 1),
+}
+
+
+def claim_costs(dbname: str, count: int, chunk: int = 20) -> dict[str, float]:
+    """Median ms of one soniq_claim() per kind of queue (CLAIM_COST_QUEUES), synchronous_commit off.
+
+    What the claim itself costs, not the WAL flush of its commit. Each kind
+    is its own queue in one database, claimed by name; the kinds take turns
+    in chunks of ``chunk`` calls so that all of them see the same machine.
+    Each claimed job is completed before the next claim, outside the timing,
+    so a queue's running count stays as small as a worker's would keep it.
+    The rate-limited queue's window then holds the starts of the last second.
+    """
+    owner = str(uuid.uuid4())
+    with connect(dbname) as conn:
+        for queue, limits in CLAIM_COST_QUEUES.items():
+            conn.execute("INSERT INTO soniq_jobs (id, job_name, args, queue, created_at) "
+                         "SELECT gen_random_uuid(), 'bench.noop', '{}', %s, "
+                         "now() + g * interval '1 microsecond' FROM generate_series(0, %s) g",
+                         [queue, count])
+            if limits is not None:
+                conn.execute("INSERT INTO soniq_queue_settings (queue, concurrency, rate_limit, "
+                             "rate_period) VALUES (%s, %s, %s, %s)", [queue, *limits])
+        conn.execute("VACUUM ANALYZE soniq_jobs")
+    samples: dict[str, list[float]] = {queue: [] for queue in CLAIM_COST_QUEUES}
+    sql = "SELECT job_id, queue, generation FROM soniq_claim(%s, %s, ARRAY[%s])"
+    with connect(dbname) as conn:
+        conn.execute("SET synchronous_commit = off")
+        done = -1  # the first round warms up (prepares), untimed
+        while done < count:
+            for queue, found in samples.items():
+                for _ in range(chunk if done >= 0 else 1):
+                    token = secrets.token_hex(16)
+                    started = time.perf_counter()
+                    row = conn.execute(sql, [owner, token, queue], prepare=True).fetchone()
+                    spent = time.perf_counter() - started
+                    assert row is not None, f"queue {queue} ran dry"
+                    if done >= 0:
+                        found.append(spent)
+                    job_id, _, generation = row
+                    conn.execute(SONIQ_COMPLETE, [str(job_id), owner, generation, token, queue],
+                                 prepare=True)
+            done += chunk if done >= 0 else 1
+    return {queue: statistics.median(found) * 1000 for queue, found in samples.items()}

@@ -173,7 +173,8 @@ def make_systems(pid: int, log_dir: Path) -> dict[str, System]:
         System("soniq", PROJECT_PY, "bench.soniq_tasks", "bench.soniq_settings",
                "SELECT count(*) FROM soniq_jobs WHERE status = 'queued'",
                "SELECT count(*) FROM soniq_jobs WHERE status = 'done'",
-               "TRUNCATE soniq_jobs, soniq_dead_letter_jobs, soniq_workers, soniq_throughput"),
+               "TRUNCATE soniq_jobs, soniq_dead_letter_jobs, soniq_workers, soniq_throughput, "
+               "soniq_queue_settings, soniq_queue_starts"),
         System("django-tasks-db", PEERS_PY, "bench.peers.dtdb", "bench.peers.dtdb_settings",
                "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status = 'READY'",
                "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status = 'SUCCESSFUL'",
@@ -196,6 +197,10 @@ def make_systems(pid: int, log_dir: Path) -> dict[str, System]:
 
 
 # Drains ---------------------------------------------------------------------
+
+#: Flow control on the drained queue for the "queue limit" rows: (concurrency, rate
+#: limit, rate period), far above what the drain reaches, so they never bind.
+FLOW_LIMITS = {"limited": (100_000, None, None), "rated": (None, 1_000_000, 1)}
 
 
 def _rss_kb(pid: int) -> int | None:
@@ -438,6 +443,10 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
     for system in [soniq, *peers]:
         res.add(f"{system.name}.bulk", fresh(system).action("bulk", cfg.bulk_jobs)["rate"])
 
+    # The claim alone, per call, with and without flow control on its queue.
+    fresh(soniq)
+    for kind, ms in raw.claim_costs(soniq.db, cfg.claim_calls).items():
+        res.add(f"soniq.claim_ms.{kind}", ms)
     # Drains: ceiling, then soniq's SQL protocol alone, the worker, the peers.
     for conc in cfg.concurrency:
         fresh_raw(cfg.drain_jobs)
@@ -446,6 +455,17 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
         soniq.preload(cfg.drain_jobs)
         quiesce(soniq.db)
         res.add(f"soniq.protocol.{conc}", raw.protocol_drain(soniq.db, conc, cfg.window)["rate"])
+        for kind, limits in FLOW_LIMITS.items():
+            # The same drain with flow control on the queue: limits that never bind,
+            # so the row is what the lock and the counting cost (docs/operations.md).
+            soniq.reset()
+            soniq.preload(cfg.drain_jobs)
+            with connect(soniq.db) as conn:
+                conn.execute("INSERT INTO soniq_queue_settings (queue, concurrency, rate_limit, "
+                             "rate_period) VALUES ('default', %s, %s, %s)", limits)
+            quiesce(soniq.db)
+            res.add(f"soniq.protocol_{kind}.{conc}",
+                    raw.protocol_drain(soniq.db, conc, cfg.window)["rate"])
         res.add(f"soniq.drain.1x{conc}", drain(soniq, cfg, conc, 1)["rate"])
         if cfg.what_if and conc in cfg.what_if_concurrency:
             # The same worker with persistent connections (no reconnect after each job).
@@ -554,6 +574,18 @@ def render(cfg, res: Results, header: str) -> str:
         value, text = ratio(f"soniq.protocol.{conns}", f"raw.drain.{conns}", "raw")
         row(f"claim+complete SQL fns, {conns} conn (no worker)", f"soniq.protocol.{conns}",
             ratio=text)
+    for kind, label in (("none", "no limit"), ("limited", "concurrency limit"),
+                        ("rated", "rate limit")):
+        key = f"soniq.claim_ms.{kind}"
+        text = "" if kind == "none" else ratio(key, "soniq.claim_ms.none", "no limit")[1]
+        row(f"soniq_claim() alone, {label} (sync commit off, median)", key, unit="ms",
+            digits=3, ratio=text)
+    for kind, label in (("limited", "concurrency limit"), ("rated", "rate limit")):
+        for conns in cfg.concurrency:
+            key = f"soniq.protocol_{kind}.{conns}"
+            if key in res.values:
+                row(f"  same, queue with a {label}, {conns} conn", key,
+                    ratio=ratio(key, f"soniq.protocol.{conns}", "no limit")[1])
     for processes in (1, 2):
         for conc in cfg.concurrency:
             conns = processes * conc
@@ -651,6 +683,7 @@ def parse_args(argv):
     cfg.enqueue_jobs = cfg.enqueue_jobs or (150 if quick else 500)
     cfg.bulk_jobs = cfg.bulk_jobs or (2000 if quick else 10_000)
     cfg.latency_jobs = cfg.latency_jobs or (100 if quick else 200)
+    cfg.claim_calls = 300 if quick else 2000
     cfg.rss_jobs = 1000 if quick else 10_000
     cfg.rss_concurrency = 8
     cfg.what_if = cfg.what_if and not quick

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers (the package ships py.typed)
     from .encoding import args_hash
+    from .flow import pause_queue, resume_queue
     from .periodic_jobs import periodic
     from .producer.aio import abulk_enqueue, aenqueue, aget_job
     from .producer.api import bulk_enqueue, enqueue, get_job
@@ -17,7 +18,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers (the package shi
 
 __all__ = [
     "abulk_enqueue", "aenqueue", "aget_job", "args_hash", "bulk_enqueue", "enqueue", "get_job",
-    "job", "periodic",
+    "job", "pause_queue", "periodic", "resume_queue",
 ]
 
 _HOMES = {
@@ -29,7 +30,9 @@ _HOMES = {
     "enqueue": "soniq_django.producer",
     "get_job": "soniq_django.producer",
     "job": "soniq_django.registry",
+    "pause_queue": "soniq_django.flow",
     "periodic": "soniq_django.periodic_jobs",
+    "resume_queue": "soniq_django.flow",
 }
 
 

@@ -17,7 +17,7 @@ from django.core import checks
 from django.db import connections, router
 from django.db.migrations.executor import MigrationExecutor
 
-from . import pooling
+from . import flow, pooling
 from .conf import KEYS, get_settings, problems
 from .registry import configured_imports, import_modules, registered_handlers
 
@@ -192,3 +192,10 @@ def _pattern_messages(alias: str) -> list[checks.CheckMessage]:
         hint="Producers in other languages are checked against the database's pattern. Run: "
              "ALTER DATABASE <name> SET soniq.task_name_pattern = '<your pattern>'",
         id="soniq.W003")]
+
+
+@checks.register()
+def check_queues(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """soniq.E011 for each problem of SONIQ['QUEUES'] (flow control, docs/settings.md)."""
+    config = get_settings()
+    return flow.settings_messages(config.QUEUES) if config.is_dict else []

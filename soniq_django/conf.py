@@ -66,6 +66,8 @@ class Settings:
     UNKNOWN_JOB_GRACE_SECONDS: float = DEFAULT_UNKNOWN_JOB_GRACE_SECONDS
     LISTEN_DATABASE: str | None = None
     MAX_PAYLOAD_BYTES: int | None = DEFAULT_MAX_PAYLOAD_BYTES
+    QUEUES: Any = dataclasses.field(default_factory=dict)
+    """Flow control per queue (soniq.E011 checks it; flow.py applies it)."""
 
     configured: frozenset = frozenset()
     """Every key the project set, known or not (the checks name the unknown ones)."""

@@ -414,3 +414,110 @@ class ThroughputMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} {self.minute:%H:%M}"
+
+
+class QueueSetting(models.Model):
+    """``soniq_queue_settings``: flow control of one queue, read by every claim (protocol v5).
+
+    Not part of format 1. The claim functions (sql/claim_protocol_v5.sql)
+    and their SQLite twin read this table, never Django's settings, so
+    every worker of any language obeys the same row. Two sets of limits:
+
+    - ``configured_*``: ``SONIQ["QUEUES"]`` as the last soniq_django worker
+      to start (or ``soniq_queue sync``) wrote it; never edited by hand;
+    - ``concurrency``, ``rate_limit``/``rate_period``: an operator's
+      override (the admin, SQL); NULL falls back to the configured value,
+      field by field (the rate's two columns as one field).
+
+    A row with nothing set and ``paused`` false changes nothing. See
+    docs/operations.md and docs/decisions/0016-queue-flow-control.md.
+    """
+
+    queue = models.TextField(primary_key=True)
+    paused = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Claims skip this queue's jobs on every worker; running jobs finish.")
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_by = models.TextField(null=True, blank=True)
+    concurrency = models.IntegerField(
+        null=True, blank=True,
+        help_text="At most this many of the queue's jobs run at once, across all workers. "
+                  "Empty: SONIQ['QUEUES'] decides.")
+    rate_limit = models.IntegerField(
+        null=True, blank=True,
+        help_text="At most this many of the queue's jobs start in any window of rate period "
+                  "seconds, across all workers. Empty: SONIQ['QUEUES'] decides.")
+    rate_period = models.IntegerField(
+        null=True, blank=True, help_text="Seconds (1 for a rate per second, 60 per minute).")
+    configured_concurrency = models.IntegerField(null=True, blank=True, editable=False)
+    configured_rate_limit = models.IntegerField(null=True, blank=True, editable=False)
+    configured_rate_period = models.IntegerField(null=True, blank=True, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now, db_default=Now())
+
+    class Meta:
+        db_table = "soniq_queue_settings"
+        verbose_name = "queue setting"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(concurrency__isnull=True) | Q(concurrency__gte=1),
+                name="soniq_queue_concurrency_positive"),
+            models.CheckConstraint(
+                condition=Q(configured_concurrency__isnull=True)
+                | Q(configured_concurrency__gte=1),
+                name="soniq_queue_configured_concurrency_positive"),
+            models.CheckConstraint(
+                condition=(Q(rate_limit__isnull=True) & Q(rate_period__isnull=True))
+                | (Q(rate_limit__gte=1) & Q(rate_period__gte=1) & Q(rate_period__lte=86400)),
+                name="soniq_queue_rate_valid"),
+            models.CheckConstraint(
+                condition=(Q(configured_rate_limit__isnull=True)
+                           & Q(configured_rate_period__isnull=True))
+                | (Q(configured_rate_limit__gte=1) & Q(configured_rate_period__gte=1)
+                   & Q(configured_rate_period__lte=86400)),
+                name="soniq_queue_configured_rate_valid"),
+        ]
+
+    @property
+    def effective_concurrency(self) -> int | None:
+        """The limit the claim applies: the override, else the configured one (None: none)."""
+        return self.concurrency if self.concurrency is not None else self.configured_concurrency
+
+    @property
+    def effective_rate(self) -> tuple[int, int] | None:
+        """``(starts, per seconds)`` the claim applies, or None."""
+        if self.rate_limit is not None:
+            return self.rate_limit, self.rate_period
+        if self.configured_rate_limit is not None:
+            return self.configured_rate_limit, self.configured_rate_period
+        return None
+
+    def __str__(self) -> str:
+        return self.queue
+
+
+#: The rows of soniq_queue_settings a claim has to look at (the rest change nothing).
+FLOW_CONTROLLED = (
+    Q(paused=True) | Q(concurrency__isnull=False) | Q(configured_concurrency__isnull=False)
+    | Q(rate_limit__isnull=False) | Q(configured_rate_limit__isnull=False)
+)
+
+
+class QueueStart(models.Model):
+    """``soniq_queue_starts``: when each recent claim of a rate-limited queue started.
+
+    The rate limit's sliding window: a claim of such a queue counts the
+    rows younger than the period (under the queue's lock) and adds one per
+    job it starts; older rows are deleted by the same claim, so a queue
+    keeps at most its limit of rows. Written only by the claim.
+    """
+
+    queue = models.TextField()
+    started_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "soniq_queue_starts"
+        verbose_name = "queue start"
+        indexes = [models.Index(fields=["queue", "started_at"], name="soniq_queue_starts_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.started_at:%H:%M:%S}"

@@ -7,7 +7,7 @@ from django.core import checks
 from django.db import connection
 from django.test import override_settings
 
-from soniq_django.checks import check_database, check_settings
+from soniq_django.checks import check_database, check_queues, check_settings
 
 
 def ids(messages):
@@ -179,3 +179,39 @@ def test_the_database_check_finds_no_pooler_in_front_of_the_test_server():
     # Through PgBouncer it does: tests/deploy/test_pooler_checks.py.
     with override_settings(SONIQ={"PREPARED_STATEMENTS": True}):
         assert check_database(databases=["default", "server_binding"]) == []
+
+
+# SONIQ["QUEUES"] (flow control) -------------------------------------------------
+
+
+@pytest.mark.parametrize("queues", [
+    {}, {"emails": {"concurrency": 5, "rate": "10/s"}}, {"a": {}}, {"b": {"rate": "3/m"}},
+    {"c": {"concurrency": 1, "rate": None}, "d": {"rate": " 2 / h "}},
+])
+def test_good_queue_settings_are_clean(queues):
+    with override_settings(SONIQ={"QUEUES": queues}):
+        assert check_queues() == [] and "soniq.E002" not in ids(check_settings())
+
+
+@pytest.mark.parametrize(("queues", "problem"), [
+    (["emails"], "must be a dict"),
+    ({"": {}}, "keys must be queue names"),
+    ({3: {}}, "keys must be queue names"),
+    ({"emails": 5}, "['emails'] must be a dict"),
+    ({"emails": {"concurrency": 0}}, "['concurrency'] must be None or a whole number"),
+    ({"emails": {"concurrency": True}}, "['concurrency'] must be None or a whole number"),
+    ({"emails": {"concurrency": 2.5}}, "['concurrency'] must be None or a whole number"),
+    ({"emails": {"rate": "10/d"}}, "['rate'] is not a rate"),
+    ({"emails": {"rate": "0/s"}}, "['rate'] is not a rate"),
+    ({"emails": {"rate": 10}}, "['rate'] is not a rate"),
+    ({"emails": {"limit": 3}}, "unknown key(s): limit"),
+])
+def test_bad_queue_settings(queues, problem):
+    with override_settings(SONIQ={"QUEUES": queues}):
+        [message] = check_queues()
+    assert message.id == "soniq.E011" and problem in message.msg
+    assert "docs/settings.md" in message.hint
+
+
+def test_the_queue_check_is_registered():
+    assert check_queues in checks.registry.registry.registered_checks

@@ -27,7 +27,10 @@ from django.utils import timezone
 
 from ..conf import DEFAULT_MAX_ATTEMPTS
 from ..errors import ConfigValidationError, ErrorCode, SoniqError, translate
-from ..models import DeadLetterJob, Job, JobStatus, TaskRegistration, Worker
+from ..models import (
+    FLOW_CONTROLLED, DeadLetterJob, Job, JobStatus, QueueSetting, QueueStart, TaskRegistration,
+    Worker,
+)
 from .types import INT64_MAX, QueueClaimFence
 
 CLAIM_COLUMNS = (
@@ -376,14 +379,7 @@ class SqliteClaims:
             ).exists():
                 raise claim_conflict("nonce_reused")
             self._reap_lapsed(now, ttl)
-            eligible = self._jobs().filter(status=JobStatus.QUEUED).filter(
-                Q(scheduled_at__isnull=True) | Q(scheduled_at__lte=now)
-            )
-            if queues is not None:
-                eligible = eligible.filter(queue__in=queues)
-            found = list(eligible.order_by("priority", "created_at").values_list(
-                "id", "claim_generation"
-            )[:len(tokens)])
+            found, rated = self._eligible(now, queues, len(tokens))
             if any(generation >= INT64_MAX for _, generation in found):
                 raise claim_conflict("generation_exhausted")
             worker_uuid = _registered_worker(self.alias, owner) if found else None
@@ -401,7 +397,62 @@ class SqliteClaims:
                 ):
                     raise claim_conflict("claim_identity_changed")
                 claimed.append(self._claimed(row))
+            if rated:  # the rate limits' window: one row per start
+                QueueStart.objects.using(self.alias).bulk_create([
+                    QueueStart(queue=job["queue"], started_at=now)
+                    for job in claimed if job["queue"] in rated])
             return claimed
+
+    def _eligible(self, now: dt.datetime, queues: list[str] | None,
+                  wanted: int) -> tuple[list[tuple[uuid.UUID, int]], set[str]]:
+        """The jobs a claim may start, in claim order, and the rate-limited queues among them.
+
+        The twin of claim protocol v5's flow control (sql/claim_protocol_v5.sql):
+        paused queues are skipped, each limited queue gives at most its
+        budget (``_budget``), and the first ``wanted`` by (priority,
+        created_at) are taken. The caller holds the write lock, so no other
+        claim can change the counts before this one writes.
+        """
+        due = self._jobs().filter(status=JobStatus.QUEUED).filter(
+            Q(scheduled_at__isnull=True) | Q(scheduled_at__lte=now))
+        controlled = QueueSetting.objects.using(self.alias).filter(FLOW_CONTROLLED)
+        if queues is not None:
+            due = due.filter(queue__in=queues)
+            controlled = controlled.filter(queue__in=queues)
+        controlled = list(controlled.order_by("queue"))
+        order, columns = ("priority", "created_at"), ("id", "claim_generation")
+        if not controlled:
+            return list(due.order_by(*order).values_list(*columns)[:wanted]), set()
+        columns += order
+        found = list(due.exclude(queue__in=[setting.queue for setting in controlled])
+                     .order_by(*order).values_list(*columns)[:wanted])
+        rated = set()
+        for setting in controlled:
+            if setting.paused:
+                continue
+            budget = self._budget(setting, now, wanted)
+            if setting.effective_rate is not None:
+                rated.add(setting.queue)
+            if budget > 0:
+                found += due.filter(queue=setting.queue).order_by(*order).values_list(
+                    *columns)[:budget]
+        found.sort(key=lambda row: (row[2], row[3]))
+        return [(job_id, generation) for job_id, generation, _, _ in found[:wanted]], rated
+
+    def _budget(self, setting: QueueSetting, now: dt.datetime, wanted: int) -> int:
+        """How many of the queue's jobs may start now: the twin of soniq_queue_budget_v1."""
+        budget = wanted
+        limit = setting.effective_concurrency
+        if limit is not None:
+            running = self._jobs().filter(status=JobStatus.PROCESSING, queue=setting.queue)
+            budget = min(budget, limit - running.count())
+        rate = setting.effective_rate
+        if rate is not None:
+            count, period = rate
+            starts = QueueStart.objects.using(self.alias).filter(queue=setting.queue)
+            starts.filter(started_at__lte=now - dt.timedelta(seconds=period)).delete()
+            budget = min(budget, count - starts.count())
+        return max(budget, 0)
 
     def recover(self, owner: str, token: str) -> dict | None:
         with self._locked() as now:

@@ -858,8 +858,8 @@ BEGIN
 END
 $fn$;
 
--- soniq_claim_many (from claim_protocol_v2.sql) --
-CREATE FUNCTION {schema}.soniq_claim_many(
+-- soniq_claim_many (from claim_protocol_v5.sql) --
+CREATE OR REPLACE FUNCTION {schema}.soniq_claim_many(
     worker_id text,
     claim_tokens text[],
     queues text[] DEFAULT NULL,
@@ -889,6 +889,18 @@ DECLARE
     v_token text;
     v_i integer;
     v_top_generation bigint;
+    v_paused text[];
+    v_limited text[];
+    v_rated text[];
+    v_skip text[];
+    v_free text[];
+    v_queue text;
+    v_budget integer;
+    v_is_rated boolean;
+    c_ids uuid[];
+    c_generations bigint[];
+    c_priorities integer[];
+    c_created timestamptz[];
     r record;
 BEGIN
     -- The checks are plain expressions and loops, not queries: PL/pgSQL
@@ -935,23 +947,119 @@ BEGIN
         PERFORM {schema}.soniq_reap_lapsed_v1(10, p_ttl);
     END IF;
 
-    -- Lock the jobs first (SKIP LOCKED: concurrent claimers take different
-    -- rows), in claim order. Then write them one by one by primary key: for
-    -- the usual batch of one, measured cheaper than one set-based UPDATE.
-    FOR r IN
-        SELECT j.id, j.claim_generation
-          FROM {schema}.soniq_jobs AS j
-         WHERE j.status = 'queued'
-           AND (p_queues IS NULL OR j.queue = ANY (p_queues))
-           AND (j.scheduled_at IS NULL OR j.scheduled_at <= pg_catalog.clock_timestamp())
-         ORDER BY j.priority, j.created_at
-         LIMIT v_wanted
-           FOR UPDATE SKIP LOCKED
-    LOOP
-        v_ids := v_ids || r.id;
-        v_generations := v_generations || r.claim_generation;
-        v_top_generation := GREATEST(v_top_generation, r.claim_generation);
-    END LOOP;
+    -- Flow control: the queues this claim may serve that are paused, or
+    -- limited. Read without a lock; a limited queue's row is read again
+    -- under its lock.
+    SELECT pg_catalog.array_agg(s.queue) FILTER (WHERE s.paused),
+           pg_catalog.array_agg(s.queue ORDER BY s.queue COLLATE "C") FILTER (WHERE NOT s.paused)
+      INTO v_paused, v_limited
+      FROM {schema}.soniq_queue_settings AS s
+     WHERE (s.paused OR s.concurrency IS NOT NULL OR s.configured_concurrency IS NOT NULL
+            OR s.rate_limit IS NOT NULL OR s.configured_rate_limit IS NOT NULL)
+       AND (p_queues IS NULL OR s.queue = ANY (p_queues));
+
+    IF v_paused IS NULL AND v_limited IS NULL THEN
+        -- No flow control applies: version 2's claim as it was.
+        -- Lock the jobs first (SKIP LOCKED: concurrent claimers take
+        -- different rows), in claim order. Then write them one by one by
+        -- primary key: for the usual batch of one, measured cheaper than one
+        -- set-based UPDATE.
+        FOR r IN
+            SELECT j.id, j.claim_generation
+              FROM {schema}.soniq_jobs AS j
+             WHERE j.status = 'queued'
+               AND (p_queues IS NULL OR j.queue = ANY (p_queues))
+               AND (j.scheduled_at IS NULL OR j.scheduled_at <= pg_catalog.clock_timestamp())
+             ORDER BY j.priority, j.created_at
+             LIMIT v_wanted
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            v_ids := v_ids || r.id;
+            v_generations := v_generations || r.claim_generation;
+            v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+        END LOOP;
+    ELSE
+        v_skip := coalesce(v_paused, '{}'::text[]) || coalesce(v_limited, '{}'::text[]);
+        -- The queues served that nothing holds back: named by the caller, or
+        -- (all queues) those with a queued job, found by skipping through
+        -- the claim index one queue at a time. A filter on the skipped
+        -- queues instead would walk past every one of their queued jobs.
+        IF p_queues IS NOT NULL THEN
+            v_free := ARRAY(SELECT q.name FROM pg_catalog.unnest(p_queues) AS q(name)
+                             WHERE q.name <> ALL (v_skip));
+        ELSE
+            v_free := ARRAY(
+                WITH RECURSIVE found(name) AS (
+                    (SELECT j.queue FROM {schema}.soniq_jobs AS j
+                      WHERE j.status = 'queued' ORDER BY j.queue LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT j.queue FROM {schema}.soniq_jobs AS j
+                             WHERE j.status = 'queued' AND j.queue > f.name
+                             ORDER BY j.queue LIMIT 1)
+                      FROM found AS f WHERE f.name IS NOT NULL)
+                SELECT f.name FROM found AS f
+                 WHERE f.name IS NOT NULL AND f.name <> ALL (v_skip));
+        END IF;
+        IF pg_catalog.cardinality(v_free) > 0 THEN
+            FOR r IN
+                SELECT j.id, j.claim_generation, j.priority, j.created_at
+                  FROM {schema}.soniq_jobs AS j
+                 WHERE j.status = 'queued'
+                   AND j.queue = ANY (v_free)
+                   AND (j.scheduled_at IS NULL
+                        OR j.scheduled_at <= pg_catalog.clock_timestamp())
+                 ORDER BY j.priority, j.created_at
+                 LIMIT v_wanted
+                   FOR UPDATE SKIP LOCKED
+            LOOP
+                c_ids := c_ids || r.id;
+                c_generations := c_generations || r.claim_generation;
+                c_priorities := c_priorities || r.priority;
+                c_created := c_created || r.created_at;
+            END LOOP;
+        END IF;
+        FOREACH v_queue IN ARRAY coalesce(v_limited, '{}'::text[]) LOOP
+            -- An empty queue takes no lock.
+            CONTINUE WHEN NOT EXISTS (
+                SELECT 1 FROM {schema}.soniq_jobs AS j
+                 WHERE j.status = 'queued' AND j.queue = v_queue
+                   AND (j.scheduled_at IS NULL
+                        OR j.scheduled_at <= pg_catalog.clock_timestamp()));
+            SELECT b.budget, b.rated INTO v_budget, v_is_rated
+              FROM {schema}.soniq_queue_budget_v1(v_queue, v_wanted) AS b;
+            IF v_is_rated THEN
+                v_rated := v_rated || v_queue;
+            END IF;
+            CONTINUE WHEN v_budget < 1;
+            FOR r IN
+                SELECT j.id, j.claim_generation, j.priority, j.created_at
+                  FROM {schema}.soniq_jobs AS j
+                 WHERE j.status = 'queued' AND j.queue = v_queue
+                   AND (j.scheduled_at IS NULL
+                        OR j.scheduled_at <= pg_catalog.clock_timestamp())
+                 ORDER BY j.priority, j.created_at
+                 LIMIT v_budget
+                   FOR UPDATE SKIP LOCKED
+            LOOP
+                c_ids := c_ids || r.id;
+                c_generations := c_generations || r.claim_generation;
+                c_priorities := c_priorities || r.priority;
+                c_created := c_created || r.created_at;
+            END LOOP;
+        END LOOP;
+        -- The first v_wanted candidates in claim order. The others stay
+        -- locked (unchanged) until this transaction ends.
+        SELECT pg_catalog.array_agg(c.id ORDER BY c.priority, c.created_at),
+               pg_catalog.array_agg(c.generation ORDER BY c.priority, c.created_at),
+               pg_catalog.max(c.generation)
+          INTO v_ids, v_generations, v_top_generation
+          FROM (SELECT u.id, u.generation, u.priority, u.created_at
+                  FROM ROWS FROM (pg_catalog.unnest(c_ids), pg_catalog.unnest(c_generations),
+                                  pg_catalog.unnest(c_priorities), pg_catalog.unnest(c_created))
+                       AS u(id, generation, priority, created_at)
+                 ORDER BY u.priority, u.created_at
+                 LIMIT v_wanted) AS c;
+    END IF;
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
@@ -991,6 +1099,9 @@ BEGIN
             RAISE EXCEPTION 'the stored claim identity differs from the one sent'
                 USING ERRCODE = 'P0001', HINT = 'QUEUE_CLAIM_CONFLICT',
                       DETAIL = 'claim_identity_changed';
+        END IF;
+        IF v_rated IS NOT NULL AND r.queue = ANY (v_rated) THEN
+            INSERT INTO {schema}.soniq_queue_starts (queue, started_at) VALUES (r.queue, v_now);
         END IF;
         job_id := r.id; job_name := r.job_name; args := r.args; queue := r.queue;
         priority := r.priority; attempts := r.attempts; max_attempts := r.max_attempts;
@@ -1383,5 +1494,61 @@ BEGIN
         v_now, soniq_defer.result_ttl_seconds);
     PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
     RETURN true;
+END
+$fn$;
+
+-- soniq_queue_budget_v1 (from claim_protocol_v5.sql) --
+CREATE FUNCTION {schema}.soniq_queue_budget_v1(
+    p_queue text, p_wanted integer, OUT budget integer, OUT rated boolean
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_paused boolean;
+    v_concurrency integer;
+    v_rate integer;
+    v_period integer;
+    v_now timestamptz;
+    v_count bigint;
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'a claim of a queue with limits needs READ COMMITTED isolation'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    SELECT s.paused, coalesce(s.concurrency, s.configured_concurrency),
+           CASE WHEN s.rate_limit IS NOT NULL THEN s.rate_limit ELSE s.configured_rate_limit END,
+           CASE WHEN s.rate_limit IS NOT NULL THEN s.rate_period
+                ELSE s.configured_rate_period END
+      INTO v_paused, v_concurrency, v_rate, v_period
+      FROM {schema}.soniq_queue_settings AS s
+     WHERE s.queue = p_queue
+       FOR UPDATE;
+    budget := p_wanted;
+    rated := false;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_paused THEN
+        budget := 0;
+        RETURN;
+    END IF;
+    IF v_concurrency IS NOT NULL THEN
+        SELECT pg_catalog.count(*) INTO v_count
+          FROM {schema}.soniq_jobs AS j
+         WHERE j.status = 'processing' AND j.queue = p_queue;
+        budget := LEAST(budget, v_concurrency - v_count);
+    END IF;
+    IF v_rate IS NOT NULL THEN
+        rated := true;
+        v_now := pg_catalog.clock_timestamp();  -- after the lock
+        DELETE FROM {schema}.soniq_queue_starts AS t
+         WHERE t.queue = p_queue
+           AND t.started_at <= v_now - pg_catalog.make_interval(secs => v_period);
+        SELECT pg_catalog.count(*) INTO v_count
+          FROM {schema}.soniq_queue_starts AS t WHERE t.queue = p_queue;
+        budget := LEAST(budget, v_rate - v_count);
+    END IF;
+    budget := GREATEST(budget, 0);
 END
 $fn$;

@@ -71,7 +71,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections, connections
 
-from .. import pooling
+from .. import flow, pooling
 from ..conf import get_settings
 from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
@@ -84,6 +84,7 @@ from .completer import BatchCompleter, InlineCompleter
 from .connection import SharedConnection, handler_connections
 from .execution import execute
 from .flight import Flights, InFlight
+from .throttle import RatePoll
 from .heartbeat import Heartbeat
 from .wakeup import Listener
 from .writes import NOT_RECORDED, RECORDED, Writes, retrying
@@ -143,6 +144,7 @@ class Worker:
                                    flights=self.flights, throughput=self.throughput,
                                    time_out=self.completer.time_out, stopping=self.stopping,
                                    aborted=self.aborted)
+        self.rate_poll = RatePoll(using, queues, self.shared)
         # What the loop remembers from one round to the next (see planner.Snapshot).
         self._found_nothing = False
         self._unknown_streak = 0
@@ -250,6 +252,7 @@ class Worker:
             with self.shared.turn(), translating(self.using):
                 registration.register(self.using, self.worker_id, self.queues, self.concurrency)
                 registration.publish_registry(self.using, self.worker_id)
+                flow.sync_configured(self.using)  # SONIQ["QUEUES"], where every claim reads it
             return True
 
         return bool(retrying(register, math.inf, self.stopping))
@@ -282,7 +285,12 @@ class Worker:
             unknown_streak=self._unknown_streak, backoff_due=self._backoff_due,
             burst=self.burst, wait_for_leases=self.wait_for_leases,
             held_elsewhere=self._held_elsewhere, drain_deadline=self._drain_deadline,
-            poll_interval=float(get_settings().POLL_INTERVAL), grace_seconds=self.grace_seconds)
+            poll_interval=self._poll_interval(), grace_seconds=self.grace_seconds)
+
+    def _poll_interval(self) -> float:
+        """POLL_INTERVAL; after a claim that found nothing, shorter for a rate-limited queue."""
+        seconds = float(get_settings().POLL_INTERVAL)
+        return self.rate_poll.seconds(seconds) if self._found_nothing else seconds
 
     def _claim(self, n: int, pool: ThreadPoolExecutor) -> None:
         """One round: the pending writes, and ``n`` claims; start each job claimed."""

@@ -138,8 +138,11 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
     assert v1 != v2 and "soniq_complete_many" in v2
     new = ("soniq_claim_many", "soniq_complete_many")
     assert _function_source("soniq_complete") == v2
-    assert all(_function_source(name) == _file_source("claim_protocol_v2.sql", name)
-               for name in new)
+    assert _function_source("soniq_complete_many") == _file_source(
+        "claim_protocol_v2.sql", "soniq_complete_many")
+    # soniq_claim_many has version 5's body since migration 0013 (tested below).
+    assert _function_source("soniq_claim_many") == _file_source(
+        "claim_protocol_v5.sql", "soniq_claim_many")
     try:
         call_command("migrate", "soniq_django", "0008", verbosity=0)
         assert _function_source("soniq_complete") == v1
@@ -212,11 +215,15 @@ def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     v4 = _file_source("claim_protocol_v4.sql", "soniq_defer")
     before = _soniq_functions()
     assert before["soniq_defer"] == v4
+    # Going back to 0011 also reverses 0013 (flow control, tested below).
+    by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1"}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
         assert "soniq_defer" not in after
-        assert after == {name: body for name, body in before.items() if name != "soniq_defer"}
+        assert {name: body for name, body in after.items() if name not in by_0013} == {
+            name: body for name, body in before.items()
+            if name != "soniq_defer" and name not in by_0013}
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
     assert _soniq_functions() == before
@@ -246,3 +253,28 @@ def test_current_sql_holds_exactly_the_functions_the_database_runs():
     quoted = connection.ops.quote_name(schema())
     for name, statement in documented.items():
         assert installed[name] == statement.split("$fn$")[1].replace("{schema}", quoted), name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5():
+    v2 = _file_source("claim_protocol_v2.sql", "soniq_claim_many")
+    v5 = _file_source("claim_protocol_v5.sql", "soniq_claim_many")
+    assert v2 != v5 and "soniq_queue_budget_v1" in v5
+    before = _soniq_functions()
+    assert before["soniq_claim_many"] == v5 and "soniq_queue_budget_v1" in before
+    try:
+        call_command("migrate", "soniq_django", "0012", verbosity=0)
+        after = _soniq_functions()
+        assert after["soniq_claim_many"] == v2
+        assert set(after) == set(before) - {"soniq_queue_budget_v1"}
+        assert fetch("SELECT to_regclass('soniq_queue_settings'), "
+                     "to_regclass('soniq_queue_starts')") == [(None, None)]
+        # Version 2's claim works again.
+        fetch("SELECT soniq_enqueue('back.to_v2')")
+        assert len(fetch("SELECT * FROM soniq_claim_many('w', ARRAY['nonce-v2'])")) == 1
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before
+    fetch("SELECT soniq_enqueue('again.v5', queue => 'paused')")
+    fetch("INSERT INTO soniq_queue_settings (queue, paused) VALUES ('paused', true)")
+    assert fetch("SELECT * FROM soniq_claim_many('w', ARRAY['nonce-v5'])") == []

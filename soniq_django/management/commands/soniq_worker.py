@@ -6,6 +6,8 @@ import uuid
 
 from django.core.management.base import BaseCommand, CommandError
 
+from soniq_django import flow
+from soniq_django.conf import get_settings
 from soniq_django.management.console import command_log
 from soniq_django.management.database import (
     add_database_argument, database_alias, require_migrated,
@@ -27,6 +29,13 @@ def _require_handlers() -> None:
     if failed:
         raise CommandError("SONIQ['IMPORTS'] names modules that cannot be imported: " + ", ".join(
             f"{name} ({error})" for name, error in failed))
+
+
+def _require_queue_settings() -> None:
+    """Refuse to start on a SONIQ["QUEUES"] it cannot apply (soniq.E011 says the same)."""
+    found = flow.problems(get_settings().QUEUES)
+    if found:
+        raise CommandError("SONIQ['QUEUES'] is invalid (soniq.E011): " + " ".join(found))
 
 
 def _queues(value: str | None) -> list[str] | None:
@@ -90,6 +99,7 @@ class Command(BaseCommand):
         wait_for_database(using)  # a refusing server is waited for, never fatal
         require_migrated(using)
         _require_handlers()
+        _require_queue_settings()
         worker = Worker(
             using=using, queues=_queues(options["queues"]),
             concurrency=options["concurrency"], burst=options["burst"],

@@ -1,0 +1,119 @@
+"""Admin for ``soniq_queue_settings``: pause a queue, override its limits (docs/operations.md).
+
+A plain form over the operator's columns. The configured ones are
+``SONIQ["QUEUES"]`` as the workers wrote it: shown, never edited here, and
+never written back by a save (a worker may rewrite them meanwhile).
+"""
+
+from django import forms
+from django.contrib import admin
+from django.utils import timezone
+
+from .. import flow
+from ..models import QueueSetting
+from .base import OfferedLookupsOnly, write_alias
+from .display import plural, sentence, when
+
+_EDITED = ("paused", "concurrency", "rate_limit", "rate_period")
+
+
+class QueueSettingForm(forms.ModelForm):
+    class Meta:
+        model = QueueSetting
+        fields = ("queue", *_EDITED)
+        widgets = {"queue": forms.TextInput(attrs={"size": 40})}
+
+    def clean(self):
+        data = super().clean()
+        if (data.get("rate_limit") is None) != (data.get("rate_period") is None):
+            self.add_error("rate_period", "Set a rate's count and its period together, or "
+                                          "neither.")
+        for name in ("concurrency", "rate_limit", "rate_period"):
+            value = data.get(name)
+            if value is not None and value < 1:
+                self.add_error(name, "Must be at least 1; leave it empty for no override.")
+        period = data.get("rate_period")
+        if period is not None and period > 86400:
+            self.add_error("rate_period", "At most 86400 seconds (a day).")
+        return data
+
+
+def _rate(rate):
+    if rate is None:
+        return "-"
+    count, period = rate
+    return f"{count} per {period} s"
+
+
+@admin.register(QueueSetting)
+class QueueSettingAdmin(OfferedLookupsOnly, admin.ModelAdmin):
+    form = QueueSettingForm
+    list_display = ("queue", "paused", "concurrency_applied", "rate_applied", "paused_by",
+                    "paused_since", "updated")
+    list_filter = ("paused",)
+    search_fields = ("queue",)
+    ordering = ("queue",)
+    readonly_fields = ("configured", "paused_by", "paused_at", "updated_at")
+    actions = ("pause_selected", "resume_selected")
+
+    def get_readonly_fields(self, request, obj=None):
+        # The queue names the row: set when it is added, never renamed.
+        return (*self.readonly_fields, "queue") if obj is not None else self.readonly_fields
+
+    @admin.display(description="concurrency")
+    def concurrency_applied(self, obj):
+        return obj.effective_concurrency if obj.effective_concurrency is not None else "-"
+
+    @admin.display(description="rate")
+    def rate_applied(self, obj):
+        return _rate(obj.effective_rate)
+
+    @admin.display(description="paused since", ordering="paused_at")
+    def paused_since(self, obj):
+        return when(obj.paused_at)
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, obj):
+        return when(obj.updated_at)
+
+    @admin.display(description="SONIQ['QUEUES'] (as the workers wrote it)")
+    def configured(self, obj):
+        concurrency = obj.configured_concurrency
+        rate = (None if obj.configured_rate_limit is None
+                else (obj.configured_rate_limit, obj.configured_rate_period))
+        return (f"concurrency {concurrency if concurrency is not None else '-'}; "
+                f"rate {_rate(rate)}")
+
+    def save_model(self, request, obj, form, change):
+        now = timezone.now()
+        obj.updated_at = now
+        fields = [name for name in form.changed_data if name in _EDITED]
+        if "paused" in fields:
+            obj.paused_at, obj.paused_by = (now, request.user.get_username()) if obj.paused \
+                else (None, None)
+            fields += ["paused_at", "paused_by"]
+        if not change:
+            obj.save()
+        elif fields:
+            # Only the edited columns: workers rewrite the configured ones meanwhile.
+            obj.save(update_fields=[*fields, "updated_at"])
+        if not obj.paused and ("paused" in fields or {"concurrency", "rate_limit"} & set(fields)):
+            flow.wake_workers(write_alias(QueueSetting.objects.all()), obj.queue)
+
+    @admin.action(description="Pause selected queues", permissions=["change"])
+    def pause_selected(self, request, queryset):
+        self._each(request, queryset, "paused", lambda name, using: flow.pause_queue(
+            name, by=request.user.get_username(), using=using))
+
+    @admin.action(description="Resume selected queues", permissions=["change"])
+    def resume_selected(self, request, queryset):
+        self._each(request, queryset, "resumed", lambda name, using: flow.resume_queue(
+            name, using=using))
+
+    def _each(self, request, queryset, verb: str, call):
+        using = write_alias(queryset)
+        names = list(queryset.values_list("queue", flat=True))
+        changed = sum(call(name, using) for name in names)
+        self.message_user(request, sentence(
+            f"{verb} {plural(changed, 'queue')}",
+            f"{len(names) - changed} already {verb}" if len(names) > changed else ""))
