@@ -27,6 +27,7 @@ QUEUE_DATABASE_REFUSED, ASYNC_CONTEXT, JOB_FAILED.
 import enum
 import re
 from contextlib import contextmanager
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import Error as DatabaseError
@@ -105,6 +106,17 @@ class SoniqError(Exception):
         self.code = ErrorCode(code)
         self.reason = _bounded(reason or self.code.value)
         super().__init__(f"{self.code.value}: {self.reason}")
+
+
+class RunRolledBack(SoniqError):
+    """Unwinds an atomic job's transaction (worker/atomic.py); ``outcome`` is how the run ended.
+
+    Raised and caught inside the worker only; never reaches a caller.
+    """
+
+    def __init__(self, outcome: Any):
+        super().__init__(ErrorCode.JOB_FAILED, "the atomic run's transaction was rolled back")
+        self.outcome = outcome
 
 
 class ConfigValidationError(SoniqError):

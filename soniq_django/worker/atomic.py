@@ -44,7 +44,7 @@ from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..errors import SoniqError, translate
+from ..errors import RunRolledBack, SoniqError, translate
 from ..owned._store import claims_for, take_sqlite_write_lock
 from ..registry import get_handler
 from .execution import Outcome, OutcomeKind, execute
@@ -67,19 +67,11 @@ def is_atomic(job_name: str) -> bool:
     return handler is not None and getattr(handler, "atomic", False) is True
 
 
-class _Undo(Exception):
-    """Roll the job's transaction back; the run ended with ``outcome``."""
-
-    def __init__(self, outcome: Outcome):
-        super().__init__(outcome.kind.value)
-        self.outcome = outcome
-
-
 @dataclass
 class _Run:
     began: bool = False
     undone: Outcome | None = None
-    """How the run ended when it rolled back (``_Undo``), before the rollback itself ran."""
+    """How the run ended when it rolled back (``RunRolledBack``), before the rollback itself ran."""
     settled: bool = False
     """This run holds ``flight.settled``: the job's final write is its own."""
     committing: bool = False
@@ -133,11 +125,11 @@ class AtomicRunner:
                 run.began = True
                 try:
                     outcome = self._inside(flight, timeout, connection.vendor == "sqlite", run)
-                except _Undo as undo:
+                except RunRolledBack as undo:
                     run.undone = undo.outcome
                     raise
                 run.committing = True
-        except _Undo as undo:  # rolled back
+        except RunRolledBack as undo:  # rolled back
             return undo.outcome
         except Exception as error:
             if not run.began:
@@ -170,7 +162,7 @@ class AtomicRunner:
 
     def _inside(self, flight: InFlight, timeout: float | None, sqlite: bool,
                 run: _Run) -> Outcome:
-        """In the transaction: the handler, then the fenced completion. Raises ``_Undo``."""
+        """In the transaction: the handler, then the fenced completion. Raises ``RunRolledBack``."""
         claimed = flight.claimed
         fence = claimed.claim_fence
         claims = claims_for(self.using)
@@ -180,31 +172,31 @@ class AtomicRunner:
             state = claims.get_state(fence)
             if state is None:  # the claim went before its run could begin
                 flight.lost = True
-                raise _Undo(Outcome(OutcomeKind.DONE, written=True, applied=False, error=(
+                raise RunRolledBack(Outcome(OutcomeKind.DONE, written=True, applied=False, error=(
                     "the claim was gone (lease lapsed, cancelled or re-claimed) when its atomic "
                     "run could take SQLite's write lock; the handler did not run")))
             if state[0]:  # a cancel was requested: the completion could only be refused
-                raise _Undo(Outcome(OutcomeKind.CANCELLED))
+                raise RunRolledBack(Outcome(OutcomeKind.CANCELLED))
             flight.holds_write_lock = True
         with _other_aliases_watched(self.using, claimed.job_name):
             outcome = execute(claimed, flight.context, timeout, atomic=True)
         if outcome.kind is not OutcomeKind.DONE:
-            raise _Undo(outcome)
+            raise RunRolledBack(outcome)
         if timeout is not None and time.monotonic() - flight.started > float(timeout):
             # Past its time limit (on SQLite the heartbeat could not even look).
-            raise _Undo(Outcome(OutcomeKind.RETRY, error=(
+            raise RunRolledBack(Outcome(OutcomeKind.RETRY, error=(
                 f"timed out after {timeout} s; the writes of this atomic run were rolled back")))
         if self.stop.is_set():  # aborted: write nothing, as for any job
-            raise _Undo(Outcome(OutcomeKind.RETRY, error="the worker was aborted"))
+            raise RunRolledBack(Outcome(OutcomeKind.RETRY, error="the worker was aborted"))
         if not flight.settled.acquire(blocking=False):
             # The heartbeat is taking the final write: the job ran past its timeout.
-            raise _Undo(Outcome(OutcomeKind.RETRY, error="timed out; its writes were rolled "
+            raise RunRolledBack(Outcome(OutcomeKind.RETRY, error="timed out; its writes were rolled "
                                                          "back"))
         run.settled = True
         if flight.done:  # the timeout's failure is written
-            raise _Undo(Outcome(OutcomeKind.RETRY, error="timed out"))
+            raise RunRolledBack(Outcome(OutcomeKind.RETRY, error="timed out"))
         if flight.lost:  # the heartbeat saw the lease go: the fence would refuse
-            raise _Undo(replace(outcome, written=True, applied=False))
+            raise RunRolledBack(replace(outcome, written=True, applied=False))
         ttl = float(get_settings().RESULT_TTL)
         try:
             if held_since is None:
@@ -212,9 +204,9 @@ class AtomicRunner:
             else:
                 applied = claims.complete(fence, outcome.result, ttl, held_since=held_since)
         except (SoniqError, TransactionManagementError) as error:
-            raise _Undo(Outcome(OutcomeKind.RETRY, error=_completion_error(error))) from None
+            raise RunRolledBack(Outcome(OutcomeKind.RETRY, error=_completion_error(error))) from None
         if not applied:
-            raise _Undo(replace(outcome, written=True, applied=False))
+            raise RunRolledBack(replace(outcome, written=True, applied=False))
         flight.done = True  # the final write is this transaction's COMMIT
         return replace(outcome, written=True, applied=True)
 
