@@ -144,9 +144,10 @@ class System:
             return [(cmd, {})] * processes
         raise ValueError(self.name)
 
-    def preload(self, count: int) -> None:
-        """Queue ``count`` no-op jobs (not measured)."""
+    def preload(self, count: int, job_name: str = "bench.noop") -> None:
+        """Queue ``count`` jobs, no-op ones unless ``job_name`` says otherwise (not measured)."""
         if self.name != "soniq":
+            assert job_name == "bench.noop", "the peers have only the no-op job"
             self.action("preload", count)
             return
         # The rows soniq_enqueue() writes, in one statement (bulk_enqueue is measured
@@ -155,9 +156,9 @@ class System:
             conn.execute(
                 "INSERT INTO soniq_jobs (id, job_name, args, status, attempts, max_attempts, "
                 "queue, priority, unique_job, producer_id, created_at, updated_at) "
-                "SELECT gen_random_uuid(), 'bench.noop', jsonb_build_object('i', g), 'queued', "
+                "SELECT gen_random_uuid(), %s, jsonb_build_object('i', g), 'queued', "
                 "0, 4, 'default', 100, false, 'bench', now() + g * interval '1 microsecond', "
-                "now() FROM generate_series(1, %s) AS g", [count])
+                "now() FROM generate_series(1, %s) AS g", [job_name, count])
 
     def sql(self, query: str) -> int:
         with connect(self.db) as conn:
@@ -271,11 +272,11 @@ def run_workers(system: System, concurrency: int, processes: int, mode: str, sta
 
 def drain(system: System, cfg, concurrency: int, processes: int, *, jobs: int | None = None,
           window: float | None = None, rss: bool = False, profile: Path | None = None,
-          env: dict | None = None) -> dict:
+          env: dict | None = None, job_name: str = "bench.noop") -> dict:
     jobs = jobs or cfg.drain_jobs
     window = cfg.window if window is None else window
     system.reset()
-    system.preload(jobs)
+    system.preload(jobs, job_name)
     quiesce(system.db)
     stamps_dir = Path(tempfile.mkdtemp(prefix="stamps-", dir=system.log_dir))
     state = {"first": None, "stopped": False, "drained_at": None}
@@ -403,6 +404,34 @@ def enqueue_interleaved(raw_db: str, soniq_db: str, count: int, chunk: int = 25)
     return {key: count / seconds for key, seconds in spent.items()}
 
 
+WRITE_JOBS = {"plain": "bench.write", "atomic": "bench.write_atomic"}
+
+
+def write_drain(soniq: System, cfg, concurrency: int, kind: str) -> dict:
+    """A drain of jobs whose handler writes one row (bench/soniq_app/jobs.py), plain or atomic.
+
+    Afterwards the effects table must hold one row per handler run that
+    wrote, none twice, and (atomic) exactly one per job done.
+    """
+    with connect(soniq.db) as conn:
+        conn.execute("TRUNCATE bench_effects")
+    found = drain(soniq, cfg, concurrency, 1, job_name=WRITE_JOBS[kind])
+    with connect(soniq.db) as conn:
+        rows, distinct = conn.execute("SELECT count(*), count(DISTINCT i) FROM bench_effects"
+                                      ).fetchone()
+    if rows != distinct or (kind == "atomic" and rows != found["finished"]):
+        raise RuntimeError(f"soniq {kind} writes: {rows} effects rows ({distinct} distinct) "
+                           f"for {found['finished']} jobs done")
+    return found
+
+
+def measure_writes(cfg, soniq: System, res: Results, conc: int, rep: int) -> None:
+    """The plain and the atomic one-row-write drains, back to back (order alternating)."""
+    kinds = ("plain", "atomic") if rep % 2 == 0 else ("atomic", "plain")
+    for kind in kinds:
+        res.add(f"soniq.write_{kind}.1x{conc}", write_drain(soniq, cfg, conc, kind)["rate"])
+
+
 def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep: int) -> None:
     """One repetition. Each soniq and peer row is measured right after the ceiling row it
     is compared with, so that a ratio compares two measurements a few seconds apart
@@ -415,6 +444,13 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
         if rows:
             raw.copy_rows(raw_db, rows)
         quiesce(raw_db)
+
+    if cfg.only == "atomic":  # the ceiling, then the plain and atomic write drains
+        for conc in cfg.concurrency:
+            fresh_raw(cfg.drain_jobs)
+            res.add(f"raw.drain.{conc}", raw.raw_drain(raw_db, conc, cfg.window)["rate"])
+            measure_writes(cfg, soniq, res, conc, rep)
+        return
 
     def fresh(system: System) -> System:
         system.reset()
@@ -473,6 +509,7 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
                 soniq, cfg, conc, 1, env={"BENCH_CONN_MAX_AGE": "none"})["rate"])
         for system in peers:
             res.add(f"{system.name}.drain.1x{conc}", drain(system, cfg, conc, 1)["rate"])
+        measure_writes(cfg, soniq, res, conc, rep)  # after the peers: theirs stay near the ceiling
     for conc in cfg.concurrency:
         conns = 2 * conc
         if conns not in cfg.concurrency:
@@ -512,6 +549,8 @@ def render(cfg, res: Results, header: str) -> str:
 
     def row(label, key, unit="jobs/s", ratio="", target="", digits=0):
         values = res.values.get(key, [])
+        if cfg.only and not values:
+            return  # a row --only left out
         if values:
             s = summary(values)
             med = _fmt(s["median"], digits)
@@ -602,6 +641,21 @@ def render(cfg, res: Results, header: str) -> str:
         if key in res.values:
             value, text = ratio(key, f"raw.drain.{conc}", f"raw@{conc}")
             row(f"  what-if CONN_MAX_AGE=None, 1 proc × conc {conc}", key, ratio=text)
+    for conc in cfg.concurrency:  # the price of atomic=True, with a one-row write in each
+        plain, atomic = f"soniq.write_plain.1x{conc}", f"soniq.write_atomic.1x{conc}"
+        if plain in res.values:
+            row(f"1-row write, plain job, 1 proc × conc {conc}", plain,
+                ratio=ratio(plain, f"raw.drain.{conc}", f"raw@{conc}")[1])
+        if atomic in res.values:
+            price = ratio(atomic, plain, "plain")[1]
+            each = [a / p for a, p in zip(res.values[atomic], res.values.get(plain, []))]
+            if price and len(each) > 1 and len(each) == len(res.values[atomic]):
+                price += f" ({min(each):.2f}–{max(each):.2f})"  # the per-repetition spread
+            row(f"1-row write, atomic job, 1 proc × conc {conc}", atomic,
+                ratio=ratio(atomic, f"raw.drain.{conc}", f"raw@{conc}")[1],
+                target=f"price: {price}" if price else "")
+    if cfg.only:
+        return "\n".join(lines)
     row("latency enqueue→start p50 (idle worker)", "soniq.latency.p50", unit="ms",
         target=f"≤5 ms: {verdict(res.median('soniq.latency.p50'), 5, higher=False)}", digits=1)
     row("latency enqueue→start p99", "soniq.latency.p99", unit="ms",
@@ -672,6 +726,9 @@ def parse_args(argv):
     parser.add_argument("--soniq-rev", metavar="REV",
                         help="measure soniq_django as committed at REV (e.g. HEAD) instead of "
                              "the working tree")
+    parser.add_argument("--only", choices=["atomic"],
+                        help="measure only these rows and their ceiling (atomic: plain and "
+                             "atomic jobs with a one-row write; no peers, latency or RSS)")
     parser.add_argument("--profile", type=int, metavar="CONCURRENCY",
                         help="instead of the table: drain once under py-spy and print hotspots")
     cfg = parser.parse_args(argv)
@@ -719,17 +776,18 @@ def _header(cfg) -> str:
     load = "/".join(f"{x:.1f}" for x in os.getloadavg())
     drain = (f"full drains of {cfg.drain_jobs:,}" if cfg.window is None else
              f"{cfg.drain_jobs:,} queued, measured ≤{cfg.window:g} s or until empty")
+    only = f"; only the --only {cfg.only} rows" if cfg.only else ""
     return (f"soniq_django benchmark — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
             f"{source}\n"
             f"PostgreSQL {version} (synchronous_commit={sync}, fsync={fsync}), "
             f"{os.cpu_count()} CPUs, load average {load} at the end; "
             f"medians of {cfg.reps} repetition(s), spread min–max; "
-            f"drains: {drain}")
+            f"drains: {drain}{only}")
 
 
 def main(argv=None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
-    if not PEERS_PY.exists() and not cfg.no_peers and cfg.profile is None:
+    if not PEERS_PY.exists() and not cfg.no_peers and cfg.profile is None and not cfg.only:
         print("bench: bench/.venv-peers is missing; run `make bench` (it creates it) or "
               "pass --no-peers", file=sys.stderr)
         return 2
@@ -744,7 +802,7 @@ def main(argv=None) -> int:
     else:
         cfg.soniq_commit = None
     systems = make_systems(pid, log_dir)
-    if cfg.no_peers or cfg.profile is not None:
+    if cfg.no_peers or cfg.profile is not None or cfg.only:
         systems = {"soniq": systems["soniq"]}
     raw_db = f"soniq_bench_{pid}_raw"
     created: list[str] = []
@@ -781,8 +839,9 @@ def main(argv=None) -> int:
             for rep in range(cfg.reps):
                 print(f"bench: repetition {rep + 1} of {cfg.reps}", flush=True)
                 measure_rep(cfg, systems, raw_db, res, rep)
-            print("bench: worker RSS over a full drain", flush=True)
-            measure_rss(cfg, soniq, res)
+            if not cfg.only:
+                print("bench: worker RSS over a full drain", flush=True)
+                measure_rss(cfg, soniq, res)
         except Exception:
             if res.values:
                 print("\nbench: FAILED; what was measured before the failure:\n")
