@@ -4,10 +4,22 @@ Every test id carries the backend it ran on (``test_x[sqlite]``,
 ``test_x[postgresql]``) so one report shows that both databases ran.
 """
 
+import platform
+
+import django
 import pytest
 from django.conf import settings
 
 BACKEND = settings.BACKEND
+
+
+def pytest_report_header(config):
+    # The first lines of every pass say what it ran on (scripts/run-tests
+    # runs Django 5.2 and 6.0, each on both databases).
+    from soniq_django.tasks_backend import TASKS_API
+
+    return [f"soniq_django: Django {django.get_version()}, Python {platform.python_version()}, "
+            f"Tasks API {TASKS_API}, database {BACKEND}"]
 
 
 @pytest.fixture(autouse=True, params=[BACKEND], ids=[BACKEND])

@@ -7,6 +7,7 @@ names the server (``scripts/run-tests`` resolves it before starting pytest).
 
 import os
 import tempfile
+from importlib.util import find_spec
 
 import environ
 
@@ -91,11 +92,14 @@ TEMPLATES = [
 SONIQ = {}
 
 # Django tasks (tests/testapp/tasks.py) run as soniq jobs. "immediate" is a
-# backend of another kind: the worker must refuse to run its tasks.
+# backend of another kind: the worker must refuse to run its tasks. Its path
+# is Django 6's own django.tasks where that exists (as soniq_django's backend
+# prefers it), else the django-tasks backport's.
+_tasks_package = "django.tasks" if find_spec("django.tasks") else "django_tasks"
 TASKS = {
     "default": {
         "BACKEND": "soniq_django.tasks_backend.SoniqTaskBackend",
         "QUEUES": ["default", "tasks"],
     },
-    "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+    "immediate": {"BACKEND": f"{_tasks_package}.backends.immediate.ImmediateBackend"},
 }
