@@ -27,11 +27,15 @@ class _Number(str):
 def _reencode(value) -> str:
     if isinstance(value, _Number):
         return str(value)
+    # Lists, not generators, go to join(): on Python 3.12 a generator's
+    # recursion passes through C (join) at every level, and the C stack limit
+    # (which sys.setrecursionlimit does not raise) stops it short of MAX_NESTING.
     if isinstance(value, dict):
         items = sorted(value.items())
-        return "{" + ",".join(encode_basestring_ascii(k) + ":" + _reencode(v) for k, v in items) + "}"
+        members = [encode_basestring_ascii(k) + ":" + _reencode(v) for k, v in items]
+        return "{" + ",".join(members) + "}"
     if isinstance(value, list):
-        return "[" + ",".join(_reencode(v) for v in value) + "]"
+        return "[" + ",".join([_reencode(v) for v in value]) + "]"
     if isinstance(value, str):
         return encode_basestring_ascii(value)
     return json.dumps(value)  # true, false, null
