@@ -12,6 +12,8 @@ that *is* a Task of this backend: a row cannot name an arbitrary function.
 """
 
 import builtins
+import dataclasses
+import datetime as dt
 import importlib
 import inspect
 import logging
@@ -26,8 +28,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 from django.utils import timezone
 
-from .conf import get_settings
-from .errors import ConfigValidationError, ErrorCode, SoniqError
+from .conf import checked, get_settings
+from .errors import ConfigValidationError, SettingsInvalid, SoniqError
 
 try:  # Django 6: its own django.tasks, even where the backport is installed too
     from django.tasks import task_backends
@@ -116,11 +118,25 @@ class SoniqTaskBackend(BaseTaskBackend):
     def max_attempts(self) -> int:
         """Attempts each task gets before it fails for good."""
         if self._max_attempts is None:
-            return get_settings().DEFAULT_MAX_ATTEMPTS
+            return checked("DEFAULT_MAX_ATTEMPTS")
         return self._max_attempts
 
     def validate_task(self, task: Task) -> None:
-        """Django's rules, plus: the task's module path must be a valid soniq job name."""
+        """Django's rules, plus: the task's module path must be a valid soniq job name.
+
+        ``run_after`` may also be a ``timedelta`` (a countdown, which Django's
+        own check refuses): ``task.using(run_after=timedelta(minutes=5))``
+        runs the task five minutes after it is enqueued, by the database's clock.
+        """
+        if isinstance(task.run_after, dt.timedelta):
+            from .producer.request import schedule
+
+            try:
+                schedule(task.run_after, None)
+            except SoniqError as error:
+                raise InvalidTaskError(error.reason.replace("run_at", "run_after")) from None
+            # Django's checks of everything else (and USE_TZ's of a datetime).
+            task = dataclasses.replace(task, run_after=None)
         super().validate_task(task)
         if "." in task.func.__qualname__:
             raise InvalidTaskError("Task function must be defined at a module level.")
@@ -128,6 +144,11 @@ class SoniqTaskBackend(BaseTaskBackend):
 
         try:
             validate_job_name(task.module_path)
+        except SettingsInvalid:
+            # A bad TASK_NAME_PATTERN is soniq.E004's to report (manage.py
+            # check), not an import error of every module with a @task:
+            # enqueue() refuses with it until it is fixed.
+            return
         except SoniqError:
             raise InvalidTaskError(
                 f"The task {task.module_path!r} cannot be stored as a soniq job: its module path "
@@ -233,14 +254,11 @@ class SoniqTaskBackend(BaseTaskBackend):
 
 
 def _check_call(task: Task, args: list, kwargs: dict) -> None:
+    from .registry import bind_or_refuse
+
     leading = [None] if task.takes_context else []
-    try:
-        inspect.signature(task.func).bind(*leading, *args, **kwargs)
-    except TypeError:
-        raise ConfigValidationError(
-            f"the arguments do not fit the signature of task {task.module_path}",
-            code=ErrorCode.TASK_ARGS_INVALID,
-        ) from None
+    bind_or_refuse(inspect.signature(task.func), [*leading, *args], kwargs,
+                   f"task {task.module_path}")
 
 
 def _stored_row(job_id: Any, database: str | None) -> dict | None:

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from ..conf import get_settings
 from ..encoding import canonical_json
-from ..errors import ConfigValidationError, ErrorCode, SoniqError
+from ..errors import ConfigValidationError, ErrorCode, SettingsInvalid, SoniqError
 from ..producer.request import JobRequest, PreparedJob, prepare
 from ..models import DeadLetterJob, Job, JobStatus
 from ._store import fenced_writes, guarded, take_sqlite_write_lock
@@ -91,8 +91,16 @@ def snapshot(request: object, submission_id: object, force: object) -> OwnedSubm
     positive_int(request.max_attempts, "max_attempts", INT32_MAX)
     if request.active_key is not None:
         identity(request.active_key, "active_key")
+    if request.delay is not None or isinstance(request.run_at, dt.timedelta):
+        # The fingerprint covers what was authored; a countdown would be
+        # counted anew by each replay of the same submission.
+        raise ConfigValidationError(
+            "submit_owned needs run_at as an aware datetime: a countdown (delay=, or a "
+            "timedelta) is not a replayable part of a submission")
     try:
         job = prepare(request)
+    except SettingsInvalid:
+        raise  # the project's settings, not the request, are wrong
     except SoniqError as error:
         raise ConfigValidationError(f"{error.code.value}: {error.reason}") from None
     args = None if request.args is None else job.args

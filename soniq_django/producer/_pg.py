@@ -83,7 +83,7 @@ def _translated(connection, alias: str):
     becomes its ``SoniqError`` (``errors.translate``).
     """
     guard = transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
-    with translating(), guard:
+    with translating(alias), guard:
         yield
 
 
@@ -186,7 +186,7 @@ def _call(connection, alias: str, sql: str, params: list) -> tuple:
 def enqueue(job: PreparedJob, connection, alias: str) -> uuid.UUID:
     """Call ``soniq_enqueue`` for one validated job; return the id it gives."""
     params = [
-        job.job_name, _json(job.args), job.queue, job.priority, job.scheduled_at,
+        job.job_name, job.args_json, job.queue, job.priority, job.scheduled_at,
         job.max_attempts, job.unique_job, job.dedup_key, job.producer_id, job.job_id,
     ]
     (job_id,) = _call(connection, alias, _ENQUEUE, params)
@@ -221,7 +221,7 @@ def enqueue_many(jobs: list[PreparedJob], connection, alias: str) -> list[uuid.U
 
 def get_job_row(job_id: uuid.UUID, connection) -> tuple | None:
     """The ``soniq_get_job`` row for ``job_id``, or None."""
-    with translating(), connection.cursor() as cursor:
+    with translating(connection.alias), connection.cursor() as cursor:
         cursor.execute(GET_JOB, [job_id])
         row = cursor.fetchone()
     if row is None:

@@ -21,7 +21,7 @@ from .api import (
     JobInfo, get_coerced, insert_many_prepared, insert_prepared, read_alias, write_alias,
 )
 from .commit import warn_if_uncoupled
-from .request import JobRequest, PreparedJob, coerce_job_id, prepare
+from .request import JobRequest, PreparedJob, coerce_job_id, prepare, prepare_all
 
 
 def aenqueue(
@@ -30,13 +30,14 @@ def aenqueue(
     *,
     queue: str | None = None,
     priority: int | None = None,
-    run_at: dt.datetime | None = None,
+    run_at: dt.datetime | dt.timedelta | None = None,
     max_attempts: int | None = DEFAULT_MAX_ATTEMPTS,
     unique_job: bool = False,
     dedup_key: str | None = None,
     producer_id: str | None = None,
     job_id: uuid.UUID | str | None = None,
     using: str | None = None,
+    delay: float | dt.timedelta | None = None,
 ) -> Awaitable[uuid.UUID]:
     """Async twin of ``enqueue``: await it for the job id.
 
@@ -46,7 +47,7 @@ def aenqueue(
     request = JobRequest(
         job_name, args, queue=queue, priority=priority, run_at=run_at,
         max_attempts=max_attempts, unique_job=unique_job, dedup_key=dedup_key,
-        producer_id=producer_id, job_id=job_id,
+        producer_id=producer_id, job_id=job_id, delay=delay,
     )
     return insert_async(prepare(request), write_alias(using))
 
@@ -58,7 +59,7 @@ def abulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None
     Every request is validated at the call; one bad request raises
     ``ConfigValidationError`` there and nothing is written.
     """
-    prepared = [prepare(request) for request in requests]
+    prepared = prepare_all(requests)
     return sync_to_async(_insert_many)(prepared, write_alias(using))
 
 

@@ -17,12 +17,13 @@ from typing import Any
 from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from . import _pg
 from .commit import warn_if_uncoupled
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
-from .request import JobRequest, PreparedJob, coerce_job_id, prepare
+from .request import JobRequest, PreparedJob, coerce_job_id, prepare, prepare_all
 from ..models import DeadLetterJob, Job, JobStatus
 
 
@@ -91,19 +92,23 @@ def enqueue(
     *,
     queue: str | None = None,
     priority: int | None = None,
-    run_at: dt.datetime | None = None,
+    run_at: dt.datetime | dt.timedelta | None = None,
     max_attempts: int | None = DEFAULT_MAX_ATTEMPTS,
     unique_job: bool = False,
     dedup_key: str | None = None,
     producer_id: str | None = None,
     job_id: uuid.UUID | str | None = None,
     using: str | None = None,
+    delay: float | dt.timedelta | None = None,
 ) -> uuid.UUID:
     """Insert one job inside the caller's transaction and return its id.
 
     A unique job (``unique_job=True``) or one with a ``dedup_key`` returns the
     id of an equal job that is still queued instead of inserting a second.
-    The job name need not have a handler in this process.
+    The job name need not have a handler in this process. ``run_at`` is an
+    aware datetime or a ``timedelta`` from now; ``delay`` (seconds or a
+    ``timedelta``) is that countdown by another name. A countdown is counted
+    from the database's clock when the row is inserted (``database_now``).
 
     Raises ``ConfigValidationError`` (INVALID_TASK_NAME, TASK_ARGS_INVALID,
     INVALID_MAX_ATTEMPTS, INVALID_OPTION) for bad input, and ``SoniqError``
@@ -128,6 +133,7 @@ def enqueue(
         dedup_key=dedup_key,
         producer_id=producer_id,
         job_id=job_id,
+        delay=delay,
     )
     prepared, alias = prepare(request), write_alias(using)
     warn_if_uncoupled(alias)
@@ -144,7 +150,7 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     the async twin).
     """
     refuse_event_loop("bulk_enqueue", "abulk_enqueue")
-    prepared = [prepare(request) for request in requests]
+    prepared = prepare_all(requests)
     if not prepared:
         return []
     alias = write_alias(using)
@@ -155,6 +161,7 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
 def insert_many_prepared(prepared: list[PreparedJob], alias: str) -> list[uuid.UUID]:
     """Insert validated jobs in one transaction (``bulk_enqueue`` after validation)."""
     connection = connections[alias]
+    prepared = _due(prepared, connection)
     if connection.vendor == "postgresql":
         ids = _pg.enqueue_many(prepared, connection, alias)
     else:
@@ -165,7 +172,7 @@ def insert_many_prepared(prepared: list[PreparedJob], alias: str) -> list[uuid.U
 
 def _insert_many_portable(prepared: list[PreparedJob], alias: str) -> list[uuid.UUID]:
     ids: list[uuid.UUID] = []
-    with translating(), transaction.atomic(using=alias):
+    with translating(alias), transaction.atomic(using=alias):
         plain = [job for job in prepared if not job.deduplicates]
         if plain:
             # A taken id is SONIQ_DUPLICATE_JOB_ID (see errors.translate).
@@ -185,13 +192,35 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
     rules run here.
     """
     connection = connections[alias]
+    job = _due([job], connection)[0]
     if connection.vendor == "postgresql":
         job_id = _pg.enqueue(job, connection, alias)
     else:
-        with translating():
+        with translating(alias):
             job_id = _insert_portable(job, alias)
     _enqueued(alias)
     return job_id
+
+
+def database_now(connection) -> dt.datetime:
+    """The time by the clock workers compare ``scheduled_at`` with.
+
+    PostgreSQL's ``clock_timestamp()`` (claims read it after their lock); on
+    SQLite, whose claims take this process's time, ``timezone.now()``.
+    """
+    if connection.vendor != "postgresql":
+        return timezone.now()
+    with translating(connection.alias), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_catalog.clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def _due(prepared: list[PreparedJob], connection) -> list[PreparedJob]:
+    """The jobs with their countdowns counted from one reading of the database's clock."""
+    if all(job.delay is None for job in prepared):
+        return prepared
+    now = database_now(connection)
+    return [job.due_from(now) for job in prepared]
 
 
 def _id_held_by_dead_letter(jobs: list[PreparedJob], alias: str) -> bool:
@@ -212,7 +241,7 @@ def _insert_portable(job: PreparedJob, alias: str) -> uuid.UUID:
                 _row(job).save(using=alias, force_insert=True)
         except IntegrityError as error:
             if sqlstate(error) != "23505":  # a check or a trigger: not a duplicate
-                raise translate(error) from None
+                raise translate(error, alias) from None
             existing = _queued_duplicate(job, alias) if job.deduplicates else None
             if existing is not None:
                 return existing
@@ -296,7 +325,7 @@ def get_coerced(job_id: uuid.UUID, alias: str) -> JobInfo | None:
     if connection.vendor == "postgresql":
         row = _pg.get_job_row(job_id, connection)
         return None if row is None else JobInfo(**dict(zip(_PG_FIELDS, row)))
-    with translating():
+    with translating(alias):
         return _get_portable(job_id, alias)
 
 
