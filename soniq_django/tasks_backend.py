@@ -55,7 +55,7 @@ logger = logging.getLogger("soniq_django.tasks")
 PRIORITY_PIVOT = 100
 """soniq priority = PRIORITY_PIVOT - Django priority: Django 0 is soniq's default 100."""
 
-_OPTIONS = frozenset({"database", "enqueue_on_commit", "max_attempts"})
+_OPTIONS = frozenset({"atomic", "database", "enqueue_on_commit", "max_attempts"})
 
 _STATUSES = {
     "queued": TaskResultStatus.READY,
@@ -79,7 +79,9 @@ class SoniqTaskBackend(BaseTaskBackend):
 
     ``OPTIONS``: ``database`` (alias; default: the routers' choice for jobs),
     ``enqueue_on_commit`` (default False: insert inside the caller's
-    transaction) and ``max_attempts`` (default: ``SONIQ["DEFAULT_MAX_ATTEMPTS"]``).
+    transaction), ``max_attempts`` (default: ``SONIQ["DEFAULT_MAX_ATTEMPTS"]``)
+    and ``atomic`` (default False: True runs every task of this backend as
+    ``@job(atomic=True)`` runs its handler; docs/exactly-once.md).
     """
 
     supports_defer = True
@@ -105,6 +107,11 @@ class SoniqTaskBackend(BaseTaskBackend):
         if type(self.enqueue_on_commit) is not bool:
             raise ImproperlyConfigured(
                 f"TASKS[{alias!r}]['OPTIONS']['enqueue_on_commit'] must be True or False."
+            )
+        self.atomic = options.get("atomic", False)
+        if type(self.atomic) is not bool:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['OPTIONS']['atomic'] must be True or False."
             )
         self._max_attempts = options.get("max_attempts")
         if self._max_attempts is not None and (
@@ -378,6 +385,11 @@ class TaskHandler:
     def max_attempts(self) -> int:
         """Attempts for rows that store no ``max_attempts`` (NULL)."""
         return task_backends[self.task.backend].max_attempts
+
+    @property
+    def atomic(self) -> bool:
+        """Whether the task's backend runs its tasks atomically (``OPTIONS["atomic"]``)."""
+        return task_backends[self.task.backend].atomic
 
     def _run(self, args: list | None = None, kwargs: dict | None = None) -> Any:
         leading = [TaskContext(task_result=self._running())] if self.task.takes_context else []

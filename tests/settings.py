@@ -119,7 +119,8 @@ SONIQ = {}
 # Django tasks (tests/testapp/tasks.py) run as soniq jobs. "immediate" is a
 # backend of another kind: the worker must refuse to run its tasks. Its path
 # is Django 6's own django.tasks where that exists (as soniq_django's backend
-# prefers it), else the django-tasks backport's.
+# prefers it), else the django-tasks backport's. "atomic" is a soniq backend
+# whose tasks run atomically.
 _tasks_package = "django.tasks" if find_spec("django.tasks") else "django_tasks"
 TASKS = {
     "default": {
@@ -127,4 +128,10 @@ TASKS = {
         "QUEUES": ["default", "tasks"],
     },
     "immediate": {"BACKEND": f"{_tasks_package}.backends.immediate.ImmediateBackend"},
+    # Its tasks run atomically (tests/test_tasks_backend.py).
+    "atomic": {
+        "BACKEND": "soniq_django.tasks_backend.SoniqTaskBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"atomic": True},
+    },
 }
