@@ -78,6 +78,8 @@ class _Undo(Exception):
 @dataclass
 class _Run:
     began: bool = False
+    undone: Outcome | None = None
+    """How the run ended when it rolled back (``_Undo``), before the rollback itself ran."""
     settled: bool = False
     """This run holds ``flight.settled``: the job's final write is its own."""
     committing: bool = False
@@ -129,7 +131,11 @@ class AtomicRunner:
                 if connection.vendor == "sqlite":
                     take_sqlite_write_lock(connection)  # before the handler: held to the end
                 run.began = True
-                outcome = self._inside(flight, timeout, connection.vendor == "sqlite", run)
+                try:
+                    outcome = self._inside(flight, timeout, connection.vendor == "sqlite", run)
+                except _Undo as undo:
+                    run.undone = undo.outcome
+                    raise
                 run.committing = True
         except _Undo as undo:  # rolled back
             return undo.outcome
@@ -138,6 +144,13 @@ class AtomicRunner:
                 if isinstance(error, DatabaseError):
                     raise translate(error) from None
                 raise
+            if run.undone is not None and isinstance(error, DatabaseError):
+                # The rollback found the connection dead, and Django's reconnect (to restore
+                # autocommit) was refused: the server ends a dead session's transaction itself.
+                logger.warning("%s %s: the connection was lost while its atomic run rolled back; "
+                               "the database rolled it back, nothing it wrote was kept",
+                               flight.claimed.job_name, flight.claimed.job_id)
+                return run.undone
             if run.committing and outcome is not None and not isinstance(error, DatabaseError):
                 # Django runs on_commit callbacks after the COMMIT: it is made.
                 logger.exception("%s %s: an on_commit callback of its atomic run failed after "
