@@ -1,31 +1,39 @@
-# Developer entry points. Only bash, make and Python 3.11 (or python3) needed:
-# everything else is installed into .venv by scripts/venv.sh.
+# Developer entry points. Only bash, make, Python 3.11 (or python3) and, for
+# the Django 6.0 passes, a Python 3.12 needed: everything else is installed
+# into .venv and .venv-django6 by scripts/venv.sh.
 #
-#   make test               both test passes (SQLite, then PostgreSQL)
+#   make test               the four test passes: Django 5.2 and 6.0, each on
+#                           SQLite, then PostgreSQL (see scripts/run-tests)
 #   make test ARGS="-k foo" extra arguments go to pytest
 #   make demo               migrate and run the shop demo (honours DATABASE_URL)
-#   make clean              remove .venv, .test-results and the demo's SQLite files
+#   make clean              remove the virtualenvs, .test-results and the demo's SQLite files
 
 SHELL := /bin/bash
 PYTHON_VENV := .venv/bin/python
 ARGS ?=
 
-.PHONY: test demo clean venv
+.PHONY: test demo clean venv venv-main
 
-# Phony on purpose: venv.sh itself decides (by a hash of pyproject.toml)
-# whether anything needs doing, which a file timestamp could not.
+# Phony on purpose: venv.sh itself decides (by a hash of pyproject.toml and
+# the pip arguments) whether anything needs doing, which a file timestamp
+# could not. `venv` makes all three virtualenvs (the tests need them);
+# `venv-main` only .venv, which is all the demo, the benchmarks and the
+# chaos suite use.
 venv:
 	@bash scripts/venv.sh
+
+venv-main:
+	@bash scripts/venv.sh .venv
 
 test: venv
 	bash scripts/run-tests $(ARGS)
 
-demo: venv
+demo: venv-main
 	$(PYTHON_VENV) manage.py migrate --noinput
 	$(PYTHON_VENV) manage.py shop_demo
 
 clean:
-	rm -rf .venv .test-results
+	rm -rf .venv .venv-django6 .venv-soniq-0.2 .test-results
 	find example_project -name '*.sqlite3' -type f -delete
 
 # Benchmarks (not tests; see docs/performance.md). They use the local
@@ -38,11 +46,11 @@ BENCH_ARGS ?=
 
 .PHONY: bench bench-quick
 
-bench: venv
+bench: venv-main
 	@bash bench/peers-venv.sh
 	$(PYTHON_VENV) -m bench.run $(BENCH_ARGS)
 
-bench-quick: venv
+bench-quick: venv-main
 	@bash bench/peers-venv.sh
 	$(PYTHON_VENV) -m bench.run --quick $(BENCH_ARGS)
 
@@ -62,8 +70,8 @@ CHAOS_ARGS ?=
 
 chaos: chaos-plain chaos-effects
 
-chaos-plain: venv
+chaos-plain: venv-main
 	$(PYTHON_VENV) -m tests.chaos $(CHAOS_ARGS)
 
-chaos-effects: venv
+chaos-effects: venv-main
 	$(PYTHON_VENV) -m tests.chaos --effects $(CHAOS_ARGS)

@@ -31,19 +31,24 @@ from django.utils import timezone
 from .conf import checked, get_settings
 from .errors import ConfigValidationError, SettingsInvalid, SoniqError
 
-try:  # Django 6
+try:  # Django 6: its own django.tasks, even where the backport is installed too
     from django.tasks import task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django.tasks.exceptions import InvalidTask as InvalidTaskError
     from django.tasks.exceptions import TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued
-except ImportError:  # the django-tasks backport
+
+    TASKS_API = "django.tasks"
+except ImportError:  # before Django 6: the django-tasks backport
     from django_tasks import task_backends
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
     from django_tasks.signals import task_enqueued
+
+    TASKS_API = "django_tasks"
+"""The package of the Tasks API in use: ``"django.tasks"`` or ``"django_tasks"`` (the backport)."""
 
 logger = logging.getLogger("soniq_django.tasks")
 
@@ -414,4 +419,5 @@ class TaskHandler:
             connections.close_all()
 
 
-__all__ = ["SoniqTaskBackend", "TaskHandler", "find_task", "find_task_handler", "soniq_priority"]
+__all__ = ["TASKS_API", "SoniqTaskBackend", "TaskHandler", "find_task", "find_task_handler",
+           "soniq_priority"]

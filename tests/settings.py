@@ -16,6 +16,7 @@ run left behind.
 import os
 import secrets
 import tempfile
+from importlib.util import find_spec
 
 import environ
 
@@ -116,14 +117,17 @@ TEMPLATES = [
 SONIQ = {}
 
 # Django tasks (tests/testapp/tasks.py) run as soniq jobs. "immediate" is a
-# backend of another kind: the worker must refuse to run its tasks. "atomic"
-# is a soniq backend whose tasks run atomically.
+# backend of another kind: the worker must refuse to run its tasks. Its path
+# is Django 6's own django.tasks where that exists (as soniq_django's backend
+# prefers it), else the django-tasks backport's. "atomic" is a soniq backend
+# whose tasks run atomically.
+_tasks_package = "django.tasks" if find_spec("django.tasks") else "django_tasks"
 TASKS = {
     "default": {
         "BACKEND": "soniq_django.tasks_backend.SoniqTaskBackend",
         "QUEUES": ["default", "tasks"],
     },
-    "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+    "immediate": {"BACKEND": f"{_tasks_package}.backends.immediate.ImmediateBackend"},
     # Its tasks run atomically (tests/test_tasks_backend.py).
     "atomic": {
         "BACKEND": "soniq_django.tasks_backend.SoniqTaskBackend",

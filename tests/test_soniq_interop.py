@@ -44,7 +44,8 @@ from tests.support.workers import RunLog, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.postgresql_only]
+# Soniq's own workers from their own virtualenvs: run in the Django 5.2 passes only.
+pytestmark = [pytest.mark.postgresql_only, pytest.mark.version_independent]
 
 
 # -- the Soniq releases, each in its own environment ---------------------------

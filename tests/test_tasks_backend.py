@@ -1,14 +1,19 @@
 """The Django Tasks backend: tasks stored as soniq jobs, run by a real soniq worker."""
 
 import datetime as dt
+import importlib
+import os
 import secrets
 import sys
 import threading
 import traceback
 import uuid
+from importlib.util import find_spec
 
+import django
 import pytest
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.test import override_settings
@@ -20,14 +25,18 @@ from soniq_django.models import DeadLetterJob, Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.registry import get_handler
 from soniq_django.tasks_backend import (
+    TASKS_API,
+    BaseTaskBackend,
     InvalidTaskError,
     SoniqTaskBackend,
     Task,
+    TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
     find_task,
     soniq_priority,
     task_backends,
+    task_enqueued,
 )
 from soniq_django.worker import Worker
 from tests.support.owned import rewrite
@@ -39,6 +48,10 @@ try:  # Django 6
 except ImportError:  # the django-tasks backport
     from django_tasks import task
     from django_tasks.exceptions import TaskResultMismatch
+
+# scripts/run-tests names the Django each pass is meant to run on ("5.2",
+# "6.0"), so a pass whose virtualenv holds another Django fails here.
+INTENDED_DJANGO = os.environ.get("SONIQ_TEST_DJANGO")
 
 ADD = "tests.testapp.tasks.add"
 FAST_RETRIES = {"RETRY_BASE_SECONDS": 0, "RETRY_MAX_SECONDS": 0}
@@ -98,6 +111,34 @@ def formatted(error: BaseException) -> str:
         raise error
     except BaseException as raised:
         return "".join(traceback.format_exception(raised))
+
+
+# Which Tasks API: Django 6's own, or the backport --------------------------
+
+
+def test_the_pass_runs_on_the_django_it_is_meant_for():
+    if INTENDED_DJANGO is None:
+        pytest.skip("SONIQ_TEST_DJANGO is not set (scripts/run-tests sets it for every pass)")
+    assert "%d.%d" % django.VERSION[:2] == INTENDED_DJANGO
+
+
+def test_the_backend_uses_djangos_own_tasks_on_django_6_and_the_backport_before():
+    expected = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+    assert TASKS_API == expected
+    for name, cls in {"Task": Task, "TaskResult": TaskResult, "BaseTaskBackend": BaseTaskBackend,
+                      "InvalidTaskError": InvalidTaskError, "the tests' Task": type(tasks.add),
+                      "task_backends": type(task_backends),
+                      "the immediate backend": type(task_backends["immediate"])}.items():
+        assert f"{cls.__module__}.".startswith(f"{expected}."), (name, cls.__module__)
+    assert task_enqueued is importlib.import_module(f"{expected}.signals").task_enqueued
+    assert issubclass(SoniqTaskBackend, BaseTaskBackend)
+    assert isinstance(tasks.add, Task)
+    assert settings.TASKS["immediate"]["BACKEND"].startswith(expected + ".")
+    if expected == "django_tasks":
+        assert find_spec("django.tasks") is None
+    # Django 6 names it InvalidTask; the backend exports it under the backport's name.
+    assert InvalidTaskError.__name__ == ("InvalidTask" if expected == "django.tasks"
+                                         else "InvalidTaskError")
 
 
 # The backend and validate_task ------------------------------------------
@@ -178,6 +219,27 @@ def test_enqueue_stores_args_and_kwargs_as_one_object():
     assert (result.status, result.args, result.kwargs, result.backend) == (
         TaskResultStatus.READY, [1, 2], {"scale": 3}, "default")
     assert result.task is tasks.add and result.enqueued_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_enqueued_is_sent_once_the_row_is_written():
+    seen = []
+
+    def receiver(sender, task_result, **kwargs):
+        seen.append((sender, task_result.id, Job.objects.filter(id=task_result.id).exists(),
+                     task_result.enqueued_at is not None))
+
+    task_enqueued.connect(receiver)
+    try:
+        now = tasks.add.enqueue(1, 2)
+        assert seen == [(SoniqTaskBackend, now.id, True, True)]
+        backend = backend_with(enqueue_on_commit=True)
+        with transaction.atomic():
+            later = backend.enqueue(tasks.add, (3, 4), {})
+            assert len(seen) == 1
+        assert seen[1:] == [(SoniqTaskBackend, later.id, True, True)]
+    finally:
+        task_enqueued.disconnect(receiver)
 
 
 @needs_db

@@ -22,7 +22,8 @@ from tests.chaos.driver import Chaos, Config, Outcome
 from tests.support.ci import unavailable
 from tests.support.pgbouncer import PgBouncer, PgBouncerUnavailable, Pool, Server
 
-pytestmark = pytest.mark.postgresql_only
+# Crash recovery behind PgBouncer: run in the Django 5.2 passes only.
+pytestmark = [pytest.mark.postgresql_only, pytest.mark.version_independent]
 
 CONFIG = Config(
     jobs=600, workers=3, concurrency=2, kills=1, fast_restarts=1, immediate_restarts=1,

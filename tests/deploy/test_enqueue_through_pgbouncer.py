@@ -17,7 +17,9 @@ import pytest
 
 from soniq_django.models import Job
 
-pytestmark = [pytest.mark.postgresql_only, pytest.mark.django_db(transaction=True)]
+# Processes behind PgBouncer: run in the Django 5.2 passes only.
+pytestmark = [pytest.mark.postgresql_only, pytest.mark.django_db(transaction=True),
+              pytest.mark.version_independent]
 
 
 def _produce(processes, tmp_path, count: int, *, single: int, bulk: int, size: int, **soniq):

@@ -24,7 +24,9 @@ from soniq_django.models import Worker as WorkerRow
 from soniq_django.producer.request import JobRequest
 from tests.support.workers import wait_until
 
-pytestmark = [pytest.mark.postgresql_only, pytest.mark.django_db(transaction=True)]
+# Processes behind PgBouncer: run in the Django 5.2 passes only.
+pytestmark = [pytest.mark.postgresql_only, pytest.mark.django_db(transaction=True),
+              pytest.mark.version_independent]
 
 LISTENING = "listening for new jobs"
 DEAF = "does not hear NOTIFY"

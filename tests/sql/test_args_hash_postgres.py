@@ -27,11 +27,15 @@ class _Number(str):
 def _reencode(value) -> str:
     if isinstance(value, _Number):
         return str(value)
+    # Lists, not generators, go to join(): on Python 3.12 a generator's
+    # recursion passes through C (join) at every level, and the C stack limit
+    # (which sys.setrecursionlimit does not raise) stops it short of MAX_NESTING.
     if isinstance(value, dict):
         items = sorted(value.items())
-        return "{" + ",".join(encode_basestring_ascii(k) + ":" + _reencode(v) for k, v in items) + "}"
+        members = [encode_basestring_ascii(k) + ":" + _reencode(v) for k, v in items]
+        return "{" + ",".join(members) + "}"
     if isinstance(value, list):
-        return "[" + ",".join(_reencode(v) for v in value) + "]"
+        return "[" + ",".join([_reencode(v) for v in value]) + "]"
     if isinstance(value, str):
         return encode_basestring_ascii(value)
     return json.dumps(value)  # true, false, null
@@ -67,12 +71,14 @@ values = st.recursive(
 objects = st.dictionaries(text_values | interesting_text, values, max_size=6)
 
 
+@pytest.mark.version_independent  # a long property run: Django 5.2 passes only
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(objects)
 def test_canonical_json_matches_postgres_rendering(value):
     assert canonical_json(value) == _postgres_canonical(value)
 
 
+@pytest.mark.version_independent  # a long property run: Django 5.2 passes only
 @settings(max_examples=1500, deadline=None)
 @given(st.floats(allow_nan=False, allow_infinity=False))
 def test_every_float_prints_as_postgres_prints_it(number):

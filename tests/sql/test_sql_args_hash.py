@@ -72,6 +72,7 @@ json_values = st.recursive(
 objects = st.dictionaries(keys, json_values, max_size=6)
 
 
+@pytest.mark.version_independent  # a long property run: Django 5.2 passes only
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(objects)
 def test_sql_and_python_hash_generated_objects_alike(obj):

@@ -147,6 +147,7 @@ def _all_ran_since(workers, counts: list[int], timeout: float) -> None:
                "every worker to run a job: " + str([len(w.done_lines()) for w in workers]))
 
 
+@pytest.mark.version_independent  # a private server that refuses: Django 5.2 passes only
 def test_workers_a_full_server_refuses_wait_and_every_one_runs_jobs_once_it_admits_them(
         tmp_path):
     cluster = _private_cluster()
