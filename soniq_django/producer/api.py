@@ -18,12 +18,18 @@ from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from . import _pg
 from .commit import warn_if_uncoupled
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
 from .request import JobRequest, PreparedJob, coerce_job_id, prepare
 from ..models import DeadLetterJob, Job, JobStatus
+
+
+def _postgres():
+    """``producer/_pg.py``, imported at its first use: psycopg is needed on PostgreSQL alone."""
+    from . import _pg
+
+    return _pg
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +162,7 @@ def insert_many_prepared(prepared: list[PreparedJob], alias: str) -> list[uuid.U
     """Insert validated jobs in one transaction (``bulk_enqueue`` after validation)."""
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        ids = _pg.enqueue_many(prepared, connection, alias)
+        ids = _postgres().enqueue_many(prepared, connection, alias)
     else:
         ids = _insert_many_portable(prepared, alias)
     _enqueued(alias)
@@ -186,7 +192,7 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
     """
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        job_id = _pg.enqueue(job, connection, alias)
+        job_id = _postgres().enqueue(job, connection, alias)
     else:
         with translating():
             job_id = _insert_portable(job, alias)
@@ -294,7 +300,7 @@ def get_coerced(job_id: uuid.UUID, alias: str) -> JobInfo | None:
     """``get_job`` of a checked id on ``alias``."""
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        row = _pg.get_job_row(job_id, connection)
+        row = _postgres().get_job_row(job_id, connection)
         return None if row is None else JobInfo(**dict(zip(_PG_FIELDS, row)))
     with translating():
         return _get_portable(job_id, alias)
