@@ -65,6 +65,6 @@ ensure_venv() {
     fi
 }
 
-ensure_venv .venv pyproject.toml "soniq-django with test extras" -e '.[test]'
+ensure_venv .venv pyproject.toml "soniq-django with test extras" -e '.[test,postgres,environ,tasks]'
 ensure_venv .venv-soniq-0.2 tests/requirements-soniq-0.2.txt "Soniq 0.2 (tests/requirements-soniq-0.2.txt)" \
     -r tests/requirements-soniq-0.2.txt
