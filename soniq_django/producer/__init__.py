@@ -11,6 +11,7 @@ Names are imported lazily (see ``soniq_django/__init__.py``).
 """
 
 from importlib import import_module
+from typing import Any
 
 __all__ = [
     "JobInfo", "JobRequest", "abulk_enqueue", "aenqueue", "aget_job", "bulk_enqueue", "enqueue",
@@ -29,11 +30,11 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _HOMES:
         return getattr(import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'soniq_django.producer' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)

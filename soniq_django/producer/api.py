@@ -25,13 +25,6 @@ from .request import JobRequest, PreparedJob, coerce_job_id, prepare
 from ..models import DeadLetterJob, Job, JobStatus
 
 
-def _postgres():
-    """``producer/_pg.py``, imported at its first use: psycopg is needed on PostgreSQL alone."""
-    from . import _pg
-
-    return _pg
-
-
 @dataclass(frozen=True, kw_only=True)
 class JobInfo:
     """A job as ``soniq_get_job`` returns it; ``status`` is ``dead_letter`` for dead letters."""
@@ -93,7 +86,7 @@ def read_alias(using: str | None) -> str:
 
 def enqueue(
     job_name: str,
-    args: dict | None = None,
+    args: dict[str, Any] | None = None,
     *,
     queue: str | None = None,
     priority: int | None = None,
@@ -162,7 +155,9 @@ def insert_many_prepared(prepared: list[PreparedJob], alias: str) -> list[uuid.U
     """Insert validated jobs in one transaction (``bulk_enqueue`` after validation)."""
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        ids = _postgres().enqueue_many(prepared, connection, alias)
+        from . import _pg  # here, not at the top: psycopg is needed on PostgreSQL alone
+
+        ids = _pg.enqueue_many(prepared, connection, alias)
     else:
         ids = _insert_many_portable(prepared, alias)
     _enqueued(alias)
@@ -192,7 +187,9 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
     """
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        job_id = _postgres().enqueue(job, connection, alias)
+        from . import _pg  # psycopg: PostgreSQL alone (as in insert_many_prepared)
+
+        job_id = _pg.enqueue(job, connection, alias)
     else:
         with translating():
             job_id = _insert_portable(job, alias)
@@ -261,15 +258,17 @@ def _row(job: PreparedJob) -> Job:
 def _queued_duplicate(job: PreparedJob, alias: str) -> uuid.UUID | None:
     queued = Job.objects.using(alias).filter(status=JobStatus.QUEUED)
     if job.dedup_key is not None:
-        found = queued.filter(dedup_key=job.dedup_key).values_list("id", flat=True).first()
+        found: uuid.UUID | None = queued.filter(
+            dedup_key=job.dedup_key).values_list("id", flat=True).first()
         if found is not None:
             return found
     if job.unique_job:
-        return (
+        found = (
             queued.filter(job_name=job.job_name, args_hash=job.args_hash)
             .values_list("id", flat=True)
             .first()
         )
+        return found
     return None
 
 
@@ -300,7 +299,9 @@ def get_coerced(job_id: uuid.UUID, alias: str) -> JobInfo | None:
     """``get_job`` of a checked id on ``alias``."""
     connection = connections[alias]
     if connection.vendor == "postgresql":
-        row = _postgres().get_job_row(job_id, connection)
+        from . import _pg  # psycopg: PostgreSQL alone (as in insert_many_prepared)
+
+        row = _pg.get_job_row(job_id, connection)
         return None if row is None else JobInfo(**dict(zip(_PG_FIELDS, row)))
     with translating():
         return _get_portable(job_id, alias)

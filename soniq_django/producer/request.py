@@ -12,7 +12,7 @@ import functools
 import re
 import uuid
 from dataclasses import KW_ONLY, dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from ..conf import DEFAULT_MAX_ATTEMPTS, get_settings
 from ..encoding import hash_normalized_args, normalize_args
@@ -30,7 +30,7 @@ class JobRequest:
     """
 
     job_name: str
-    args: dict | None = None
+    args: dict[str, Any] | None = None
     _: KW_ONLY
     queue: str | None = None
     priority: int | None = None
@@ -50,7 +50,7 @@ class PreparedJob:
     job_id: uuid.UUID
     job_id_generated: bool
     job_name: str
-    args: dict
+    args: dict[str, Any]
     args_hash: str | None
     queue: str
     priority: int
@@ -71,7 +71,7 @@ def _option(reason: str) -> ConfigValidationError:
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(pattern: str) -> re.Pattern:
+def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
@@ -104,6 +104,12 @@ def validate_max_attempts(value: Any) -> int | None:
             code=ErrorCode.INVALID_MAX_ATTEMPTS,
         )
     return value
+
+
+@overload
+def _label(value: Any, name: str, *, required: Literal[True]) -> str: ...
+@overload
+def _label(value: Any, name: str, *, required: bool) -> str | None: ...
 
 
 def _label(value: Any, name: str, *, required: bool) -> str | None:
