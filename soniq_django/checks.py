@@ -11,6 +11,7 @@ that a router keeps them out of (docs/deployment.md).
 
 import numbers
 import re
+from typing import Any
 
 from django.conf import settings
 from django.core import checks
@@ -28,7 +29,7 @@ _INTEGERS = ("DEFAULT_PRIORITY", "DEFAULT_MAX_ATTEMPTS")
 _DEFAULT = Settings()
 
 
-def _number(value) -> bool:
+def _number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
@@ -86,8 +87,8 @@ def _import_errors() -> list[checks.CheckMessage]:
         id="soniq.E009") for name, error in import_modules(configured_imports())]
 
 
-@checks.register()
-def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+@checks.register()  # type: ignore[untyped-decorator]  # Django's, untyped here
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     config = get_settings()
     if not config.is_dict:
         return [checks.Error("settings.SONIQ must be a dict.", hint="For example SONIQ = {}.",
@@ -178,8 +179,9 @@ def _backend_messages(alias: str, *, writes: bool) -> list[checks.CheckMessage]:
     return []
 
 
-@checks.register(checks.Tags.database)
-def check_database(app_configs=None, databases=None, **kwargs) -> list[checks.CheckMessage]:
+@checks.register(checks.Tags.database)  # type: ignore[untyped-decorator]  # Django's, untyped
+def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
+                   ) -> list[checks.CheckMessage]:
     """soniq.W004 and soniq.W003 for each alias asked about where soniq's migrations run."""
     from .models import Job
 

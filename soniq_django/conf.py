@@ -47,11 +47,11 @@ class Settings:
     JOB_TIMEOUT_SECONDS: float | None = None
     REQUIRE_SQL_API: bool = False
     PREPARED_STATEMENTS: bool | None = None
-    IMPORTS: tuple | list = ()
+    IMPORTS: tuple[str, ...] | list[str] = ()
     UNKNOWN_JOB_GRACE_SECONDS: float = DEFAULT_UNKNOWN_JOB_GRACE_SECONDS
     LISTEN_DATABASE: str | None = None
 
-    configured: frozenset = frozenset()
+    configured: frozenset[str] = frozenset()
     """Every key the project set, known or not (the checks name the unknown ones)."""
     is_dict: bool = True
     """False when ``settings.SONIQ`` is not a dict; every key then has its default."""
@@ -84,7 +84,7 @@ def get_settings() -> Settings:
     return current
 
 
-@receiver(setting_changed)
+@receiver(setting_changed)  # type: ignore[untyped-decorator]  # Django's, untyped here
 def _forget(*, setting: str, **kwargs: Any) -> None:
     global _current
     if setting == "SONIQ":

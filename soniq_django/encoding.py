@@ -60,7 +60,8 @@ def _key(key: Any) -> str:
     kind = type(key)
     if kind is str:
         _check_text(key, "an object key")
-        return key
+        text: str = key
+        return text
     if kind is bool:
         return "true" if key else "false"
     if key is None:
@@ -80,7 +81,7 @@ def normalize_json(value: Any) -> Any:
     return normalize_args({"value": value})["value"]
 
 
-def normalize_args(args: Any) -> dict:
+def normalize_args(args: Any) -> dict[str, Any]:
     """Validate job args and return a deep copy made of plain JSON values.
 
     Raises ``ConfigValidationError(TASK_ARGS_INVALID)`` unless ``args`` is a dict whose
@@ -91,7 +92,7 @@ def normalize_args(args: Any) -> dict:
     """
     if not isinstance(args, dict):
         raise _invalid("args must be a JSON object (a dict of keyword arguments)")
-    root: dict = {}
+    root: dict[str, Any] = {}
     pending = [(args, root, 1)]
     while pending:
         source, target, depth = pending.pop()
@@ -196,6 +197,6 @@ def args_hash(args: Any) -> str:
     return hash_normalized_args(normalize_args(args))
 
 
-def hash_normalized_args(args: dict) -> str:
+def hash_normalized_args(args: dict[str, Any]) -> str:
     """``args_hash`` of args that already went through ``normalize_args``."""
     return hashlib.sha256(_encode(args).encode("utf-8")).hexdigest()
