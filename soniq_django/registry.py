@@ -30,14 +30,14 @@ from .conf import get_settings
 from .errors import ConfigValidationError, ErrorCode
 from .producer.request import JobRequest, prepare
 
-_registry: dict[str, "JobHandler"] = {}
+_registry: dict[str, "JobHandler[..., Any]"] = {}
 _resolvers: list[Callable[[str], Any]] = []
 _UNSET: Any = object()
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def get_handler(job_name: str) -> "JobHandler | None":
+def get_handler(job_name: str) -> "JobHandler[..., Any] | None":
     """The handler for ``job_name`` in this process, or None.
 
     A ``@job`` handler wins; otherwise each resolver added with
@@ -47,9 +47,9 @@ def get_handler(job_name: str) -> "JobHandler | None":
     if handler is not None:
         return handler
     for resolver in _resolvers:
-        handler = resolver(job_name)
-        if handler is not None:
-            return handler
+        resolved: JobHandler[..., Any] | None = resolver(job_name)
+        if resolved is not None:
+            return resolved
     return None
 
 
@@ -98,12 +98,12 @@ def import_modules(names: list[str]) -> list[tuple[str, str]]:
     return failed
 
 
-def registered_handlers() -> dict[str, "JobHandler"]:
+def registered_handlers() -> dict[str, "JobHandler[..., Any]"]:
     """A copy of the registry: job name → handler."""
     return dict(_registry)
 
 
-def _register(handler: "JobHandler") -> None:
+def _register(handler: "JobHandler[..., Any]") -> None:
     current = _registry.get(handler.name)
     if current is not None and _origin(current.func) != _origin(handler.func):
         raise ImproperlyConfigured(
@@ -113,7 +113,7 @@ def _register(handler: "JobHandler") -> None:
     _registry[handler.name] = handler
 
 
-def _origin(func: Callable) -> str:
+def _origin(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"
 
 
@@ -180,7 +180,7 @@ class JobHandler(Generic[P, R]):
         """Insert the job once the caller's transactions commit; return its id now."""
         return ConfiguredJob(self, _Options()).enqueue_on_commit(*args, **kwargs)
 
-    def bind_kwargs(self, args: tuple, kwargs: dict) -> dict:
+    def bind_kwargs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Map a call's arguments to the keyword arguments stored in the job row.
 
         Raises ``ConfigValidationError(TASK_ARGS_INVALID)`` when they do not fit the
@@ -193,7 +193,7 @@ class JobHandler(Generic[P, R]):
                 f"the arguments do not fit the signature of job {self.name}",
                 code=ErrorCode.TASK_ARGS_INVALID,
             ) from None
-        stored: dict = {}
+        stored: dict[str, Any] = {}
         for name, value in bound.arguments.items():
             kind = self.signature.parameters[name].kind
             if kind is inspect.Parameter.VAR_KEYWORD:
@@ -263,7 +263,8 @@ class ConfiguredJob(Generic[P]):
         return insert_async(prepare(self.request(*args, **kwargs)),
                             write_alias(self.options.using))
 
-    def _enqueue(self, args: tuple, kwargs: dict, stacklevel: int) -> uuid.UUID:
+    def _enqueue(self, args: tuple[Any, ...], kwargs: dict[str, Any], stacklevel: int
+                 ) -> uuid.UUID:
         from .producer.api import insert_prepared, refuse_event_loop, write_alias
         from .producer.commit import warn_if_uncoupled
 
@@ -306,7 +307,7 @@ def job(func: None = None, /, *, name: str | None = None, queue: str | None = No
         ) -> Callable[[Callable[P, R]], JobHandler[P, R]]: ...
 
 
-def job(func: Callable | None = None, *, name: str | None = None, queue: str | None = None,
+def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
         retries: int | None = None, unique: bool = False) -> Any:
     """Register a function as a job handler; usable as ``@job``, ``@job()`` or ``@job(name=...)``.
 
@@ -317,7 +318,7 @@ def job(func: Callable | None = None, *, name: str | None = None, queue: str | N
     if retries is not None and (type(retries) is not int or retries < 0):
         raise ImproperlyConfigured("@job(retries=...) must be a whole number of 0 or more")
 
-    def decorate(function: Callable, stacklevel: int = 2) -> JobHandler:
+    def decorate(function: Callable[..., Any], stacklevel: int = 2) -> JobHandler[..., Any]:
         job_name = name
         if job_name is None:
             job_name = f"{function.__module__}.{function.__name__}"
