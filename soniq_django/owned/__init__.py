@@ -16,7 +16,12 @@ this package) never loads the models before the app registry is ready.
 """
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers
+    from ..producer.request import JobRequest
+    from .source import OwnedJobSource
+    from .types import ClaimedJob, OwnedJobState, QueueClaimFence
 
 __all__ = ["ClaimedJob", "JobRequest", "OwnedJobSource", "OwnedJobState", "QueueClaimFence"]
 

@@ -11,7 +11,12 @@ Names are imported lazily (see ``soniq_django/__init__.py``).
 """
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers
+    from .aio import abulk_enqueue, aenqueue, aget_job
+    from .api import JobInfo, bulk_enqueue, enqueue, get_job
+    from .request import JobRequest
 
 __all__ = [
     "JobInfo", "JobRequest", "abulk_enqueue", "aenqueue", "aget_job", "bulk_enqueue", "enqueue",
