@@ -5,13 +5,15 @@ router, see docs/deployment.md) runs ``soniq_worker`` and the rest without
 naming it, as it runs ``manage.py shell`` without naming ``default``.
 """
 
-from django.core.management.base import CommandError
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
 from ..producer.api import read_alias, write_alias
 
 
-def add_database_argument(parser, *, reads: bool = False) -> None:
+def add_database_argument(parser: CommandParser, *, reads: bool = False) -> None:
     """Add ``--database ALIAS``; its default is the routers' write (or ``reads``: read) alias."""
     which = "read" if reads else "write"
     parser.add_argument(
@@ -20,7 +22,7 @@ def add_database_argument(parser, *, reads: bool = False) -> None:
              "jobs; 'default' without routers).")
 
 
-def database_alias(options: dict, *, reads: bool = False) -> str:
+def database_alias(options: dict[str, Any], *, reads: bool = False) -> str:
     """The alias a command runs on: ``--database``, else the routers' choice.
 
     Raises ``CommandError`` when the alias is not in ``DATABASES``.

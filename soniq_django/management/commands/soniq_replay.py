@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django.errors import SoniqError
@@ -12,14 +14,14 @@ class Command(BaseCommand):
         "budget), by id, by dead-letter reason, or all. Prints counts, never job arguments."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("ids", nargs="*", metavar="ID", help="Job ids to replay.")
         parser.add_argument("--reason", help="Replay every dead letter with this reason.")
         parser.add_argument("--all", action="store_true", help="Replay every dead letter.")
         parser.add_argument("--dry-run", action="store_true", help="Count, change nothing.")
         add_database_argument(parser)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         try:
             report = replay_dead_letters(
                 database_alias(options), ids=options["ids"] or None, reason=options["reason"],

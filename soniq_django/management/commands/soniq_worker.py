@@ -1,8 +1,9 @@
 import os
 import signal
 import uuid
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
@@ -56,7 +57,7 @@ class Command(BaseCommand):
         "second signal exits at once (the abandoned jobs are re-run after their lease)."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queues", help="Comma-separated queues to serve (default: all).")
         parser.add_argument("--concurrency", type=int, default=1,
                             help="Jobs run at once, in threads (default: 1).")
@@ -75,7 +76,7 @@ class Command(BaseCommand):
                             help="Seconds running jobs get to finish after a stop signal.")
         add_database_argument(parser)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         if options["max_jobs"] is not None and options["max_jobs"] < 1:
@@ -100,7 +101,7 @@ class Command(BaseCommand):
         )
         signals = {"count": 0}
 
-        def on_signal(signum, frame):
+        def on_signal(signum: int, frame: object) -> None:
             signals["count"] += 1
             if signals["count"] == 1:
                 worker.request_stop()
