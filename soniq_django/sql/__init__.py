@@ -7,8 +7,8 @@ migration loads the file.
 
 import re
 from pathlib import Path
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 SQL_DIR = Path(__file__).resolve().parent
 
