@@ -136,6 +136,8 @@ _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(_Options))
 class JobHandler(Generic[P, R]):
     """A function registered as a job. Call it to run it here and now."""
 
+    __qualname__: str  # the function's, as update_wrapper() copies it (with __doc__ and more)
+
     def __init__(self, func: Callable[P, R], *, name: str, queue: str | None,
                  retries: int | None, unique: bool):
         self.func = func

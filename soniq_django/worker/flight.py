@@ -46,7 +46,7 @@ class Flights:
     settle.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_claim: dict[tuple[str, int], InFlight] = {}
 

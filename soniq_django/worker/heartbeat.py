@@ -78,8 +78,10 @@ class Heartbeat:
         """One beat: the worker's row, then every lease; each step in a turn of its own."""
         aside = False
         try:
-            for step in [self.beat_worker,
-                         *(partial(self._beat_one, flight) for flight in self.flights.all())]:
+            steps: list[Callable[[], object]] = [
+                self.beat_worker,
+                *(partial(self._beat_one, flight) for flight in self.flights.all())]
+            for step in steps:
                 with self.shared.try_turn(beat_interval() / 2) as turn:
                     if not turn and self.shared.connecting:
                         return  # no connection to be had; the waiting turn said so
