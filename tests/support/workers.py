@@ -32,7 +32,11 @@ class RunLog:
         if not self.path.exists():
             return []
         found = []
-        for line in self.path.read_text().splitlines():
+        # A handler's write may be in progress while we read (one O_APPEND
+        # write is atomic against other writers, not against a reader): a
+        # last line without its newline is not written yet.
+        text = self.path.read_text()
+        for line in text[:text.rfind("\n") + 1].splitlines():
             event_kind, event_job, attempt, pid, at = line.split()
             event = Event(event_kind, event_job, int(attempt), int(pid), float(at))
             if (kind is None or event.kind == kind) and (
