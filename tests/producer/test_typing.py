@@ -21,7 +21,7 @@ from tests.support.ci import unavailable
 ROOT = Path(__file__).resolve().parents[2]
 
 SNIPPET = '''
-from soniq_django import abulk_enqueue, aenqueue, aget_job, enqueue, job
+from soniq_django import abulk_enqueue, aenqueue, aget_job, enqueue, job, periodic
 
 
 @job(name="typing.send")
@@ -37,6 +37,12 @@ def bare(x: int) -> int:
 @job()
 def called(x: int) -> int:
     return x
+
+
+@periodic(every=60)
+@job(name="typing.tick")
+def tick(region: str = "eu") -> None:
+    pass
 
 
 async def in_a_view() -> None:
@@ -58,6 +64,8 @@ bare.enqueue(x="no")  # E:enqueue
 send.configure(priority=1).enqueue(order_id="no")  # E:enqueue
 send.enqueue_on_commit()  # E:enqueue_on_commit
 wrong: str = bare(1)  # E:assignment
+tick.enqueue(region="us")
+tick.enqueue(zone="us")  # E:enqueue
 '''
 
 
