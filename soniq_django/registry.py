@@ -309,8 +309,8 @@ def job(func: None = None, /, *, name: str | None = None, queue: str | None = No
         ) -> Callable[[Callable[P, R]], JobHandler[P, R]]: ...
 
 
-def job(func: Callable[..., Any] | None = None, *, name: str | None = None, queue: str | None = None,
-        retries: int | None = None, unique: bool = False) -> Any:
+def job(func: Callable[..., Any] | None = None, *, name: str | None = None,
+        queue: str | None = None, retries: int | None = None, unique: bool = False) -> Any:
     """Register a function as a job handler; usable as ``@job``, ``@job()`` or ``@job(name=...)``.
 
     Without ``name=`` the job name is derived from ``module.function`` and a

@@ -37,7 +37,8 @@ class _JobRowAdmin(ReadOnlyAdmin):
         codename = get_permission_codename(action, self.opts)
         return request.user.has_perm(f"{self.opts.app_label}.{codename}")
 
-    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str
+                           ) -> tuple[QuerySet, bool]:
         job_id = parse_uuid(search_term)
         if job_id is not None:
             return queryset.filter(id=job_id), False
