@@ -126,7 +126,9 @@ class System:
         """The worker commands (with extra environment) for one drain or latency run."""
         py = str(self.python)
         if self.name == "soniq":
-            cmd = [py, "-m", "django", "soniq_worker", "--concurrency", str(concurrency)]
+            # -v 0, as db_worker below: without LOGGING the worker would print a line per job.
+            cmd = [py, "-m", "django", "soniq_worker", "--concurrency", str(concurrency),
+                   "--verbosity", "0"]
             return [(cmd + (["--burst"] if mode == "drain" else []), {})] * processes
         if self.name == "django-tasks-db":
             # One task at a time per process: concurrency N is N processes.

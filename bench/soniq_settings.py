@@ -2,8 +2,9 @@
 
 The database is ``$BENCH_DB_NAME`` on the benchmark server (bench/common.py),
 configured as django-environ configures ``DATABASE_URL`` in the example
-project: CONN_MAX_AGE 0 unless BENCH_CONN_MAX_AGE says otherwise. No LOGGING:
-per-job INFO lines go nowhere, as for the peers.
+project: CONN_MAX_AGE 0 unless BENCH_CONN_MAX_AGE says otherwise. No LOGGING;
+the workers run with ``--verbosity 0``, so no per-job INFO line is printed, as for
+the peers.
 """
 
 import os

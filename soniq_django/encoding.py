@@ -12,6 +12,7 @@ at the depth bound instead of exhausting the interpreter's stack.
 
 import hashlib
 import math
+from collections.abc import Callable
 from decimal import Decimal
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -28,6 +29,41 @@ def _invalid(reason: str) -> ConfigValidationError:
     return ConfigValidationError(reason, code=ErrorCode.TASK_ARGS_INVALID)
 
 
+#: The longest argument name a message shows.
+MAX_SHOWN_NAME = 64
+
+
+def _argument(name: str) -> str:
+    """An argument as a message names it.
+
+    By its name when that is an identifier of at most ``MAX_SHOWN_NAME``
+    characters -- the only kind of name a handler's parameter can have; any
+    other key can only reach a ``**kwargs`` and may be the caller's data, so
+    it is not shown.
+    """
+    if name.isidentifier() and len(name) <= MAX_SHOWN_NAME:
+        return f"argument {name!r}"
+    return "an argument whose name is not an identifier"
+
+
+class _Where:
+    """Where a refused value sits, as messages say it: an argument, never its contents.
+
+    ``normalize_args`` names the top-level argument (``argument 'when'``, or
+    ``inside argument 'when'`` for a value nested in it); nested keys and
+    values are the caller's data and are never shown.
+    """
+
+    __slots__ = ("top", "nested", "nested_key")
+
+    def __init__(self, top: str, nested: str):
+        self.top, self.nested = top, nested
+        self.nested_key = f"{nested}: an object key"
+
+    def at(self, depth: int) -> str:
+        return self.top if depth <= 1 else self.nested
+
+
 def _check_text(text: str, what: str) -> None:
     if "\x00" in text:
         raise _invalid(f"{what} holds a NUL character, which PostgreSQL cannot store")
@@ -37,29 +73,29 @@ def _check_text(text: str, what: str) -> None:
         raise _invalid(f"{what} holds a lone surrogate, which is not valid Unicode") from None
 
 
-def _scalar(value: Any) -> Any:
+def _scalar(value: Any, where: str) -> Any:
     """Return a JSON scalar unchanged, or raise for anything that is not one."""
     kind = type(value)
     if kind is str:
-        _check_text(value, "a string")
+        _check_text(value, f"{where}: a string")
     elif kind is float:
         if not math.isfinite(value):
-            raise _invalid("args hold NaN or Infinity, which are not JSON")
+            raise _invalid(f"{where}: NaN and Infinity are not JSON")
     elif kind is int:
         try:
             float(value)
         except OverflowError:
-            raise _invalid("args hold a number too large for a 64-bit float") from None
+            raise _invalid(f"{where}: a number too large for a 64-bit float") from None
     elif kind not in (bool, type(None)):
-        raise _invalid(f"args hold a value of type {kind.__name__}, which is not standard JSON")
+        raise _invalid(f"{where}: a value of type {kind.__name__} is not standard JSON")
     return value
 
 
-def _key(key: Any) -> str:
+def _key(key: Any, where: str) -> str:
     """Turn a dict key into a JSON object key the way ``json.dumps`` does."""
     kind = type(key)
     if kind is str:
-        _check_text(key, "an object key")
+        _check_text(key, where)
         text: str = key
         return text
     if kind is bool:
@@ -70,15 +106,17 @@ def _key(key: Any) -> str:
         return str(key)
     if kind is float and math.isfinite(key):
         return float.__repr__(key)
-    raise _invalid(f"args use a key of type {kind.__name__}; object keys must be strings")
+    raise _invalid(f"{where} is of type {kind.__name__}, not a string")
 
 
-def normalize_json(value: Any) -> Any:
+def normalize_json(value: Any, what: str = "the value") -> Any:
     """Validate any JSON value (a job result, say) and return a plain copy.
 
-    The same rules as ``normalize_args``, without requiring an object.
+    The same rules as ``normalize_args``, without requiring an object;
+    messages call the value ``what``.
     """
-    return normalize_args({"value": value})["value"]
+    where = _Where(what, f"inside {what}")
+    return _normalize({"value": value}, lambda _: where)["value"]
 
 
 def normalize_args(args: Any) -> dict[str, Any]:
@@ -88,16 +126,41 @@ def normalize_args(args: Any) -> dict[str, Any]:
     contents are dicts, lists/tuples, str, int, float, bool or None, with
     finite numbers within float64 range, no NUL characters, no lone
     surrogates, no two keys that stringify alike, and at most
-    ``MAX_NESTING`` levels of nesting.
+    ``MAX_NESTING`` levels of nesting. The message names the argument (the
+    top-level key, when it is an identifier: see ``_argument``) the refused
+    value is in, and the value's type; never the value.
     """
     if not isinstance(args, dict):
-        raise _invalid("args must be a JSON object (a dict of keyword arguments)")
+        raise _invalid("args must be a JSON object (a dict of keyword arguments), not "
+                       + type(args).__name__)
+    return _normalize(args, _named)
+
+
+def _named(name: str) -> _Where:
+    shown = _argument(name)
+    return _Where(shown, f"inside {shown}")
+
+
+def _normalize(args: dict[str, Any], place: Callable[[str], _Where]) -> dict[str, Any]:
+    """The walk of ``normalize_args``; ``place(name)`` says where an argument's values are."""
     root: dict[str, Any] = {}
-    pending = [(args, root, 1)]
+    pending: list[tuple[Any, Any, int, _Where | None]] = [(args, root, 1, None)]
     while pending:
-        source, target, depth = pending.pop()
+        source, target, depth, where = pending.pop()
         items = source.items() if isinstance(source, dict) else enumerate(source)
         for raw_key, value in items:
+            if where is None:  # the top level: each key names an argument
+                key = _key(raw_key, "an argument name")
+                if key in target:
+                    raise _invalid("two argument names are the same once turned into strings")
+                inner = place(key)
+            else:
+                inner = where
+                if type(target) is dict:
+                    key = _key(raw_key, inner.nested_key)
+                    if key in target:
+                        raise _invalid(f"{inner.nested}: two object keys are the same once "
+                                       "turned into strings")
             if isinstance(value, dict):
                 child: Any = {}
             elif isinstance(value, (list, tuple)):
@@ -106,15 +169,12 @@ def normalize_args(args: Any) -> dict[str, Any]:
                 child = None
             if child is not None:
                 if depth + 1 > MAX_NESTING:
-                    raise _invalid(f"args nest deeper than {MAX_NESTING} levels")
-                pending.append((value, child, depth + 1))
+                    raise _invalid(f"{inner.nested}: args nest deeper than {MAX_NESTING} levels")
+                pending.append((value, child, depth + 1, inner))
                 copied = child
             else:
-                copied = _scalar(value)
-            if isinstance(target, dict):
-                key = _key(raw_key)
-                if key in target:
-                    raise _invalid("args have two keys that are the same once turned into strings")
+                copied = _scalar(value, inner.at(depth))
+            if type(target) is dict:
                 target[key] = copied
             else:
                 target.append(copied)

@@ -5,12 +5,13 @@ it did. They never touch a running job's fence: cancelling a running job
 only *asks* its worker to stop.
 """
 
+import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import connections
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from .models import Job, JobStatus, RecurringJob, ScheduleStatus
@@ -19,12 +20,94 @@ from .owned._store import fenced_writes
 
 PROTECTED = Q(fence_required=True) | Q(submission_id__isnull=False)
 
+#: How many leading hex digits of a job id the admin shows, and the shortest
+#: prefix the commands (``soniq_replay``, ``soniq_cancel``) accept.
+SHORT_ID_LENGTH = 8
+
+_HEX = re.compile(r"[0-9a-f]*")
+_GROUPS = (8, 4, 4, 4, 12)
+
+CANCELLED = "cancelled"
+REQUESTED = "requested"
+SKIPPED = "skipped"
+
+
+def short_id(job_id: uuid.UUID) -> str:
+    """The id as the admin lists it: its first ``SHORT_ID_LENGTH`` hex digits."""
+    return str(job_id)[:SHORT_ID_LENGTH]
+
+
+def id_bounds(text: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """The smallest and largest id that ``text`` can stand for, or None if it names none.
+
+    ``text`` is a whole id (any spelling ``uuid.UUID`` reads) or the start of
+    one as the admin shows ids: at least ``SHORT_ID_LENGTH`` hex digits, with
+    or without the hyphens in their places. A whole id is its own bounds.
+    """
+    text = text.strip().lower()
+    try:
+        whole = uuid.UUID(text)
+    except ValueError:
+        pass
+    else:
+        return whole, whole
+    digits = text.replace("-", "")
+    if not SHORT_ID_LENGTH <= len(digits) <= 32 or _HEX.fullmatch(digits) is None:
+        return None
+    if "-" in text and text != _hyphenated(digits)[:len(text)]:
+        return None  # hyphens out of their places
+    return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
+
+
+def _hyphenated(digits: str) -> str:
+    parts, start = [], 0
+    for size in _GROUPS:
+        parts.append(digits[start:start + size])
+        start += size
+    return "-".join(parts)
+
+
+@dataclass(frozen=True)
+class IdMatch:
+    """What one id or prefix given by an operator matches among some rows."""
+
+    text: str
+    ids: tuple[uuid.UUID, ...]  # at most two: enough to tell "one" from "ambiguous"
+    count: int  # how many rows match in all
+    valid: bool  # False: the text is neither an id nor a long enough prefix
+
+    @property
+    def job_id(self) -> uuid.UUID | None:
+        """The one id matched, or None (unknown, ambiguous or invalid)."""
+        return self.ids[0] if self.count == 1 else None
+
+
+def match_ids(rows: QuerySet, texts: Iterable[str]) -> list[IdMatch]:
+    """Which rows of ``rows`` each of ``texts`` (whole ids or prefixes) stands for.
+
+    A prefix is looked up as a range of ids, so the primary key's index
+    serves it on both databases (ids order as their hex digits do).
+    """
+    found = []
+    for text in texts:
+        bounds = id_bounds(text)
+        if bounds is None:
+            found.append(IdMatch(text, (), 0, valid=False))
+            continue
+        matching = rows.filter(id__gte=bounds[0], id__lte=bounds[1])
+        ids = tuple(matching.order_by("id").values_list("id", flat=True)[:2])
+        count = len(ids) if len(ids) < 2 else matching.count()
+        found.append(IdMatch(text, ids, count, valid=True))
+    return found
+
 
 @dataclass(frozen=True)
 class CancelReport:
     cancelled: int  # cancelled at once: were queued, or running with a lapsed lease
     requested: int  # running with a live lease: their workers were asked to stop
     skipped: int  # missing or already finished
+    outcomes: tuple[tuple[uuid.UUID, str], ...] = ()
+    """Each job id with what happened to it: ``cancelled``, ``requested`` or ``skipped``."""
 
 
 def cancel_jobs(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> CancelReport:
@@ -34,17 +117,16 @@ def cancel_jobs(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> Canc
     whose lease had lapsed is cancelled at once, not asked to stop.
     """
     source = OwnedJobSource(using)
-    cancelled = requested = skipped = 0
+    outcomes = []
     for job_id in job_ids:
         if not source.request_cancel(job_id):
-            skipped += 1
+            outcomes.append((job_id, SKIPPED))
             continue
         status = Job.objects.using(using).filter(id=job_id).values_list("status", flat=True).first()
-        if status == JobStatus.PROCESSING:
-            requested += 1
-        else:
-            cancelled += 1
-    return CancelReport(cancelled, requested, skipped)
+        outcomes.append((job_id, REQUESTED if status == JobStatus.PROCESSING else CANCELLED))
+    counts = {kind: sum(1 for _, outcome in outcomes if outcome == kind)
+              for kind in (CANCELLED, REQUESTED, SKIPPED)}
+    return CancelReport(counts[CANCELLED], counts[REQUESTED], counts[SKIPPED], tuple(outcomes))
 
 
 def retry_now(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> int:

@@ -128,6 +128,7 @@ class _Options:
     producer_id: str | None = None
     job_id: Any = None
     using: str | None = None
+    delay: Any = None
 
 
 _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(_Options))
@@ -163,7 +164,11 @@ class JobHandler(Generic[P, R]):
         return self.retries + 1
 
     def configure(self, **options: Any) -> "ConfiguredJob[P]":
-        """Return an enqueuer with per-call options (``run_at``, ``priority``, ``dedup_key``, …)."""
+        """Return an enqueuer with per-call options (``run_at``, ``delay``, ``priority``, …).
+
+        ``run_at`` is an aware datetime or a ``timedelta`` from now; ``delay``
+        (seconds or a ``timedelta``) is the same countdown by another name.
+        """
         return ConfiguredJob(self, _Options()).configure(**options)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
@@ -188,28 +193,44 @@ class JobHandler(Generic[P, R]):
         Raises ``ConfigValidationError(TASK_ARGS_INVALID)`` when they do not fit the
         function's signature or cannot be passed by keyword.
         """
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError:
-            raise ConfigValidationError(
-                f"the arguments do not fit the signature of job {self.name}",
-                code=ErrorCode.TASK_ARGS_INVALID,
-            ) from None
+        bound = bind_or_refuse(self.signature, args, kwargs, f"job {self.name}")
         stored: dict[str, Any] = {}
         for name, value in bound.arguments.items():
             kind = self.signature.parameters[name].kind
             if kind is inspect.Parameter.VAR_KEYWORD:
                 stored.update(value)
-            elif kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
-                if kind is inspect.Parameter.VAR_POSITIONAL and not value:
-                    continue
+            elif kind is inspect.Parameter.VAR_POSITIONAL:
+                if value:
+                    raise ConfigValidationError(
+                        f"extra positional arguments (*{name}) of job {self.name}: a job row "
+                        "carries keyword arguments only",
+                        code=ErrorCode.TASK_ARGS_INVALID,
+                    )
+            elif kind is inspect.Parameter.POSITIONAL_ONLY:
                 raise ConfigValidationError(
-                    f"job {self.name} takes positional-only arguments, which a job row cannot carry",
+                    f"argument {name!r} of job {self.name} is positional-only: a job row carries "
+                    "keyword arguments only",
                     code=ErrorCode.TASK_ARGS_INVALID,
                 )
             else:
                 stored[name] = value
         return stored
+
+
+def bind_or_refuse(signature: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any],
+                   what: str) -> inspect.BoundArguments:
+    """``signature.bind(*args, **kwargs)``, or ``ConfigValidationError(TASK_ARGS_INVALID)``.
+
+    The message says what does not fit -- the argument missing, unexpected or
+    given twice, by name, as ``inspect`` words it (never a value) -- and
+    then ``what`` (``"job billing.send_invoice"``).
+    """
+    try:
+        bound: inspect.BoundArguments = signature.bind(*args, **kwargs)
+        return bound
+    except TypeError as error:
+        raise ConfigValidationError(f"{error} ({what})", code=ErrorCode.TASK_ARGS_INVALID
+                                    ) from None
 
 
 class ConfiguredJob(Generic[P]):
@@ -220,9 +241,23 @@ class ConfiguredJob(Generic[P]):
         self.options = options
 
     def configure(self, **options: Any) -> "ConfiguredJob[P]":
+        """These options on top of the ones set before; a later value wins.
+
+        ``run_at`` and ``delay`` are one option spelt two ways: setting one
+        clears the other, and giving both in one call raises
+        ``ConfigValidationError(INVALID_OPTION)``. An unknown option name
+        raises ``TypeError``; values are checked when the job is enqueued.
+        """
         unknown = set(options) - _OPTION_NAMES
         if unknown:
             raise TypeError(f"configure() got unknown options: {', '.join(sorted(unknown))}")
+        if options.get("run_at") is not None and options.get("delay") is not None:
+            raise ConfigValidationError("configure() got run_at and delay: give one of them",
+                                        code=ErrorCode.INVALID_OPTION)
+        if options.get("run_at") is not None:
+            options.setdefault("delay", None)
+        elif options.get("delay") is not None:
+            options.setdefault("run_at", None)
         return ConfiguredJob(self.handler, dataclasses.replace(self.options, **options))
 
     def request(self, *args: P.args, **kwargs: P.kwargs) -> JobRequest:
@@ -242,6 +277,7 @@ class ConfiguredJob(Generic[P]):
             dedup_key=opts.dedup_key,
             producer_id=opts.producer_id,
             job_id=opts.job_id,
+            delay=opts.delay,
         )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:

@@ -60,7 +60,7 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
-from .models import DeadLetterJob, Job, JobStatus
+from .models import DeadLetterJob, DeadLetterReason, Job, JobStatus
 from .owned._store import guarded, take_sqlite_write_lock
 
 # Generations of one incarnation fit below this; each replay starts above it.
@@ -125,11 +125,15 @@ def replay_dead_letters(using: str = DEFAULT_DB_ALIAS, *, ids: Iterable[Any] | N
     ``last_resurrection_at``. ``progress`` (optional) is called with the
     number of dead letters handled so far, every 100 and at the end.
     Returns a ReplayReport. Raises ValueError for a
-    missing or doubled selector, an id that is not a UUID, an empty reason or
+    missing or doubled selector, an id that is not a UUID, a reason that is
+    no dead-letter reason (``DeadLetterReason``, or one a dead letter on this
+    database has: another worker's) -- the message lists the valid ones -- or
     a naive ``now``; SoniqError(QUEUE_PERSISTENCE_FAILED) when the database
     fails (jobs already replayed stay replayed).
     """
     selected = _selection(ids, reason, all)
+    if reason is not None:
+        _check_reason(using, reason)
     if now is not None and (not isinstance(now, dt.datetime) or timezone.is_naive(now)):
         raise ValueError("now must be an aware datetime")
     tally = _Tally()
@@ -168,6 +172,24 @@ def _selection(ids: Any, reason: Any, all_: Any) -> list[uuid.UUID] | Q:
     if not chosen:
         raise ValueError("ids must name at least one job")
     return chosen
+
+
+def dead_letter_reasons(using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """Every reason a replay can select by: soniq's own, and any other a dead letter holds."""
+    with guarded(using, atomic=False):
+        stored = set(DeadLetterJob.objects.using(using).order_by()
+                     .values_list("dead_letter_reason", flat=True).distinct())
+    return sorted(set(DeadLetterReason.values) | stored)
+
+
+def _check_reason(using: str, reason: str) -> None:
+    # soniq's own reasons need no look-up; another is valid only if some
+    # dead letter carries it (written by another release or language).
+    if reason in DeadLetterReason.values:
+        return
+    known = dead_letter_reasons(using)
+    if reason not in known:
+        raise ValueError(f"reason must be one of the dead-letter reasons: {', '.join(known)}")
 
 
 def _as_uuid(value: Any) -> uuid.UUID:

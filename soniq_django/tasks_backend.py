@@ -12,6 +12,8 @@ that *is* a Task of this backend: a row cannot name an arbitrary function.
 """
 
 import builtins
+import dataclasses
+import datetime as dt
 import importlib
 import inspect
 import logging
@@ -27,7 +29,7 @@ from django.db import connections, router
 from django.utils import timezone
 
 from .conf import get_settings
-from .errors import ConfigValidationError, ErrorCode, SoniqError
+from .errors import ConfigValidationError, SoniqError
 
 try:  # Django 6
     from django.tasks import task_backends
@@ -115,7 +117,21 @@ class SoniqTaskBackend(BaseTaskBackend):
         return self._max_attempts
 
     def validate_task(self, task: Task) -> None:
-        """Django's rules, plus: the task's module path must be a valid soniq job name."""
+        """Django's rules, plus: the task's module path must be a valid soniq job name.
+
+        ``run_after`` may also be a ``timedelta`` (a countdown, which Django's
+        own check refuses): ``task.using(run_after=timedelta(minutes=5))``
+        runs the task five minutes after it is enqueued, by the database's clock.
+        """
+        if isinstance(task.run_after, dt.timedelta):
+            from .producer.request import schedule
+
+            try:
+                schedule(task.run_after, None)
+            except SoniqError as error:
+                raise InvalidTaskError(error.reason.replace("run_at", "run_after")) from None
+            # Django's checks of everything else (and USE_TZ's of a datetime).
+            task = dataclasses.replace(task, run_after=None)
         super().validate_task(task)
         if "." in task.func.__qualname__:
             raise InvalidTaskError("Task function must be defined at a module level.")
@@ -230,14 +246,11 @@ class SoniqTaskBackend(BaseTaskBackend):
 
 
 def _check_call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> None:
+    from .registry import bind_or_refuse
+
     leading = [None] if task.takes_context else []
-    try:
-        inspect.signature(task.func).bind(*leading, *args, **kwargs)
-    except TypeError:
-        raise ConfigValidationError(
-            f"the arguments do not fit the signature of task {task.module_path}",
-            code=ErrorCode.TASK_ARGS_INVALID,
-        ) from None
+    bind_or_refuse(inspect.signature(task.func), [*leading, *args], kwargs,
+                   f"task {task.module_path}")
 
 
 def _stored_row(job_id: Any, database: str | None) -> dict[str, Any] | None:

@@ -3,21 +3,46 @@
 The suite runs once per database backend. ``SONIQ_TEST_BACKEND`` picks it
 (``sqlite`` or ``postgresql``); for PostgreSQL ``SONIQ_TEST_DATABASE_URL``
 names the server (``scripts/run-tests`` resolves it before starting pytest).
+
+The PostgreSQL test database is ``SONIQ_TEST_DATABASE_NAME``, or else a name
+of this run's own (``test_soniq_django_<pid>_<random>``), so that two runs
+on one server never create, flush or drop each other's database. The name
+chosen is put into the environment, so every process this run starts with
+these settings (``tests.settings`` or a module built on it) uses the same
+one. ``scripts/run-tests`` chooses it once per run and drops what a killed
+run left behind.
 """
 
 import os
+import secrets
 import tempfile
 
 import environ
 
 BACKEND = os.environ.get("SONIQ_TEST_BACKEND", "sqlite")
+#: The prefix of every test database name this suite chooses for itself.
+TEST_DATABASE_PREFIX = "test_soniq_django_"
+
+
+def run_database_name() -> str:
+    """This run's test database name: ``SONIQ_TEST_DATABASE_NAME``, else a new unique one.
+
+    A new name goes into ``os.environ``, where the processes this one
+    starts find it.
+    """
+    name = os.environ.get("SONIQ_TEST_DATABASE_NAME")
+    if not name:
+        name = f"{TEST_DATABASE_PREFIX}{os.getpid()}_{secrets.token_hex(3)}"
+        os.environ["SONIQ_TEST_DATABASE_NAME"] = name
+    return name
+
 
 if BACKEND == "postgresql":
     _url = os.environ.get(
         "SONIQ_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"
     )
     _db = environ.Env.db_url_config(_url)
-    _db["TEST"] = {"NAME": os.environ.get("SONIQ_TEST_DATABASE_NAME", "test_soniq_django")}
+    _db["TEST"] = {"NAME": run_database_name()}
 elif BACKEND == "sqlite":
     # A file, not ``:memory:``: later tests start worker processes that must
     # see the same database.

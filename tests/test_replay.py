@@ -330,18 +330,66 @@ def test_dead_letter_table_has_no_trigger_that_could_skip_the_count():
 
 def test_replay_command_by_id_prints_counts_never_args():
     dead = dead_letter(args={"card": SECRET, **OLD_ARGS})
-    unknown = uuid.uuid4()
     out = io.StringIO()
-    call_command("soniq_replay", str(dead.id), str(unknown), stdout=out)
+    call_command("soniq_replay", str(dead.id), stdout=out)
     text = out.getvalue()
     assert text.splitlines() == [
         "... 1 dead letters handled",
         "Replayed 1 dead-lettered jobs.",
         "Skipped 0 already in the queue, 0 replayed and not failed since, "
-        "0 refused by a constraint; 1 ids not found.",
+        "0 refused by a constraint; 0 ids not found.",
     ]
     assert SECRET not in text and json.dumps(OLD_ARGS) not in text
     assert Job.objects.get(id=dead.id).args == {"card": SECRET, **OLD_ARGS}
+
+
+def with_id(text: str) -> uuid.UUID:
+    """A dead letter whose id starts with ``text`` (hex digits)."""
+    job_id = uuid.UUID(text + uuid.uuid4().hex[len(text):])
+    return dead_letter(id=job_id).id
+
+
+def test_replay_command_takes_the_short_id_the_admin_shows():
+    first, other = with_id("3f9a1b2c"), with_id("77aa0000")
+    out = io.StringIO()
+    call_command("soniq_replay", "3f9a1b2c", str(other)[:13].upper(), stdout=out)
+    assert "Replayed 2 dead-lettered jobs." in out.getvalue()
+    assert set(Job.objects.values_list("id", flat=True)) == {first, other}
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["3f9a1b2c"], "3f9a1b2c is the start of 2 dead letters' ids: give more of the id"),
+    (["0badc0de"], "no dead letter has the id 0badc0de"),
+    ([str(uuid.UUID(int=5))], f"no dead letter has the id {uuid.UUID(int=5)}"),
+    (["3f9a1b2"], "'3f9a1b2' is neither a job id nor its first 8 or more hex digits"),
+    (["3f9a-1b2c"], "'3f9a-1b2c' is neither a job id"),
+    (["not-a-uuid"], "'not-a-uuid' is neither a job id"),
+])
+def test_replay_command_refuses_ids_that_are_not_exactly_one_dead_letter(argv, needle):
+    with_id("3f9a1b2c0")
+    with_id("3f9a1b2c1")
+    kept = with_id("12345678")
+    with pytest.raises(CommandError) as caught:
+        # The good id is not replayed either: nothing is changed.
+        call_command("soniq_replay", str(kept), *argv, stdout=io.StringIO())
+    assert needle in str(caught.value) and "Nothing was changed." in str(caught.value)
+    assert not Job.objects.exists()
+
+
+def test_an_unknown_reason_is_refused_listing_the_reasons():
+    dead_letter("max_retries_exceeded")
+    dead_letter("quota_exhausted")  # written by another release's or language's worker
+    with pytest.raises(ValueError) as caught:
+        replay_dead_letters(reason="max_retries_exceded")
+    assert str(caught.value) == (
+        "reason must be one of the dead-letter reasons: invalid_arguments, job_not_found, "
+        "max_retries_exceeded, permanent_failure, quota_exhausted")
+    with pytest.raises(CommandError, match="reason must be one of the dead-letter reasons: "
+                                           "invalid_arguments, job_not_found"):
+        call_command("soniq_replay", "--reason", "typo", stdout=io.StringIO())
+    assert not Job.objects.exists()
+    assert replay_dead_letters(reason="quota_exhausted").replayed  # one that exists
+    assert replay_dead_letters(reason="job_not_found").replayed == ()  # soniq's, none now
 
 
 def test_replay_command_reason_all_and_dry_run():

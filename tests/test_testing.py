@@ -369,6 +369,8 @@ def test_the_plugin_gives_a_fresh_session_its_database(tmp_path):
     import sys
     from pathlib import Path
 
+    from tests.settings import run_database_name
+
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "test_plugged.py").write_text(PLUGGED, encoding="utf-8")
     result = subprocess.run(
@@ -378,7 +380,7 @@ def test_the_plugin_gives_a_fresh_session_its_database(tmp_path):
         cwd=tmp_path, capture_output=True,
         # A test database of its own (PostgreSQL): the outer session holds its one.
         env={**os.environ, "PYTHONPATH": str(root), "SONIQ_TEST_DATABASE_NAME":
-             os.environ.get("SONIQ_TEST_DATABASE_NAME", "test_soniq_django") + "_plugin"},
+             f"{run_database_name()}_plugin"},
         text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

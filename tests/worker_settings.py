@@ -4,6 +4,9 @@ The parent test passes the database the child must use -- pytest-django's
 test database, not the one ``tests.settings`` would name -- as
 ``SONIQ_WORKER_DATABASE_URL``, and soniq settings as ``SONIQ_<NAME>``
 variables holding JSON values (``SONIQ_LEASE_SECONDS=1``).
+``SONIQ_TEST_LOGGING``, when set, is the JSON of the ``LOGGING`` setting
+instead of the one below: ``{}`` is a project that configures no logging
+(Django's default), as a fresh ``startproject`` is.
 """
 
 import json
@@ -50,3 +53,5 @@ LOGGING = {
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {"soniq_django": {"handlers": ["stderr"], "level": "INFO"}},
 }
+if "SONIQ_TEST_LOGGING" in os.environ:
+    LOGGING = json.loads(os.environ["SONIQ_TEST_LOGGING"])

@@ -19,7 +19,7 @@ from ..models import DeadLetterJob, Job, JobStatus
 from .base import OnlyListedColumns, ReadOnlyAdmin, write_alias
 from .display import parse_uuid, plural, pre, pretty_json, sentence, when
 
-_SHORT_ID = re.compile(r"[0-9a-f]{8}")
+_SHORT_ID = re.compile(rf"[0-9a-f]{{{operations.SHORT_ID_LENGTH}}}")
 
 
 class _JobRowAdmin(ReadOnlyAdmin):
@@ -50,7 +50,7 @@ class _JobRowAdmin(ReadOnlyAdmin):
 
     @admin.display(description="id", ordering="id")
     def short_id(self, obj: Job | DeadLetterJob) -> str:
-        return format_html('<span title="{}">{}</span>', obj.id, str(obj.id)[:8])
+        return format_html('<span title="{}">{}</span>', obj.id, operations.short_id(obj.id))
 
     @admin.display(description="attempts")
     def attempts_of_max(self, obj: Job | DeadLetterJob) -> str:

@@ -44,6 +44,17 @@ LAPSED_ERROR = "lease lapsed: the worker stopped heartbeating"
 logger = logging.getLogger("soniq_django.owned")
 
 
+def retry_backoff(attempt: int, base: float, cap: float) -> float:
+    """Seconds a failed ``attempt`` waits before it is due again: soniq_fail's rule.
+
+    ``min(cap, base * 2^(attempt - 1))`` times a jitter factor from 0.5 to 1.
+    The SQLite twin uses it, and so does the worker, which passes the delay
+    it chose to ``fail_owned`` so that its log line can say it.
+    """
+    doubled: float = base * 2 ** min(max(attempt - 1, 0), 60)
+    return min(cap, doubled) * (0.5 + 0.5 * random.random())
+
+
 def persistence_failed(reason: str = "unavailable") -> SoniqError:
     return SoniqError(ErrorCode.QUEUE_PERSISTENCE_FAILED, reason)
 
@@ -467,8 +478,7 @@ class SqliteClaims:
             limit = row.max_attempts if row.max_attempts is not None else default_max_attempts
             if retry and row.attempts < limit:
                 if delay is None:
-                    delay = min(cap, base * 2 ** min(max(row.attempts - 1, 0), 60))
-                    delay *= 0.5 + 0.5 * random.random()
+                    delay = retry_backoff(row.attempts, base, cap)
                 # The row is this claim's (checked after the write lock) until we commit.
                 self._requeue(row, error, now + dt.timedelta(seconds=delay), now,
                               FAIL_SUPERSEDED_TTL)

@@ -64,7 +64,8 @@ def fingerprint(request: JobRequest, submission_id: str, args: dict[str, Any] | 
         "args": args,
         "queue": request.queue,
         "priority": request.priority,
-        "run_at": _utc_text(request.run_at),
+        # A datetime or None: snapshot() refused a countdown (a timedelta) before.
+        "run_at": _utc_text(request.run_at),  # type: ignore[arg-type]
         "max_attempts": request.max_attempts,
         "unique_job": request.unique_job,
         "dedup_key": request.dedup_key,
@@ -92,6 +93,12 @@ def snapshot(request: object, submission_id: object, force: object) -> OwnedSubm
     positive_int(request.max_attempts, "max_attempts", INT32_MAX)
     if request.active_key is not None:
         identity(request.active_key, "active_key")
+    if request.delay is not None or isinstance(request.run_at, dt.timedelta):
+        # The fingerprint covers what was authored; a countdown would be
+        # counted anew by each replay of the same submission.
+        raise ConfigValidationError(
+            "submit_owned needs run_at as an aware datetime: a countdown (delay=, or a "
+            "timedelta) is not a replayable part of a submission")
     try:
         job = prepare(request)
     except SoniqError as error:

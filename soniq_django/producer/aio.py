@@ -31,13 +31,14 @@ def aenqueue(
     *,
     queue: str | None = None,
     priority: int | None = None,
-    run_at: dt.datetime | None = None,
+    run_at: dt.datetime | dt.timedelta | None = None,
     max_attempts: int | None = DEFAULT_MAX_ATTEMPTS,
     unique_job: bool = False,
     dedup_key: str | None = None,
     producer_id: str | None = None,
     job_id: uuid.UUID | str | None = None,
     using: str | None = None,
+    delay: float | dt.timedelta | None = None,
 ) -> Awaitable[uuid.UUID]:
     """Async twin of ``enqueue``: await it for the job id.
 
@@ -47,7 +48,7 @@ def aenqueue(
     request = JobRequest(
         job_name, args, queue=queue, priority=priority, run_at=run_at,
         max_attempts=max_attempts, unique_job=unique_job, dedup_key=dedup_key,
-        producer_id=producer_id, job_id=job_id,
+        producer_id=producer_id, job_id=job_id, delay=delay,
     )
     return insert_async(prepare(request), write_alias(using))
 

@@ -17,6 +17,7 @@ from typing import Any
 from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from .commit import warn_if_uncoupled
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
@@ -90,19 +91,23 @@ def enqueue(
     *,
     queue: str | None = None,
     priority: int | None = None,
-    run_at: dt.datetime | None = None,
+    run_at: dt.datetime | dt.timedelta | None = None,
     max_attempts: int | None = DEFAULT_MAX_ATTEMPTS,
     unique_job: bool = False,
     dedup_key: str | None = None,
     producer_id: str | None = None,
     job_id: uuid.UUID | str | None = None,
     using: str | None = None,
+    delay: float | dt.timedelta | None = None,
 ) -> uuid.UUID:
     """Insert one job inside the caller's transaction and return its id.
 
     A unique job (``unique_job=True``) or one with a ``dedup_key`` returns the
     id of an equal job that is still queued instead of inserting a second.
-    The job name need not have a handler in this process.
+    The job name need not have a handler in this process. ``run_at`` is an
+    aware datetime or a ``timedelta`` from now; ``delay`` (seconds or a
+    ``timedelta``) is that countdown by another name. A countdown is counted
+    from the database's clock when the row is inserted (``database_now``).
 
     Raises ``ConfigValidationError`` (INVALID_TASK_NAME, TASK_ARGS_INVALID,
     INVALID_MAX_ATTEMPTS, INVALID_OPTION) for bad input, and ``SoniqError``
@@ -127,6 +132,7 @@ def enqueue(
         dedup_key=dedup_key,
         producer_id=producer_id,
         job_id=job_id,
+        delay=delay,
     )
     prepared, alias = prepare(request), write_alias(using)
     warn_if_uncoupled(alias)
@@ -154,6 +160,7 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
 def insert_many_prepared(prepared: list[PreparedJob], alias: str) -> list[uuid.UUID]:
     """Insert validated jobs in one transaction (``bulk_enqueue`` after validation)."""
     connection = connections[alias]
+    prepared = _due(prepared, connection)
     if connection.vendor == "postgresql":
         from . import _pg  # here, not at the top: psycopg is needed on PostgreSQL alone
 
@@ -186,6 +193,7 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
     rules run here.
     """
     connection = connections[alias]
+    job = _due([job], connection)[0]
     if connection.vendor == "postgresql":
         from . import _pg  # psycopg: PostgreSQL alone (as in insert_many_prepared)
 
@@ -195,6 +203,30 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
             job_id = _insert_portable(job, alias)
     _enqueued(alias)
     return job_id
+
+
+def database_now(connection: Any) -> dt.datetime:
+    """The time by the clock workers compare ``scheduled_at`` with.
+
+    PostgreSQL's ``clock_timestamp()`` (claims read it after their lock); on
+    SQLite, whose claims take this process's time, ``timezone.now()``.
+    """
+    now: dt.datetime
+    if connection.vendor != "postgresql":
+        now = timezone.now()
+        return now
+    with translating(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_catalog.clock_timestamp()")
+        now = cursor.fetchone()[0]
+        return now
+
+
+def _due(prepared: list[PreparedJob], connection: Any) -> list[PreparedJob]:
+    """The jobs with their countdowns counted from one reading of the database's clock."""
+    if all(job.delay is None for job in prepared):
+        return prepared
+    now = database_now(connection)
+    return [job.due_from(now) for job in prepared]
 
 
 def _id_held_by_dead_letter(jobs: list[PreparedJob], alias: str) -> bool:

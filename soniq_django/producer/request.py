@@ -5,10 +5,21 @@ submissions). ``prepare`` checks it exactly as SQL ``soniq_enqueue`` does,
 plus what only Python can get wrong, and returns a ``PreparedJob`` whose
 values are private copies ready to insert. Nothing is written before
 ``prepare`` succeeds, so bad input never leaves a partial row.
+
+A countdown (``run_at=timedelta(...)`` or ``delay=`` seconds) is kept as a
+delay and turned into a time only when the row is inserted, from the
+database's clock (``database_now``): workers compare ``scheduled_at`` with
+that clock, so a producer host whose clock is off cannot shorten or stretch
+the wait.
+
+Every message names the option or argument it is about and, for a value of
+the wrong kind, its type -- never the value itself.
 """
 
+import dataclasses
 import datetime as dt
 import functools
+import math
 import re
 import uuid
 from dataclasses import KW_ONLY, dataclass
@@ -20,6 +31,8 @@ from ..errors import ConfigValidationError, ErrorCode
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_LABEL_LENGTH = 255
+#: The longest countdown accepted (``delay=``, ``run_at=timedelta``): a century.
+MAX_DELAY = dt.timedelta(days=36525)
 
 
 @dataclass(frozen=True)
@@ -27,6 +40,9 @@ class JobRequest:
     """One job to enqueue: the shape shared by ``bulk_enqueue`` and ``submit_owned``.
 
     ``max_attempts=None`` stores NULL, which means "use the handler's retries".
+    ``run_at`` is an aware datetime, or a ``timedelta`` counted from the
+    database's clock when the row is inserted; ``delay`` (seconds or a
+    ``timedelta``) is the same countdown by another name. Give one of them.
     """
 
     job_name: str
@@ -34,18 +50,23 @@ class JobRequest:
     _: KW_ONLY
     queue: str | None = None
     priority: int | None = None
-    run_at: dt.datetime | None = None
+    run_at: dt.datetime | dt.timedelta | None = None
     max_attempts: int | None = DEFAULT_MAX_ATTEMPTS
     unique_job: bool = False
     dedup_key: str | None = None
     producer_id: str | None = None
     job_id: uuid.UUID | str | None = None
     active_key: str | None = None
+    delay: float | dt.timedelta | None = None
 
 
 @dataclass(frozen=True)
 class PreparedJob:
-    """A validated request: every value checked, args normalized and copied."""
+    """A validated request: every value checked, args normalized and copied.
+
+    A countdown has ``scheduled_at`` None and its ``delay`` set until
+    ``due_from`` turns it into a time.
+    """
 
     job_id: uuid.UUID
     job_id_generated: bool
@@ -59,15 +80,27 @@ class PreparedJob:
     unique_job: bool
     dedup_key: str | None
     producer_id: str | None
+    delay: dt.timedelta | None = None
 
     @property
     def deduplicates(self) -> bool:
         """Whether an equal queued job makes this one return that job's id."""
         return self.unique_job or self.dedup_key is not None
 
+    def due_from(self, now: dt.datetime) -> "PreparedJob":
+        """This job with its countdown (if any) counted from ``now``."""
+        if self.delay is None:
+            return self
+        return dataclasses.replace(self, scheduled_at=now + self.delay, delay=None)
+
 
 def _option(reason: str) -> ConfigValidationError:
     return ConfigValidationError(reason, code=ErrorCode.INVALID_OPTION)
+
+
+def _kind(value: Any) -> str:
+    """How a message names a value it refuses: by its type, never by the value."""
+    return "None" if value is None else type(value).__name__
 
 
 @functools.lru_cache(maxsize=16)
@@ -81,7 +114,8 @@ def validate_job_name(job_name: Any, pattern: str | None = None) -> str:
     Raises ``ConfigValidationError`` (INVALID_TASK_NAME) when it does not.
     """
     if type(job_name) is not str or not job_name:
-        raise ConfigValidationError("the job name must be a non-empty string",
+        got = "an empty one" if job_name == "" else _kind(job_name)
+        raise ConfigValidationError(f"the job name must be a non-empty string, not {got}",
                                     code=ErrorCode.INVALID_TASK_NAME)
     if pattern is None:
         pattern = get_settings().TASK_NAME_PATTERN
@@ -99,8 +133,11 @@ def validate_max_attempts(value: Any) -> int | None:
     if value is None:
         return None
     if type(value) is not int or not 1 <= value <= INT32_MAX:
+        got = f"not {_kind(value)}" if type(value) is not int else (
+            "not below 1" if value < 1 else "not above 2**31-1")
         raise ConfigValidationError(
-            "max_attempts must be a whole number of at least 1 (retries plus one), or None",
+            "max_attempts must be a whole number of at least 1 (retries plus one), or None; "
+            + got,
             code=ErrorCode.INVALID_MAX_ATTEMPTS,
         )
     return value
@@ -116,15 +153,20 @@ def _label(value: Any, name: str, *, required: bool) -> str | None:
     if value is None and not required:
         return None
     if type(value) is not str or not value or len(value) > MAX_LABEL_LENGTH:
-        raise _option(f"{name} must be a non-empty string of at most {MAX_LABEL_LENGTH} characters")
+        got = (_kind(value) if type(value) is not str
+               else "an empty one" if not value else f"one of {len(value)}")
+        raise _option(f"{name} must be a non-empty string of at most {MAX_LABEL_LENGTH} "
+                      f"characters, not {got}")
     if "\x00" in value:
         raise _option(f"{name} must not hold a NUL character")
     return value
 
 
 def _priority(value: Any) -> int:
-    if type(value) is not int or not INT32_MIN <= value <= INT32_MAX:
-        raise _option("priority must be a whole number in the 32-bit integer range")
+    if type(value) is not int:
+        raise _option(f"priority must be a whole number, not {_kind(value)}")
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise _option("priority must be in the 32-bit integer range (-2**31 to 2**31-1)")
     return value
 
 
@@ -132,10 +174,46 @@ def _run_at(value: Any) -> dt.datetime | None:
     if value is None:
         return None
     if not isinstance(value, dt.datetime):
-        raise _option("run_at must be a datetime")
+        raise _option(f"run_at must be an aware datetime or a timedelta, not {_kind(value)}")
     if value.tzinfo is None or value.utcoffset() is None:
-        raise _option("run_at must be an aware datetime (with a time zone)")
+        raise _option("run_at must be an aware datetime (with a time zone), not a naive one")
     return value
+
+
+def _countdown(value: Any, name: str) -> dt.timedelta:
+    """A countdown: a ``timedelta`` (or, for ``delay``, seconds), from zero to ``MAX_DELAY``."""
+    if isinstance(value, dt.timedelta):
+        delta = value
+    elif name == "delay" and type(value) in (int, float):
+        if not math.isfinite(value):
+            raise _option("delay must be a finite number of seconds")
+        if value < 0:
+            raise _option("delay must not be negative: it counts seconds from now")
+        if value > MAX_DELAY.total_seconds():
+            raise _option("delay must be at most a century")
+        delta = dt.timedelta(seconds=value)
+    else:
+        raise _option(f"delay must be a number of seconds or a timedelta, not {_kind(value)}")
+    if delta < dt.timedelta(0):
+        raise _option(f"{name} must not be a negative timedelta: it counts from now")
+    if delta > MAX_DELAY:
+        raise _option(f"{name} must be at most a century from now")
+    return delta
+
+
+def schedule(run_at: Any, delay: Any) -> tuple[dt.datetime | None, dt.timedelta | None]:
+    """Check ``run_at``/``delay``: ``(an aware datetime, None)``, ``(None, a countdown)`` or neither.
+
+    Raises ``ConfigValidationError(INVALID_OPTION)`` for both at once, a
+    naive datetime, a negative or over-long countdown, or a value of another type.
+    """
+    if run_at is not None and delay is not None:
+        raise _option("give run_at or delay, not both")
+    if delay is not None:
+        return None, _countdown(delay, "delay")
+    if isinstance(run_at, dt.timedelta):
+        return None, _countdown(run_at, "run_at")
+    return _run_at(run_at), None
 
 
 def coerce_job_id(value: Any) -> uuid.UUID:
@@ -146,8 +224,8 @@ def coerce_job_id(value: Any) -> uuid.UUID:
         try:
             return uuid.UUID(value)
         except ValueError:
-            pass
-    raise _option("job_id must be a UUID")
+            raise _option("job_id must be a UUID, and this text is not one") from None
+    raise _option(f"job_id must be a UUID (or its text), not {_kind(value)}")
 
 
 def prepare(request: JobRequest) -> PreparedJob:
@@ -159,18 +237,19 @@ def prepare(request: JobRequest) -> PreparedJob:
     when ``request`` is not a ``JobRequest``.
     """
     if not isinstance(request, JobRequest):
-        raise ConfigValidationError("expected a JobRequest")
+        raise ConfigValidationError(f"expected a JobRequest, not {_kind(request)}")
     config = get_settings()
     job_name = validate_job_name(request.job_name, config.TASK_NAME_PATTERN)
     args = normalize_args({} if request.args is None else request.args)
     if type(request.unique_job) is not bool:
-        raise _option("unique_job must be True or False")
+        raise _option(f"unique_job must be True or False, not {_kind(request.unique_job)}")
     queue, priority = request.queue, request.priority
     if queue is None:
         queue = config.DEFAULT_QUEUE
     if priority is None:
         priority = config.DEFAULT_PRIORITY
     generated = request.job_id is None
+    run_at, delay = schedule(request.run_at, request.delay)
     return PreparedJob(
         job_id=uuid.uuid4() if generated else coerce_job_id(request.job_id),
         job_id_generated=generated,
@@ -179,10 +258,11 @@ def prepare(request: JobRequest) -> PreparedJob:
         args_hash=hash_normalized_args(args) if request.unique_job else None,
         queue=_label(queue, "queue", required=True),
         priority=_priority(priority),
-        scheduled_at=_run_at(request.run_at),
+        scheduled_at=run_at,
         max_attempts=validate_max_attempts(request.max_attempts),
         unique_job=request.unique_job,
         dedup_key=_label(request.dedup_key, "dedup_key", required=False),
         producer_id=_label(request.producer_id, "producer_id", required=False),
+        delay=delay,
     )
 

@@ -42,7 +42,8 @@ class Outcome:
     error: str | None = None
     reason: str | None = None
     delay: float | None = None
-    """Seconds until a DEFERRED job is due again."""
+    """Seconds until the job is due again: a DEFERRED job's, or a RETRY's once the worker
+    chose its backoff (writes.py); None otherwise."""
     exception: BaseException | None = field(default=None, repr=False, compare=False)
     """What the handler raised, if it raised (``soniq_django.testing`` can re-raise it)."""
 
@@ -103,8 +104,9 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> 
     if context.cancel_requested:
         return Outcome(OutcomeKind.CANCELLED)
     try:
-        return Outcome(OutcomeKind.DONE, result=normalize_json(result))
-    except SoniqError:
+        return Outcome(OutcomeKind.DONE, result=normalize_json(result, "the result"))
+    except SoniqError as error:
         return Outcome(OutcomeKind.DEAD,
-                       error=f"{claimed.job_name} returned a value that is not JSON",
+                       error=f"{claimed.job_name} returned a value that is not JSON "
+                             f"({error.reason})",
                        reason=DeadLetterReason.PERMANENT_FAILURE)

@@ -48,6 +48,7 @@ class Flights:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._emptied = threading.Condition(self._lock)
         self._by_claim: dict[tuple[str, int], InFlight] = {}
 
     def track(self, claimed: ClaimedJob) -> InFlight:
@@ -63,6 +64,13 @@ class Flights:
         with self._lock:
             if self._by_claim.get(flight.key) is flight:
                 del self._by_claim[flight.key]
+                if not self._by_claim:
+                    self._emptied.notify_all()
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the last run to finish; True if none is left."""
+        with self._lock:
+            return self._emptied.wait_for(lambda: not self._by_claim, timeout)
 
     def all(self) -> list[InFlight]:
         with self._lock:

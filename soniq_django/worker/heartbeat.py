@@ -70,7 +70,9 @@ class Heartbeat:
                     return
                 self.beat_all()
                 if self.stopping.is_set():
-                    time.sleep(beat_interval())
+                    # Draining: beat again in a beat, or end as soon as the last job's
+                    # write is over (the worker's exit waits for this thread).
+                    self.flights.wait_empty(beat_interval())
         finally:
             connections.close_all()  # this thread's own, if the last beats went aside
 
@@ -87,6 +89,8 @@ class Heartbeat:
                         return  # no connection to be had; the waiting turn said so
                     aside = aside or not turn
                     step()
+            logger.debug("heartbeat: worker row and %d running job(s)%s", len(self.flights),
+                         " (on a second connection)" if aside else "")
         except SoniqError:
             return  # stopping, and the server refused the connection
         finally:

@@ -66,9 +66,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections, connections
 
+from .. import pooling
 from ..conf import get_settings
 from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
+from ..registry import registered_handlers
 from ..throughput import ThroughputCounter
 from . import peers, planner, registration
 from .capacity import Budget, Slots
@@ -78,7 +80,7 @@ from .execution import execute
 from .flight import Flights, InFlight
 from .heartbeat import Heartbeat
 from .wakeup import Listener
-from .writes import Writes, retrying
+from .writes import NOT_RECORDED, RECORDED, Writes, retrying
 
 logger = logging.getLogger("soniq_django.worker")
 
@@ -146,6 +148,11 @@ class Worker:
         """Jobs this worker claimed."""
         return self.budget.claimed
 
+    @property
+    def short_id(self) -> str:
+        """The start of the worker's id, as its log lines name it."""
+        return self.worker_id[:8]
+
     # Control ----------------------------------------------------------
 
     def request_stop(self) -> None:
@@ -169,12 +176,11 @@ class Worker:
         self.shared.adopt()
         if not self._register():
             self.shared.close()
-            logger.info("worker %s stopped before it could register", self.worker_id)
+            logger.info("worker %s stopped before it could register", self.short_id)
             return 0
+        logger.info("%s", self._banner())
         background = self._start_background()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="soniq-job")
-        logger.info("worker %s started (queues=%s, concurrency=%d)", self.worker_id,
-                    ",".join(self.queues) if self.queues else "all", self.concurrency)
         try:
             self.stopping.wait(self._jitter())  # workers started together claim apart
             self._loop(pool)
@@ -189,13 +195,47 @@ class Worker:
                     self.throughput.flush(self.using)
                     registration.unregister(self.using, self.worker_id)
             except Exception:
-                logger.warning("could not mark worker %s stopped", self.worker_id)
+                logger.warning("could not mark worker %s stopped", self.short_id)
             last_word = self._held_note() if self.burst else ""
             self.shared.close()
             close_old_connections()
-        logger.info("worker %s stopped after %d jobs%s", self.worker_id, self.claimed_count,
-                    last_word)
+        logger.info("worker %s stopped after %d jobs%s%s", self.short_id, self.claimed_count,
+                    self._summary(), last_word)
         return 1 if self.aborted.is_set() else 0
+
+    def _banner(self) -> str:
+        """The first line a worker logs: who it is, what it serves, how it hears of new jobs."""
+        vendor = connections[self.using].vendor
+        poll = f"polling every {float(get_settings().POLL_INTERVAL):g} s"
+        through = ""
+        if vendor == "postgresql":
+            listen = get_settings().LISTEN_DATABASE or self.using
+            try:
+                with self.shared.turn():
+                    if pooling.pooled(connections[self.using].connection):
+                        through = ", through a pooler"
+            except Exception:  # only the banner would miss it
+                pass
+            wake = f"LISTEN on {listen!r} (tested at start) and {poll}"
+        else:
+            wake = poll
+        handlers = len(registered_handlers())
+        extras = [] if self.budget.max_jobs is None else [f"at most {self.budget.max_jobs} jobs"]
+        if self.with_scheduler:
+            extras.append("with the scheduler")
+        extras.append("burst: exits when no job is left" if self.burst
+                      else f"SIGTERM or Ctrl-C stops it (grace {self.grace_seconds:g} s)")
+        return (f"worker {self.short_id} started on database {self.using!r} ({vendor}{through}): "
+                f"queues {','.join(self.queues) if self.queues else 'all'}, concurrency "
+                f"{self.concurrency}, {handlers} handler(s); wake-ups: {wake}; "
+                f"{'; '.join(extras)}")
+
+    def _summary(self) -> str:
+        """How the jobs this worker settled ended, for its last line ('' when none did)."""
+        tally = self.writes.tally
+        order = list(dict.fromkeys(r.tally for r in RECORDED.values())) + [NOT_RECORDED]
+        parts = [f"{tally[name]} {name}" for name in order if tally[name]]
+        return f" ({', '.join(parts)})" if parts else ""
 
     def _register(self) -> bool:
         """Register this worker and its registry; False: stopped before it could."""
@@ -278,8 +318,13 @@ class Worker:
         if step.drain_deadline is not None:
             self._drain_deadline = step.drain_deadline
         # A wake-up that came while busy ends the wait at once.
-        self.wake.wait(step.seconds)
+        woken = self.wake.wait(step.seconds)
         self.wake.clear()
+        if not self.stopping.is_set():
+            if woken:
+                logger.debug("woken up early (a new job, a free slot)")
+            else:
+                logger.debug("waited %.1f s: looking for jobs again", step.seconds)
         self._found_nothing = False
 
     def _jitter(self) -> float:

@@ -175,6 +175,7 @@ class Listener(threading.Thread):
 
     def _note(self, note: "Notify") -> None:
         if note.channel == CHANNEL and (self.queues is None or note.payload in self.queues):
+            logger.debug("notified of a new job in queue %r", note.payload)
             self.wake.set()
 
     def _listen(self, raw: "Connection[Any]") -> None:

@@ -14,15 +14,16 @@ import os
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
 from ..models import Job
 from ..owned import OwnedJobSource
-from ..owned._store import guarded
+from ..owned._store import guarded, retry_backoff
 from ..owned.types import ClaimedJob, QueueClaimFence
 from ..registry import get_handler
 from ..throughput import ThroughputCounter
@@ -36,23 +37,32 @@ logger = logging.getLogger("soniq_django.worker")
 
 
 class Recorded(NamedTuple):
-    """How a written outcome is logged, and counted in ``soniq_throughput``."""
+    """How a written outcome is named in the log, and counted."""
 
     verb: str
     counted_as: str | None
     """A column of soniq_throughput; None: not an outcome the dashboard counts."""
+    tally: str
+    """What the worker's last log line counts it as (``Writes.tally``)."""
 
 
 #: Each kind of outcome, once its final write is applied.
 RECORDED = {
-    OutcomeKind.DONE: Recorded("done", "done"),
-    OutcomeKind.RETRY: Recorded("failed, will retry", "failed"),
-    OutcomeKind.DEAD: Recorded("dead-lettered", "dead_lettered"),
-    OutcomeKind.CANCELLED: Recorded("cancelled", "cancelled"),
-    OutcomeKind.DEFERRED: Recorded("deferred (no handler here; no attempt spent)", None),
-    OutcomeKind.UNKNOWN: Recorded("deferred or dead-lettered (no handler here)", None),
+    OutcomeKind.DONE: Recorded("done", "done", "done"),
+    OutcomeKind.RETRY: Recorded("failed, will retry", "failed", "to retry"),
+    OutcomeKind.DEAD: Recorded("dead-lettered", "dead_lettered", "dead-lettered"),
+    OutcomeKind.CANCELLED: Recorded("cancelled", "cancelled", "cancelled"),
+    OutcomeKind.DEFERRED: Recorded("deferred (no handler here; no attempt spent)", None,
+                                   "deferred"),
+    OutcomeKind.UNKNOWN: Recorded("deferred or dead-lettered (no handler here)", None,
+                                  "deferred"),
 }
-_EXHAUSTED = Recorded("failed with no attempts left, dead-lettered", "dead_lettered")
+_EXHAUSTED = Recorded("failed with no attempts left, dead-lettered", "dead_lettered",
+                      "dead-lettered")
+#: The tally of a final write that was not made (the claim was gone, or refused).
+NOT_RECORDED = "not recorded"
+#: The longest error text a job's log line carries (``last_error`` has all of it).
+MAX_LOGGED_ERROR = 300
 
 
 def retrying(call: Callable[..., Any], deadline: float, stop: threading.Event) -> Any:
@@ -118,6 +128,9 @@ class Writes:
         self.throughput = throughput
         self.stop = stop  # abort: give up retrying
         self.pid = os.getpid()  # recorded with each claim
+        self.tally: Counter[str] = Counter()
+        """Final writes by how they ended (``Recorded.tally``, or ``NOT_RECORDED``)."""
+        self._tally_lock = threading.Lock()
 
     def round(self, batch: list[InFlight], wanted: int) -> Answer:
         """Complete ``batch`` and claim up to ``wanted`` jobs, in one call.
@@ -146,6 +159,11 @@ class Writes:
                 self._report(flight, flight.outcome, applied, deadline)  # type: ignore[arg-type]
             except Exception:
                 logger.exception("worker error while recording %s", flight.claimed.job_name)
+        if asked and logger.isEnabledFor(logging.DEBUG):
+            for job in jobs:
+                logger.debug("claimed %s %s (attempt %d)", job.job_name, job.job_id, job.attempts)
+            if not jobs and not unknown:
+                logger.debug("claimed nothing: no job is due")
         return Answer(jobs, asked, unknown)
 
     def _call(self, completions: list[tuple[QueueClaimFence, Any]], tokens: list[str]
@@ -217,6 +235,7 @@ class Writes:
         """Make one job's final write on its own, retried while the database is unavailable."""
         claimed = flight.claimed
         if flight.lost:  # the heartbeat saw the claim go: it is not ours to write
+            self._count(NOT_RECORDED)
             logger.warning("%s %s: %s not recorded; the lease was lost", claimed.job_name,
                            claimed.job_id, RECORDED[outcome.kind].verb)
             return
@@ -228,8 +247,15 @@ class Writes:
         if outcome.kind is OutcomeKind.DONE:
             write = lambda: self.source.complete_owned(fence, outcome.result)  # noqa: E731
         elif outcome.kind is OutcomeKind.RETRY:
+            if claimed.attempts < _attempt_limit(claimed):
+                # The backoff soniq_fail would choose, chosen here so that the log says it.
+                config = get_settings()
+                outcome = replace(outcome, delay=min(YEAR, retry_backoff(
+                    claimed.attempts, float(config.RETRY_BASE_SECONDS),
+                    float(config.RETRY_MAX_SECONDS))))
             write = lambda: self.source.fail_owned(  # noqa: E731
                 fence, outcome.error, retry=True,  # type: ignore[arg-type]
+                retry_delay=outcome.delay,
                 default_max_attempts=_default_max_attempts(claimed.job_name))
         elif outcome.kind is OutcomeKind.DEAD:
             write = lambda: self.source.fail_owned(  # noqa: E731
@@ -244,6 +270,7 @@ class Writes:
         try:
             applied = retrying(write, deadline, self.stop)
         except SoniqError as error:  # refused, not unavailable: retrying cannot help
+            self._count(NOT_RECORDED)
             logger.error("%s %s: %s refused by the database (%s: %s); its lease will lapse "
                          "and the reaper settles it", claimed.job_name, claimed.job_id,
                          RECORDED[outcome.kind].verb, error.code.value, error.reason)
@@ -258,24 +285,29 @@ class Writes:
         elapsed = time.monotonic() - flight.started
         if applied:
             recorded = RECORDED[outcome.kind]
-            if outcome.kind is OutcomeKind.RETRY and claimed.attempts >= (
-                    claimed.max_attempts or _default_max_attempts(claimed.job_name)):
+            if outcome.kind is OutcomeKind.RETRY and claimed.attempts >= _attempt_limit(claimed):
                 recorded = _EXHAUSTED
             if recorded.counted_as is not None:
                 self.throughput.add(claimed.queue, recorded.counted_as)
-            logger.info("%s %s %s after %.3fs (attempt %s)", claimed.job_name, claimed.job_id,
-                        recorded.verb, elapsed, claimed.attempts)
+            self._count(recorded.tally)
+            _log_outcome(claimed, outcome, recorded, elapsed)
             return
         if outcome.kind is not OutcomeKind.CANCELLED and self._cancel_pending(fence):
             # A cancel arrived while the handler was finishing: honour it.
             if retrying(lambda: self.source.acknowledge_cancel_owned(fence), deadline,
                          self.stop):
-                logger.info("%s %s cancelled after %.3fs", claimed.job_name, claimed.job_id,
-                            elapsed)
+                self._count(RECORDED[OutcomeKind.CANCELLED].tally)
+                logger.info("%s %s cancelled after %.3fs (attempt %d)", claimed.job_name,
+                            claimed.job_id, elapsed, claimed.attempts)
                 return
+        self._count(NOT_RECORDED)
         logger.warning("%s %s: %s not recorded; the job is no longer this worker's "
                        "(lease lost, cancelled or re-claimed)", claimed.job_name,
                        claimed.job_id, RECORDED[outcome.kind].verb)
+
+    def _count(self, tally: str) -> None:
+        with self._tally_lock:
+            self.tally[tally] += 1
 
     def _cancel_pending(self, fence: QueueClaimFence) -> bool:
         try:
@@ -283,6 +315,57 @@ class Writes:
         except SoniqError:
             return False
         return state is not None and state.cancel_requested
+
+
+#: The longest retry delay the claim protocol accepts (a year; RETRY_MAX_SECONDS is checked too).
+YEAR = 31536000.0
+
+
+def _log_outcome(claimed: ClaimedJob, outcome: Outcome, recorded: Recorded,
+                 elapsed: float) -> None:
+    """The job's one line: how it ended, after how long, at which attempt -- never its args."""
+    name, job_id, attempt = claimed.job_name, claimed.job_id, claimed.attempts
+    if recorded is _EXHAUSTED:
+        logger.error("%s %s failed after %.3fs (attempt %d of %d) and has no attempts left: "
+                     "dead-lettered (max_retries_exceeded): %s", name, job_id, elapsed, attempt,
+                     _attempt_limit(claimed), _why(outcome))
+    elif outcome.kind is OutcomeKind.RETRY:
+        logger.warning("%s %s failed after %.3fs (attempt %d of %d), will retry in %s: %s",
+                       name, job_id, elapsed, attempt, _attempt_limit(claimed),
+                       "its backoff" if outcome.delay is None else f"{outcome.delay:.1f}s",
+                       _why(outcome))
+    elif outcome.kind is OutcomeKind.DEAD:
+        logger.error("%s %s dead-lettered (%s) after %.3fs (attempt %d): %s", name, job_id,
+                     outcome.reason, elapsed, attempt, _why(outcome))
+    elif outcome.kind is OutcomeKind.DEFERRED:
+        logger.info("%s %s %s, due again in %.1fs", name, job_id, recorded.verb,
+                    outcome.delay or 0.0)
+    else:
+        logger.info("%s %s %s after %.3fs (attempt %d)", name, job_id, recorded.verb, elapsed,
+                    attempt)
+
+
+def _why(outcome: Outcome) -> str:
+    """What went wrong, in one line: the exception's type and message (``last_error`` has more).
+
+    A handler's exception message is its own text; the worker adds nothing of the job's args.
+    """
+    error = outcome.exception
+    if error is not None and str(error):
+        text = f"{type(error).__name__}: {error}"
+    elif outcome.error and not outcome.error.startswith("Traceback"):
+        text = outcome.error.splitlines()[0]  # the worker's own words: a timeout, bad args...
+    elif error is not None:
+        text = type(error).__name__
+    else:
+        text = "no error text"
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_LOGGED_ERROR else text[:MAX_LOGGED_ERROR - 3] + "..."
+
+
+def _attempt_limit(claimed: ClaimedJob) -> int:
+    """The attempts the job has: its row's ``max_attempts``, else its handler's or the setting."""
+    return claimed.max_attempts or _default_max_attempts(claimed.job_name)
 
 
 def _default_max_attempts(job_name: str) -> int:

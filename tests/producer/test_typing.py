@@ -14,8 +14,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from tests.support.ci import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]

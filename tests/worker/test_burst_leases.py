@@ -52,7 +52,7 @@ def test_burst_exits_and_its_last_line_counts_the_jobs_other_workers_hold(settin
     assert time.monotonic() - started < 5
     assert Job.objects.get(id=job_id).status == "processing"  # still the dead peer's
     assert last_line(caplog) == (
-        f"worker {worker.worker_id} stopped after 0 jobs; other workers still hold 1 job(s) "
+        f"worker {worker.worker_id[:8]} stopped after 0 jobs; other workers still hold 1 job(s) "
         "of its queues (1 under a lease)")
 
 
@@ -66,7 +66,8 @@ def test_wait_for_leases_runs_a_dead_peers_jobs_once_their_leases_lapse(settings
     row = Job.objects.get(id=job_id)
     assert (row.status, row.claim_owner, row.attempts) == ("done", worker.worker_id, 2)
     assert last_line(caplog).endswith(
-        "stopped after 1 jobs; other workers still hold 0 job(s) of its queues (0 under a lease)")
+        "stopped after 1 jobs (1 done); other workers still hold 0 job(s) of its queues "
+        "(0 under a lease)")
 
 
 def test_wait_for_leases_minds_only_its_own_queues(settings):

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 
@@ -181,6 +182,7 @@ def test_a_result_that_is_not_json_is_a_permanent_failure(run_log):
     letter = dead(job_id)
     assert letter.dead_letter_reason == "permanent_failure"
     assert "not JSON" in letter.last_error
+    assert "inside the result: a value of type set" in letter.last_error  # where, and what
     assert len(run_log.events("start", job_id)) == 1  # not retried
 
 
@@ -636,3 +638,18 @@ def test_the_worker_purges_expired_rows_but_never_protected_ones():
     worker.heartbeat.housekeep()
     assert not Job.objects.filter(id=expired).exists()
     assert Job.objects.filter(id=owned).exists()
+
+
+def test_a_stopped_worker_exits_soon_after_its_last_job_not_a_heartbeat_later(settings, run_log):
+    # The heartbeat thread keeps renewing leases while running jobs drain, and
+    # the worker's exit waits for it: it must end when the last job's write
+    # is over, not sleep out a whole beat first.
+    soniq(settings, HEARTBEAT_SECONDS=6, LEASE_SECONDS=60)
+    enqueue("tests.worker.sleep", {"seconds": 0.5})
+    worker = Worker(concurrency=1)
+    with WorkerThread(worker) as running:
+        run_log.wait_for("start")
+        worker.request_stop()
+        started = time.monotonic()
+        assert running.join() == 0
+        assert time.monotonic() - started < 3.0

@@ -34,7 +34,10 @@ class Command(BaseCommand):
                             help='Keyword arguments as a JSON object, e.g. \'{"order_id": 1}\'.')
         parser.add_argument("--queue", help="Queue name (default: SONIQ['DEFAULT_QUEUE']).")
         parser.add_argument("--priority", type=int, help="Lower runs first (default 100).")
-        parser.add_argument("--run-at", help="Not before this ISO 8601 time (with offset).")
+        when = parser.add_mutually_exclusive_group()
+        when.add_argument("--run-at", help="Not before this ISO 8601 time (with offset).")
+        when.add_argument("--delay", type=float, metavar="SECONDS",
+                          help="Not before this many seconds from now, by the database's clock.")
         parser.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
                             help="Attempts allowed, retries plus one (default %(default)s).")
         parser.add_argument("--unique", action="store_true",
@@ -51,6 +54,7 @@ class Command(BaseCommand):
             job_id = enqueue(
                 options["job_name"], job_args, queue=options["queue"],
                 priority=options["priority"], run_at=_run_at(options["run_at"]),
+                delay=options["delay"],
                 max_attempts=options["max_attempts"], unique_job=options["unique"],
                 dedup_key=options["dedup_key"], producer_id="manage.py soniq_enqueue",
                 using=database_alias(options),

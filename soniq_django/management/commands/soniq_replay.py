@@ -5,26 +5,37 @@ from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django.errors import SoniqError
 from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.management.ids import resolve_ids
+from soniq_django.models import DeadLetterJob
 from soniq_django.replay import replay_dead_letters
 
 
 class Command(BaseCommand):
     help = (
         "Put dead-lettered jobs back in the queue (same id, args unchanged, a fresh attempt "
-        "budget), by id, by dead-letter reason, or all. Prints counts, never job arguments."
+        "budget), by id (whole, or its first 8 or more hex digits as the admin shows it), by "
+        "dead-letter reason, or all. Prints counts, never job arguments."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("ids", nargs="*", metavar="ID", help="Job ids to replay.")
-        parser.add_argument("--reason", help="Replay every dead letter with this reason.")
+        parser.add_argument("ids", nargs="*", metavar="ID",
+                            help="Job ids to replay, whole or their first 8+ hex digits.")
+        parser.add_argument("--reason", help=(
+            "Replay every dead letter with this reason: max_retries_exceeded, "
+            "permanent_failure, job_not_found or invalid_arguments."))
         parser.add_argument("--all", action="store_true", help="Replay every dead letter.")
         parser.add_argument("--dry-run", action="store_true", help="Count, change nothing.")
         add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        alias = database_alias(options)
+        ids = None
         try:
+            if options["ids"]:
+                ids = resolve_ids(DeadLetterJob.objects.using(alias), options["ids"],
+                                  kind="dead letter", kinds="dead letters")
             report = replay_dead_letters(
-                database_alias(options), ids=options["ids"] or None, reason=options["reason"],
+                alias, ids=ids, reason=options["reason"],
                 all=options["all"], dry_run=options["dry_run"], progress=self._progress,
             )
             if self.stdout.isatty():

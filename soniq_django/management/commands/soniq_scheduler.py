@@ -1,11 +1,15 @@
+import logging
 import signal
 import threading
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from soniq_django.management.console import command_log
 from soniq_django.management.database import add_database_argument, database_alias
 from soniq_django.scheduler import Scheduler
+
+logger = logging.getLogger("soniq_django.scheduler")
 
 
 class Command(BaseCommand):
@@ -27,15 +31,17 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if not options["interval"] > 0:
             raise CommandError("--interval must be a positive number of seconds")
-        scheduler = Scheduler(using=database_alias(options))
-        if options["once"]:
-            scheduler.sync_code_schedules()
-            job_ids = scheduler.run_due()
-            self.stdout.write(f"{len(job_ids)} job(s) enqueued")
-            return
-        stop = threading.Event()
-        with _stop_on_signals(stop):
-            scheduler.run_forever(stop, interval=options["interval"])
+        # Its own log on stderr unless the project configured the soniq_django loggers.
+        with command_log(self, options["verbosity"]):
+            scheduler = Scheduler(using=database_alias(options))
+            if options["once"]:
+                scheduler.sync_code_schedules()
+                job_ids = scheduler.run_due()
+                self.stdout.write(f"{len(job_ids)} job(s) enqueued")
+                return
+            stop = threading.Event()
+            with _stop_on_signals(stop):
+                scheduler.run_forever(stop, interval=options["interval"])
 
 
 class _stop_on_signals:
@@ -52,8 +58,12 @@ class _stop_on_signals:
         # may run elsewhere, e.g. in tests); there, signals keep their default.
         if threading.current_thread() is threading.main_thread():
             for number in self.SIGNALS:
-                self.previous[number] = signal.signal(number, lambda *_: self.stop.set())
+                self.previous[number] = signal.signal(number, self.received)
         return self
+
+    def received(self, signum: int, frame: object) -> None:
+        logger.info("%s received: stopping after the current tick", signal.Signals(signum).name)
+        self.stop.set()
 
     def __exit__(self, *exc_info: object) -> None:
         for number, handler in self.previous.items():

@@ -1,5 +1,7 @@
+import logging
 import os
 import signal
+import threading
 import uuid
 from typing import Any
 
@@ -7,10 +9,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
 
+from soniq_django.management.console import command_log
 from soniq_django.management.database import add_database_argument, database_alias
 from soniq_django.registry import discover
 from soniq_django.worker import Worker
 from soniq_django.worker.connection import wait_for_database
+
+logger = logging.getLogger("soniq_django.worker")
 
 
 def _require_migrated(alias: str) -> None:
@@ -54,7 +59,9 @@ class Command(BaseCommand):
     help = (
         "Run jobs. Claims jobs with fenced, leased claims, runs their handlers and records "
         "the outcome. SIGTERM or Ctrl-C: stop claiming, finish running jobs, exit 0; a "
-        "second signal exits at once (the abandoned jobs are re-run after their lease)."
+        "second signal exits at once (the abandoned jobs are re-run after their lease). "
+        "Without a LOGGING setting for soniq_django it logs to stderr: -v 0 warnings and "
+        "errors, -v 1 a line per job, -v 2 claims, heartbeats and wake-ups too."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -88,6 +95,14 @@ class Command(BaseCommand):
                 uuid.UUID(options["worker_id"])
             except ValueError:
                 raise CommandError("--worker-id must be a UUID") from None
+        # The worker's own log on stderr while it runs, unless the project
+        # configured the soniq_django loggers (console.py says when).
+        with command_log(self, options["verbosity"]):
+            code = self._run(options)
+        if code:
+            raise SystemExit(code)
+
+    def _run(self, options: Any) -> int:
         using = database_alias(options)  # the routers' write alias for jobs, by default
         wait_for_database(using)  # a refusing server is waited for, never fatal
         _require_migrated(using)
@@ -99,18 +114,50 @@ class Command(BaseCommand):
             with_scheduler=options["with_scheduler"], grace_seconds=options["grace"],
             wait_for_leases=options["wait_for_leases"],
         )
-        signals = {"count": 0}
+        with _Signals(worker):
+            return worker.run()
 
-        def on_signal(signum: int, frame: object) -> None:
-            signals["count"] += 1
-            if signals["count"] == 1:
-                worker.request_stop()
+
+class _Signals:
+    """While the worker runs: the first SIGTERM or SIGINT stops it gently, a second at once.
+
+    Each signal is logged when it arrives. The previous handlers come back
+    afterwards. Handlers can only be installed from the main thread
+    (``call_command`` may run elsewhere, e.g. in tests); there, signals keep
+    theirs.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, worker: Worker):
+        self.worker = worker
+        self.count = 0
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Signals":
+        if threading.current_thread() is threading.main_thread():
+            for number in self.SIGNALS:
+                self.previous[number] = signal.signal(number, self.received)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+
+    def received(self, signum: int, frame: object) -> None:
+        self.count += 1
+        name = signal.Signals(signum).name
+        running = len(self.worker.flights)
+        if self.count == 1:
+            if running:
+                logger.info("%s received: no more claims; finishing %d running job(s), up to "
+                            "%g s (signal again to exit at once)", name, running,
+                            self.worker.grace_seconds)
             else:
-                worker.abort()
-                os._exit(1)  # job threads cannot be interrupted; their leases will lapse
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        code = worker.run()
-        if code:
-            raise SystemExit(code)
+                logger.info("%s received: no job running; stopping", name)
+            self.worker.request_stop()
+            return
+        logger.warning("%s received again: exiting at once; %d running job(s) abandoned (they "
+                       "run again once their leases lapse)", name, running)
+        self.worker.abort()
+        os._exit(1)  # job threads cannot be interrupted; their leases will lapse
