@@ -7,14 +7,25 @@ send Django's ``setting_changed``), so reading it costs one global lookup.
 Values are the project's own, never converted: the system checks
 (``soniq.E001``-``E004``) report a wrong type or an unknown key; reading
 never fails. Nothing is ever written to ``django.conf.settings``.
+
+The rules of each value live here (``problems``), for two readers: the
+system checks, which report every problem, and ``checked(key)``, which
+code calls where it *uses* a value -- so that a bad setting never breaks
+an import (a decorator leaves settings alone) and its first use raises
+``SettingsInvalid`` naming the key and the check, not a confusing error
+about something else.
 """
 
 import dataclasses
+import numbers
+import re
 from typing import Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+
+from .errors import SettingsInvalid
 
 DEFAULT_TASK_NAME_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$"
 
@@ -28,6 +39,10 @@ DEFAULT_MAX_ATTEMPTS = 4
 #: before it is dead-lettered as job_not_found: longer than a rolling deploy
 #: takes (docs/deployment.md#rolling-deploys says why ten minutes).
 DEFAULT_UNKNOWN_JOB_GRACE_SECONDS = 600
+
+#: The largest job args ``enqueue()`` accepts, as compact UTF-8 JSON: 1 MiB
+#: (docs/settings.md says why).
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +65,7 @@ class Settings:
     IMPORTS: tuple[str, ...] | list[str] = ()
     UNKNOWN_JOB_GRACE_SECONDS: float = DEFAULT_UNKNOWN_JOB_GRACE_SECONDS
     LISTEN_DATABASE: str | None = None
+    MAX_PAYLOAD_BYTES: int | None = DEFAULT_MAX_PAYLOAD_BYTES
 
     configured: frozenset[str] = frozenset()
     """Every key the project set, known or not (the checks name the unknown ones)."""
@@ -86,6 +102,119 @@ def get_settings() -> Settings:
 
 @receiver(setting_changed)  # type: ignore[untyped-decorator]  # Django's, untyped here
 def _forget(*, setting: str, **kwargs: Any) -> None:
-    global _current
+    global _current, _problems
     if setting == "SONIQ":
-        _current = None
+        _current = _problems = None
+
+
+# --------------------------------------------------------------------------
+# The rules of the values
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What is wrong with one key's value: the system check's id, message and hint."""
+
+    key: str
+    check_id: str
+    message: str
+    hint: str | None = None
+
+
+_POSITIVE = ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "POLL_INTERVAL")
+_NOT_NEGATIVE = ("RESULT_TTL", "RETRY_BASE_SECONDS", "RETRY_MAX_SECONDS",
+                 "UNKNOWN_JOB_GRACE_SECONDS")
+_INTEGERS = ("DEFAULT_PRIORITY", "DEFAULT_MAX_ATTEMPTS")
+_DEFAULT = Settings()
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _problem(key: str, message: str, hint: str | None = None, check_id: str = "soniq.E003"
+             ) -> Problem:
+    return Problem(key, check_id, message, hint)
+
+
+def _value_problem(config: Settings, key: str) -> Problem | None:
+    value = getattr(config, key)
+    default = getattr(_DEFAULT, key)
+    if key in _POSITIVE and not (_number(value) and value > 0):
+        return _problem(key, f"SONIQ[{key!r}] must be a positive number of seconds.",
+                        f"The default is {default}.")
+    if key in _NOT_NEGATIVE and not (_number(value) and value >= 0):
+        return _problem(key, f"SONIQ[{key!r}] must be a number of seconds, 0 or more.",
+                        f"The default is {default}.")
+    if key in _INTEGERS and type(value) is not int:
+        return _problem(key, f"SONIQ[{key!r}] must be a whole number.", f"The default is {default}.")
+    if key == "DEFAULT_MAX_ATTEMPTS" and value < 1:
+        return _problem(key, "SONIQ['DEFAULT_MAX_ATTEMPTS'] must be at least 1.",
+                        "It counts the first attempt too.")
+    if key == "JOB_TIMEOUT_SECONDS" and value is not None and not (_number(value) and value > 0):
+        return _problem(key, "SONIQ['JOB_TIMEOUT_SECONDS'] must be None or a positive number.")
+    if key == "PREPARED_STATEMENTS" and value is not None and type(value) is not bool:
+        return _problem(key, "SONIQ['PREPARED_STATEMENTS'] must be None, True or False.",
+                        "None (the default) prepares them only on a connection straight to the "
+                        "server.")
+    if key == "DEFAULT_QUEUE" and (not isinstance(value, str) or not value or len(value) > 255):
+        return _problem(key, "SONIQ['DEFAULT_QUEUE'] must be a queue name (1-255 characters).")
+    if key == "IMPORTS" and (not isinstance(value, (list, tuple)) or not all(
+            isinstance(name, str) and name for name in value)):
+        return _problem(key, "SONIQ['IMPORTS'] must be a list of module names.",
+                        'For example ["shop.tasks", "billing.handlers"].')
+    if key == "MAX_PAYLOAD_BYTES" and value is not None and not (
+            type(value) is int and value >= 1):
+        return _problem(key, "SONIQ['MAX_PAYLOAD_BYTES'] must be None or a whole number of "
+                             "bytes, at least 1.", f"The default is {default} (1 MiB).")
+    if key == "TASK_NAME_PATTERN":
+        try:
+            re.compile(value)
+        except (re.error, TypeError):
+            return _problem(key, "SONIQ['TASK_NAME_PATTERN'] is not a valid regular expression.",
+                            check_id="soniq.E004")
+    return None
+
+
+def problems(config: Settings) -> list[Problem]:
+    """Every key of ``config`` whose value the system checks reject (E003, E004), in ``KEYS`` order.
+
+    ``LISTEN_DATABASE`` is the pooler checks' (``pooling.settings_messages``):
+    whether it is right depends on ``DATABASES`` too.
+    """
+    found = (_value_problem(config, key) for key in KEYS)
+    return [problem for problem in found if problem is not None]
+
+
+_problems: dict[str, Problem] | None = None
+
+
+def current_problems() -> dict[str, Problem]:
+    """``problems(get_settings())`` by key, worked out once per snapshot (usually empty)."""
+    global _problems
+    found = _problems
+    if found is None:
+        found = _problems = {problem.key: problem for problem in problems(get_settings())}
+    return found
+
+
+def checked(key: str) -> Any:
+    """The value of ``SONIQ[key]`` for code about to use it.
+
+    Raises ``SettingsInvalid`` (code SETTINGS_INVALID, also an
+    ``ImproperlyConfigured``) naming the key, its value's type and the
+    system check that reports it, when the checks reject the value.
+    """
+    problem = current_problems().get(key)
+    value = getattr(get_settings(), key)
+    if problem is not None:
+        raise invalid(problem, value)
+    return value
+
+
+def invalid(problem: Problem, value: Any) -> SettingsInvalid:
+    """The ``SettingsInvalid`` of ``problem``: the check's message and the value's type, never
+    the value itself (a setting may hold a secret)."""
+    return SettingsInvalid(problem.key, problem.check_id,
+                           f"{problem.message[:-1]} (got a value of type {type(value).__name__}); "
+                           f"manage.py check reports it as {problem.check_id}")

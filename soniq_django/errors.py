@@ -9,7 +9,10 @@ and people read ``reason``.
 
     SoniqError
     ├── ConfigValidationError   bad input: INVALID_TASK_NAME, TASK_ARGS_INVALID,
-    │                           INVALID_MAX_ATTEMPTS, INVALID_OPTION, CONFIG
+    │   │                       INVALID_MAX_ATTEMPTS, INVALID_OPTION, CONFIG
+    │   └── PayloadTooLarge     PAYLOAD_TOO_LARGE (args over SONIQ["MAX_PAYLOAD_BYTES"])
+    ├── SettingsInvalid         SETTINGS_INVALID (also an ImproperlyConfigured)
+    ├── MigrationsNotApplied    QUEUE_DATABASE_REFUSED (a soniq table or function missing)
     ├── SchemaAdmissionError    SCHEMA_REFUSED (also an ImproperlyConfigured)
     ├── TablesShapeError        SCHEMA_REFUSED
     ├── DowngradeRefused        QUEUE_SUBMISSION_CONFLICT
@@ -76,12 +79,18 @@ class ErrorCode(enum.StrEnum):
     JOB_FAILED = "JOB_FAILED"
     """``soniq_django.testing`` ran a job that was dead-lettered without an exception of
     its handler's own to re-raise (no handler, arguments that do not fit, a non-JSON result)."""
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    """The job args, as compact UTF-8 JSON, are larger than ``SONIQ["MAX_PAYLOAD_BYTES"]``;
+    the reason gives both sizes (and, in ``bulk_enqueue``, the request's index)."""
+    SETTINGS_INVALID = "SETTINGS_INVALID"
+    """A ``SONIQ`` setting the call needs has a value the system checks reject; the reason
+    names the key, the value's type and the check id (``manage.py check`` says the same)."""
 
 
 #: The codes of bad input, each raised as a ``ConfigValidationError``.
 INPUT_CODES = frozenset({
     ErrorCode.INVALID_TASK_NAME, ErrorCode.TASK_ARGS_INVALID, ErrorCode.INVALID_MAX_ATTEMPTS,
-    ErrorCode.INVALID_OPTION, ErrorCode.CONFIG,
+    ErrorCode.INVALID_OPTION, ErrorCode.CONFIG, ErrorCode.PAYLOAD_TOO_LARGE,
 })
 
 _MAX_REASON = 200
@@ -114,6 +123,58 @@ class ConfigValidationError(SoniqError):
         if code not in INPUT_CODES:
             raise ValueError(f"{code} is not a code of bad input")
         super().__init__(code, reason)
+
+
+class PayloadTooLarge(ConfigValidationError):
+    """The job args are larger than ``SONIQ["MAX_PAYLOAD_BYTES"]`` (code PAYLOAD_TOO_LARGE).
+
+    ``size`` and ``limit`` are in bytes of compact UTF-8 JSON; ``index`` is the
+    request's position in a ``bulk_enqueue`` (None for one job). The reason
+    gives the sizes, never the args.
+    """
+
+    def __init__(self, size: int, limit: int, index: int | None = None):
+        self.size, self.limit, self.index = size, limit, index
+        where = "" if index is None else f"request {index} (counting from 0): "
+        super().__init__(
+            f"{where}the job args are {size:,} bytes as JSON, more than "
+            f"SONIQ['MAX_PAYLOAD_BYTES'] ({limit:,}); pass ids and let the handler load the data",
+            code=ErrorCode.PAYLOAD_TOO_LARGE)
+
+    def at(self, index: int) -> "PayloadTooLarge":
+        """The same error, naming the position of the request in a bulk enqueue."""
+        return PayloadTooLarge(self.size, self.limit, index)
+
+
+class SettingsInvalid(SoniqError, ImproperlyConfigured):
+    """A ``SONIQ`` setting has a value the system checks reject, and a call needs it.
+
+    ``key`` is the setting, ``check_id`` the check that reports it
+    (``soniq.E003``, ``soniq.E004``); the reason says what the value must be
+    and its type, never the value. Also an ``ImproperlyConfigured``.
+    """
+
+    def __init__(self, key: str, check_id: str, reason: str):
+        self.key, self.check_id = key, check_id
+        super().__init__(ErrorCode.SETTINGS_INVALID, reason)
+
+
+class MigrationsNotApplied(SoniqError):
+    """A soniq table or SQL function is missing on the database: its migrations are not applied.
+
+    Code QUEUE_DATABASE_REFUSED (the database refused; the same call gets the
+    same answer until ``migrate`` runs). ``alias`` is the database alias when
+    the caller knew it, ``what`` the SQLSTATE (SQLite: its result code); the
+    reason names both and the command to run.
+    """
+
+    def __init__(self, alias: str | None, what: str):
+        self.alias, self.what = alias, what
+        where = f"database {alias!r}" if alias else "this database"
+        command = "python manage.py migrate soniq_django" + (f" --database {alias}" if alias else "")
+        super().__init__(ErrorCode.QUEUE_DATABASE_REFUSED,
+                         f"soniq_django migrations are not applied on {where} ({what}: a soniq "
+                         f"table or function is missing). Run: {command}")
 
 
 class SchemaAdmissionError(SoniqError, ImproperlyConfigured):
@@ -251,6 +312,30 @@ _SQLITE_UNAVAILABLE = frozenset({5, 6, 7, 9, 10, 13, 14, 15})
 _PREPARED_STATEMENT_STATES = frozenset({"26000", "42P05"})
 
 
+#: SQLSTATEs of a missing object: undefined table, function, column.
+_MISSING_STATES = frozenset({"42P01", "42883", "42703"})
+#: SQLite's messages of the same (SQLITE_ERROR has no finer code).
+_SQLITE_MISSING = re.compile(r"no such (table|column|function): |table \S+ has no column named ")
+
+
+def _missing_schema(driver: BaseException, state: str | None) -> str | None:
+    """What names a missing soniq table, column or function in ``driver``'s error, else None.
+
+    Only objects whose name starts with ``soniq_`` count (a trigger of the
+    project's own that reads a missing table of its own is not soniq's to
+    explain). The driver's message is read here, never repeated.
+    """
+    primary = getattr(getattr(driver, "diag", None), "message_primary", None)
+    text = primary if primary is not None else str(driver)
+    if "soniq_" not in text:
+        return None
+    if state in _MISSING_STATES:
+        return f"SQLSTATE {state}"
+    if getattr(driver, "sqlite_errorname", None) == "SQLITE_ERROR" and _SQLITE_MISSING.match(text):
+        return "SQLITE_ERROR"
+    return None
+
+
 def _unavailable(error: BaseException) -> bool:
     """Whether ``error`` says the database was unavailable, rather than that it refused."""
     driver = _driver_error(error)
@@ -282,11 +367,12 @@ def database_refused(state: str | None, constraint: str | None = None, *,
                       f"the database refused the operation ({what}{where})")
 
 
-def translate(error: BaseException) -> SoniqError:
+def translate(error: BaseException, alias: str | None = None) -> SoniqError:
     """The ``SoniqError`` a database error stands for; never echoes driver text.
 
     ``error`` is a ``django.db`` error (the driver's error as its cause) or a
-    driver error itself. In this order:
+    driver error itself; ``alias`` is the database alias it came from, when
+    known (``MigrationsNotApplied`` names it). In this order:
 
     - a HINT of the SQL API (``SONIQ_…`` validation codes, ``CONFIG``) ->
       ``ConfigValidationError`` with that code; ``QUEUE_CLAIM_CONFLICT`` ->
@@ -296,6 +382,9 @@ def translate(error: BaseException) -> SoniqError:
     - the database unavailable -> QUEUE_PERSISTENCE_FAILED: a SQLSTATE of
       class 08, 40, 53, 55, 57 or 58, SQLite's BUSY, LOCKED, IOERR, FULL…,
       or, without any code, Django's OperationalError or InterfaceError;
+    - a soniq table, column or function missing (42P01, 42703, 42883;
+      SQLite's "no such table") -> ``MigrationsNotApplied``
+      (QUEUE_DATABASE_REFUSED saying which ``migrate`` to run);
     - a prepared statement missing or already there (26000, 42P05) ->
       QUEUE_DATABASE_REFUSED naming the SQLSTATE, with a hint at poolers;
     - anything else (a constraint, a trigger, a missing function or table, a
@@ -320,6 +409,9 @@ def translate(error: BaseException) -> SoniqError:
         return SoniqError(ErrorCode.QUEUE_CLAIM_CONFLICT, "nonce_reused")
     if _unavailable(error):
         return SoniqError(ErrorCode.QUEUE_PERSISTENCE_FAILED, "unavailable")
+    missing = _missing_schema(driver, state)
+    if missing is not None:
+        return MigrationsNotApplied(alias, missing)
     if state in _PREPARED_STATEMENT_STATES:
         return SoniqError(ErrorCode.QUEUE_DATABASE_REFUSED, (
             f"the database refused the operation (SQLSTATE {state}): a prepared statement is "
@@ -334,9 +426,9 @@ def translate(error: BaseException) -> SoniqError:
 
 
 @contextmanager
-def translating() -> Iterator[None]:
+def translating(alias: str | None = None) -> Iterator[None]:
     """Raise the ``SoniqError`` of any database error raised inside (see ``translate``)."""
     try:
         yield
     except DatabaseError as error:
-        raise translate(error) from None
+        raise translate(error, alias) from None

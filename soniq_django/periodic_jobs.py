@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 from croniter import croniter
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import get_settings
-from .errors import SoniqError
+from .conf import checked
+from .errors import SettingsInvalid, SoniqError
 from .producer.request import INT32_MAX, JobRequest, prepare
 from .registry import JobHandler
 
@@ -126,11 +126,14 @@ class PeriodicSchedule:
         return self.handler.name
 
     def row_values(self) -> dict[str, Any]:
-        """The ``soniq_recurring_jobs`` columns code owns, with settings resolved now."""
-        config = get_settings()
-        queue = next((q for q in (self.queue, self.handler.queue) if q is not None),
-                     config.DEFAULT_QUEUE)
-        priority = self.priority if self.priority is not None else config.DEFAULT_PRIORITY
+        """The ``soniq_recurring_jobs`` columns code owns, with settings resolved now.
+
+        Raises ``SettingsInvalid`` when a setting it needs is one the checks reject.
+        """
+        queue = next((q for q in (self.queue, self.handler.queue) if q is not None), None)
+        if queue is None:
+            queue = checked("DEFAULT_QUEUE")
+        priority = self.priority if self.priority is not None else checked("DEFAULT_PRIORITY")
         max_attempts = (
             self.handler.max_attempts if self.max_attempts is _UNSET else self.max_attempts
         )
@@ -159,7 +162,9 @@ def periodic(*, cron: str | None = None, every: dt.timedelta | int | None = None
     ``args`` are the keyword arguments of every run; ``queue``, ``priority``
     and ``max_attempts`` default to the handler's and the settings'. Returns
     the handler unchanged. Raises ``ImproperlyConfigured`` for anything invalid,
-    at decoration time.
+    at decoration time -- except the settings: a schedule that needs a
+    setting the system checks reject is checked against it when the
+    scheduler writes it (``manage.py check`` reports the setting).
     """
     timing = _timing(cron, every)
 
@@ -195,12 +200,18 @@ def _timing(cron: Any, every: Any) -> Timing:
 
 def _check_runnable(schedule: PeriodicSchedule) -> None:
     # Fail at import time, not at 3 a.m.: the args must fit the handler and
-    # the row must pass the same checks enqueue() makes.
-    values = schedule.row_values()
+    # the row must pass the same checks enqueue() makes. A bad setting is not
+    # this decorator's to raise: importing a module must not fail because of
+    # it (apps.ready() imports every jobs module before `manage.py check`
+    # could say what is wrong). The checks report it (soniq.E003/E004), the
+    # scheduler does not start while they fail, and enqueue() names it.
     try:
         schedule.handler.bind_kwargs((), schedule.args)
+        values = schedule.row_values()
         prepare(JobRequest(schedule.job_name, schedule.args, queue=values["queue"],
                            priority=values["priority"], max_attempts=values["max_attempts"]))
+    except SettingsInvalid:
+        return
     except SoniqError as error:
         raise ImproperlyConfigured(f"@periodic on {schedule.job_name}: {error.reason}") from None
 

@@ -26,7 +26,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .conf import get_settings
+from .conf import checked, get_settings
 from .errors import ConfigValidationError, ErrorCode
 from .producer.request import JobRequest, prepare
 
@@ -158,9 +158,13 @@ class JobHandler(Generic[P, R]):
 
     @property
     def max_attempts(self) -> int:
-        """Attempts a job of this handler gets: ``retries + 1``."""
+        """Attempts a job of this handler gets: ``retries + 1`` (else ``DEFAULT_MAX_ATTEMPTS``).
+
+        Raises ``SettingsInvalid`` when that setting is needed and the checks reject it.
+        """
         if self.retries is None:
-            return get_settings().DEFAULT_MAX_ATTEMPTS
+            default: int = checked("DEFAULT_MAX_ATTEMPTS")
+            return default
         return self.retries + 1
 
     def configure(self, **options: Any) -> "ConfiguredJob[P]":

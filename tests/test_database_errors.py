@@ -17,7 +17,9 @@ from django.db import DatabaseError, connection, connections, transaction
 from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
 
 from soniq_django import bulk_enqueue, enqueue, get_job
-from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError, translate
+from soniq_django.errors import (
+    ConfigValidationError, ErrorCode, MigrationsNotApplied, SoniqError, translate,
+)
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.producer.request import JobRequest
 from tests.support.owned import drop_refusal, refuse_updates
@@ -91,10 +93,28 @@ def _missing_table():
     return _failing(f'SELECT * FROM "{SECRET}"'), SECRET
 
 
+def _missing_soniq_table():
+    return _failing(f'SELECT * FROM "soniq_{SECRET}"'), SECRET
+
+
+def _missing_soniq_function():
+    name = "soniq_" + SECRET.replace("-", "_")
+    return _failing(f"SELECT {name}()"), name
+
+
+def _missing_soniq_column():
+    return _failing(f'SELECT "soniq_jobs"."{SECRET}" FROM soniq_jobs'), SECRET
+
+
 def _not_null():
     job = _job()
     key = job.id if PG else job.id.hex  # as each backend stores a UUID
     return _failing("UPDATE soniq_jobs SET job_name = NULL WHERE id = %s", [key]), job.id
+
+
+def _unmigrated(what: str) -> str:
+    return (f"soniq_django migrations are not applied on this database ({what}: a soniq table "
+            "or function is missing). Run: python manage.py migrate soniq_django")
 
 
 CASES = {
@@ -107,6 +127,13 @@ CASES = {
     "missing table": (_missing_table, ErrorCode.QUEUE_DATABASE_REFUSED,
                       "the database refused the operation ("
                       + ("SQLSTATE 42P01)" if PG else "SQLITE_ERROR)")),
+    # A soniq object missing: its migrations have not run (MigrationsNotApplied).
+    "missing soniq table": (_missing_soniq_table, ErrorCode.QUEUE_DATABASE_REFUSED,
+                            _unmigrated("SQLSTATE 42P01" if PG else "SQLITE_ERROR")),
+    "missing soniq function": (_missing_soniq_function, ErrorCode.QUEUE_DATABASE_REFUSED,
+                               _unmigrated("SQLSTATE 42883" if PG else "SQLITE_ERROR")),
+    "missing soniq column": (_missing_soniq_column, ErrorCode.QUEUE_DATABASE_REFUSED,
+                             _unmigrated("SQLSTATE 42703" if PG else "SQLITE_ERROR")),
     "not null": (_not_null, ErrorCode.QUEUE_DATABASE_REFUSED,
                  "the database refused the operation (SQLSTATE 23502)"),
 }
@@ -122,6 +149,17 @@ def test_each_real_error_becomes_its_code(case):
     if reason is not None:
         assert translated.reason == reason
     _assert_clean(translated, secret)
+
+
+@pytest.mark.django_db
+def test_a_missing_soniq_table_names_the_alias_and_its_migrate_when_known():
+    translated = translate(_missing_soniq_table()[0], "default")
+    assert isinstance(translated, MigrationsNotApplied)
+    assert (translated.alias, translated.what) == (
+        "default", "SQLSTATE 42P01" if PG else "SQLITE_ERROR")
+    assert translated.reason.endswith("Run: python manage.py migrate soniq_django "
+                                      "--database default")
+    assert "on database 'default' (" in translated.reason
 
 
 # --------------------------------------------------------------------------

@@ -79,7 +79,7 @@ def guarded(alias: str, *, atomic: bool) -> Iterator[Any]:
         else:
             yield connection
     except DatabaseError as error:
-        raise translate(error) from None
+        raise translate(error, alias) from None
 
 
 def _json_text(value: Any) -> str | None:

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from ..conf import get_settings
 from ..encoding import canonical_json
-from ..errors import ConfigValidationError, ErrorCode, SoniqError
+from ..errors import ConfigValidationError, ErrorCode, SettingsInvalid, SoniqError
 from ..producer.request import JobRequest, PreparedJob, prepare
 from ..models import DeadLetterJob, Job, JobStatus
 from ._store import fenced_writes, guarded, take_sqlite_write_lock
@@ -101,6 +101,8 @@ def snapshot(request: object, submission_id: object, force: object) -> OwnedSubm
             "timedelta) is not a replayable part of a submission")
     try:
         job = prepare(request)
+    except SettingsInvalid:
+        raise  # the project's settings, not the request, are wrong
     except SoniqError as error:
         raise ConfigValidationError(f"{error.code.value}: {error.reason}") from None
     args = None if request.args is None else job.args

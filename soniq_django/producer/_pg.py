@@ -85,7 +85,7 @@ def _translated(connection: Any, alias: str) -> Iterator[None]:
     becomes its ``SoniqError`` (``errors.translate``).
     """
     guard = transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
-    with translating(), guard:
+    with translating(alias), guard:
         yield
 
 
@@ -192,7 +192,7 @@ def _call(connection: Any, alias: str, sql: str, params: list[Any]) -> tuple[Any
 def enqueue(job: PreparedJob, connection: Any, alias: str) -> uuid.UUID:
     """Call ``soniq_enqueue`` for one validated job; return the id it gives."""
     params = [
-        job.job_name, _json(job.args), job.queue, job.priority, job.scheduled_at,
+        job.job_name, job.args_json, job.queue, job.priority, job.scheduled_at,
         job.max_attempts, job.unique_job, job.dedup_key, job.producer_id, job.job_id,
     ]
     job_id: uuid.UUID
@@ -230,7 +230,7 @@ def enqueue_many(jobs: list[PreparedJob], connection: Any, alias: str) -> list[u
 def get_job_row(job_id: uuid.UUID, connection: Any) -> tuple[Any, ...] | None:
     """The ``soniq_get_job`` row for ``job_id``, or None."""
     row: tuple[Any, ...] | None
-    with translating(), connection.cursor() as cursor:
+    with translating(connection.alias), connection.cursor() as cursor:
         cursor.execute(GET_JOB, [job_id])
         row = cursor.fetchone()
     if row is None:

@@ -22,7 +22,7 @@ from .api import (
     JobInfo, get_coerced, insert_many_prepared, insert_prepared, read_alias, write_alias,
 )
 from .commit import warn_if_uncoupled
-from .request import JobRequest, PreparedJob, coerce_job_id, prepare
+from .request import JobRequest, PreparedJob, coerce_job_id, prepare, prepare_all
 
 
 def aenqueue(
@@ -60,7 +60,7 @@ def abulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None
     Every request is validated at the call; one bad request raises
     ``ConfigValidationError`` there and nothing is written.
     """
-    prepared = [prepare(request) for request in requests]
+    prepared = prepare_all(requests)
     return sync_to_async(_insert_many)(prepared, write_alias(using))
 
 

@@ -22,7 +22,7 @@ from django.utils import timezone
 from .commit import warn_if_uncoupled
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
-from .request import JobRequest, PreparedJob, coerce_job_id, prepare
+from .request import JobRequest, PreparedJob, coerce_job_id, prepare, prepare_all
 from ..models import DeadLetterJob, Job, JobStatus
 
 
@@ -149,7 +149,7 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     the async twin).
     """
     refuse_event_loop("bulk_enqueue", "abulk_enqueue")
-    prepared = [prepare(request) for request in requests]
+    prepared = prepare_all(requests)
     if not prepared:
         return []
     alias = write_alias(using)
@@ -173,7 +173,7 @@ def insert_many_prepared(prepared: list[PreparedJob], alias: str) -> list[uuid.U
 
 def _insert_many_portable(prepared: list[PreparedJob], alias: str) -> list[uuid.UUID]:
     ids: list[uuid.UUID] = []
-    with translating(), transaction.atomic(using=alias):
+    with translating(alias), transaction.atomic(using=alias):
         plain = [job for job in prepared if not job.deduplicates]
         if plain:
             # A taken id is SONIQ_DUPLICATE_JOB_ID (see errors.translate).
@@ -199,7 +199,7 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
 
         job_id = _pg.enqueue(job, connection, alias)
     else:
-        with translating():
+        with translating(alias):
             job_id = _insert_portable(job, alias)
     _enqueued(alias)
     return job_id
@@ -215,7 +215,7 @@ def database_now(connection: Any) -> dt.datetime:
     if connection.vendor != "postgresql":
         now = timezone.now()
         return now
-    with translating(), connection.cursor() as cursor:
+    with translating(connection.alias), connection.cursor() as cursor:
         cursor.execute("SELECT pg_catalog.clock_timestamp()")
         now = cursor.fetchone()[0]
         return now
@@ -247,7 +247,7 @@ def _insert_portable(job: PreparedJob, alias: str) -> uuid.UUID:
                 _row(job).save(using=alias, force_insert=True)
         except IntegrityError as error:
             if sqlstate(error) != "23505":  # a check or a trigger: not a duplicate
-                raise translate(error) from None
+                raise translate(error, alias) from None
             existing = _queued_duplicate(job, alias) if job.deduplicates else None
             if existing is not None:
                 return existing
@@ -335,7 +335,7 @@ def get_coerced(job_id: uuid.UUID, alias: str) -> JobInfo | None:
 
         row = _pg.get_job_row(job_id, connection)
         return None if row is None else JobInfo(**dict(zip(_PG_FIELDS, row)))
-    with translating():
+    with translating(alias):
         return _get_portable(job_id, alias)
 
 

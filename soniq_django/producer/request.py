@@ -2,9 +2,10 @@
 
 ``JobRequest`` is the authored request (also the envelope of owned
 submissions). ``prepare`` checks it exactly as SQL ``soniq_enqueue`` does,
-plus what only Python can get wrong, and returns a ``PreparedJob`` whose
-values are private copies ready to insert. Nothing is written before
-``prepare`` succeeds, so bad input never leaves a partial row.
+plus what only Python can get wrong (and the size of its args, see
+``MAX_PAYLOAD_BYTES``), and returns a ``PreparedJob`` whose values are
+private copies ready to insert. Nothing is written before ``prepare``
+succeeds, so bad input never leaves a partial row.
 
 A countdown (``run_at=timedelta(...)`` or ``delay=`` seconds) is kept as a
 delay and turned into a time only when the row is inserted, from the
@@ -19,15 +20,17 @@ the wrong kind, its type -- never the value itself.
 import dataclasses
 import datetime as dt
 import functools
+import json
 import math
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal, overload
 
-from ..conf import DEFAULT_MAX_ATTEMPTS, get_settings
+from ..conf import DEFAULT_MAX_ATTEMPTS, checked, current_problems, get_settings
 from ..encoding import hash_normalized_args, normalize_args
-from ..errors import ConfigValidationError, ErrorCode
+from ..errors import ConfigValidationError, ErrorCode, PayloadTooLarge
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_LABEL_LENGTH = 255
@@ -80,6 +83,9 @@ class PreparedJob:
     unique_job: bool
     dedup_key: str | None
     producer_id: str | None
+    args_json: str
+    """``args`` as compact JSON (UTF-8 text, not ASCII-escaped): what is measured
+    against ``MAX_PAYLOAD_BYTES`` and what the PostgreSQL producer sends."""
     delay: dt.timedelta | None = None
 
     @property
@@ -108,6 +114,22 @@ def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
+#: Job args as the PostgreSQL producer sends them (and as their size is measured).
+encode_args = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def _encoded(args: dict[str, Any]) -> str:
+    """``args`` as compact JSON; raise ``PayloadTooLarge`` over ``MAX_PAYLOAD_BYTES``."""
+    text = encode_args(args)
+    limit = get_settings().MAX_PAYLOAD_BYTES
+    # A character is 1 to 4 bytes of UTF-8: most args are decided without encoding.
+    if limit is not None and len(text) * 4 > limit:
+        size = len(text.encode("utf-8"))
+        if size > limit:
+            raise PayloadTooLarge(size, limit)
+    return text
+
+
 def validate_job_name(job_name: Any, pattern: str | None = None) -> str:
     """Return ``job_name`` if it matches ``pattern`` (default: ``TASK_NAME_PATTERN``).
 
@@ -118,7 +140,7 @@ def validate_job_name(job_name: Any, pattern: str | None = None) -> str:
         raise ConfigValidationError(f"the job name must be a non-empty string, not {got}",
                                     code=ErrorCode.INVALID_TASK_NAME)
     if pattern is None:
-        pattern = get_settings().TASK_NAME_PATTERN
+        pattern = checked("TASK_NAME_PATTERN")
     if _compiled(pattern).fullmatch(job_name) is None:
         raise ConfigValidationError(
             "the job name does not match the task-name pattern "
@@ -228,19 +250,34 @@ def coerce_job_id(value: Any) -> uuid.UUID:
     raise _option(f"job_id must be a UUID (or its text), not {_kind(value)}")
 
 
+def _check_settings_used(request: JobRequest) -> None:
+    """Raise ``SettingsInvalid`` for a bad setting that ``request`` needs (and only those)."""
+    checked("TASK_NAME_PATTERN")
+    checked("MAX_PAYLOAD_BYTES")
+    if request.queue is None:
+        checked("DEFAULT_QUEUE")
+    if request.priority is None:
+        checked("DEFAULT_PRIORITY")
+
+
 def prepare(request: JobRequest) -> PreparedJob:
     """Validate ``request`` and return what to insert, with the settings' defaults filled in.
 
     Raises ``ConfigValidationError`` with
     INVALID_TASK_NAME, TASK_ARGS_INVALID or INVALID_MAX_ATTEMPTS (the codes
-    SQL ``soniq_enqueue`` uses), INVALID_OPTION for other options, or CONFIG
-    when ``request`` is not a ``JobRequest``.
+    SQL ``soniq_enqueue`` uses), INVALID_OPTION for other options, CONFIG
+    when ``request`` is not a ``JobRequest``, and ``PayloadTooLarge``
+    (PAYLOAD_TOO_LARGE) for args over ``MAX_PAYLOAD_BYTES``;
+    ``SettingsInvalid`` when a setting it needs is one the system checks reject.
     """
     if not isinstance(request, JobRequest):
         raise ConfigValidationError(f"expected a JobRequest, not {_kind(request)}")
+    if current_problems():
+        _check_settings_used(request)
     config = get_settings()
     job_name = validate_job_name(request.job_name, config.TASK_NAME_PATTERN)
     args = normalize_args({} if request.args is None else request.args)
+    args_json = _encoded(args)
     if type(request.unique_job) is not bool:
         raise _option(f"unique_job must be True or False, not {_kind(request.unique_job)}")
     queue, priority = request.queue, request.priority
@@ -263,6 +300,18 @@ def prepare(request: JobRequest) -> PreparedJob:
         unique_job=request.unique_job,
         dedup_key=_label(request.dedup_key, "dedup_key", required=False),
         producer_id=_label(request.producer_id, "producer_id", required=False),
+        args_json=args_json,
         delay=delay,
     )
+
+
+def prepare_all(requests: Iterable[JobRequest]) -> list[PreparedJob]:
+    """``prepare`` each request of a bulk enqueue; ``PayloadTooLarge`` names the request's index."""
+    prepared = []
+    for index, request in enumerate(requests):
+        try:
+            prepared.append(prepare(request))
+        except PayloadTooLarge as error:
+            raise error.at(index) from None
+    return prepared
 

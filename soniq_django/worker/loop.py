@@ -240,7 +240,7 @@ class Worker:
     def _register(self) -> bool:
         """Register this worker and its registry; False: stopped before it could."""
         def register() -> bool:
-            with self.shared.turn(), translating():
+            with self.shared.turn(), translating(self.using):
                 registration.register(self.using, self.worker_id, self.queues, self.concurrency)
                 registration.publish_registry(self.using, self.worker_id)
             return True

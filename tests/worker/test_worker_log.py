@@ -25,7 +25,7 @@ from soniq_django import enqueue
 from soniq_django.management import console
 from soniq_django.models import DeadLetterJob, Job, RecurringJob
 from tests.support.worker_processes import database_url
-from tests.support.workers import wait_until
+from tests.support.workers import RunLog, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,6 +52,10 @@ class Process:
         if logging_config is not None:  # None: tests.worker_settings' own LOGGING
             env["SONIQ_TEST_LOGGING"] = json.dumps(logging_config)
         env.update({f"SONIQ_{name}": json.dumps(value) for name, value in soniq.items()})
+        # The handlers' own record of each run: a job's status turns to
+        # processing at its claim, a moment before the worker runs it.
+        env["SONIQ_TEST_RUN_LOG"] = str(folder / "runs.log")
+        self.run_log = RunLog(folder / "runs.log")
         self.out, self.err = folder / "stdout.log", folder / "stderr.log"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
             self.process = subprocess.Popen(
@@ -196,8 +200,8 @@ def test_a_project_logging_config_is_used_as_it_is_and_nothing_is_doubled(worker
 def test_a_stop_signal_is_logged_as_it_arrives(worker):
     sleeper = enqueue("tests.worker.sleep", {"seconds": 1.5})
     run = worker("--grace", "20")
-    wait_until(lambda: Job.objects.get(id=sleeper).status == "processing"
-               or run.process.poll() is not None, 30, "the job to start")
+    wait_until(lambda: run.run_log.events("start", sleeper) or run.process.poll() is not None,
+               30, "the job to start")
     run.process.send_signal(signal.SIGTERM)
     assert run.wait() == 0, run.stderr()
     (line,) = run.lines("SIGTERM received")
@@ -212,8 +216,8 @@ def test_a_stop_signal_is_logged_as_it_arrives(worker):
 def test_a_second_signal_is_logged_before_the_worker_exits_at_once(worker):
     sleeper = enqueue("tests.worker.sleep", {"seconds": 30})
     run = worker()
-    wait_until(lambda: Job.objects.get(id=sleeper).status == "processing"
-               or run.process.poll() is not None, 30, "the job to start")
+    wait_until(lambda: run.run_log.events("start", sleeper) or run.process.poll() is not None,
+               30, "the job to start")
     run.process.send_signal(signal.SIGINT)  # Ctrl-C
     wait_until(lambda: run.lines("SIGINT received"), 10, "the first signal's line")
     run.process.send_signal(signal.SIGTERM)

@@ -6,7 +6,9 @@ from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django import operations
 from soniq_django.errors import SoniqError, translating
-from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.management.database import (
+    add_database_argument, database_alias, migrations_required,
+)
 from soniq_django.management.ids import resolve_ids
 from soniq_django.models import Job, JobStatus
 
@@ -36,11 +38,13 @@ class Command(BaseCommand):
             raise CommandError("Say which jobs to cancel: ids, --queue or --name (or several).")
         alias = database_alias(options)
         try:
-            jobs = self._chosen(alias, options)
-            if options["dry_run"]:
-                outcomes = [(job_id, _would(status)) for job_id, (_, _, status) in jobs.items()]
-            else:
-                outcomes = list(operations.cancel_jobs(list(jobs), using=alias).outcomes)
+            with migrations_required(alias):
+                jobs = self._chosen(alias, options)
+                if options["dry_run"]:
+                    outcomes = [(job_id, _would(status))
+                                for job_id, (_, _, status) in jobs.items()]
+                else:
+                    outcomes = list(operations.cancel_jobs(list(jobs), using=alias).outcomes)
         except (SoniqError, ConnectionDoesNotExist) as error:
             raise CommandError(f"Cancel failed: {error}") from None
         done = self._report(jobs, outcomes, options["dry_run"])

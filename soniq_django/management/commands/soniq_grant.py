@@ -4,7 +4,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from soniq_django.grants import grant_producer
-from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.management.database import (
+    add_database_argument, database_alias, migrations_required,
+)
 
 
 class Command(BaseCommand):
@@ -18,8 +20,10 @@ class Command(BaseCommand):
         add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        alias = database_alias(options)
         try:
-            statements = grant_producer(options["role"], using=database_alias(options))
+            with migrations_required(alias):
+                statements = grant_producer(options["role"], using=alias)
         except ValueError as error:
             raise CommandError(str(error)) from None
         except DatabaseError:

@@ -6,7 +6,9 @@ from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django.errors import SoniqError
 from soniq_django.housekeeping import purge_dead_letters, purge_expired
-from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.management.database import (
+    add_database_argument, database_alias, migrations_required,
+)
 
 
 class Command(BaseCommand):
@@ -24,13 +26,14 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         using, days = database_alias(options), options["dead_letters_older_than"]
         try:
-            purged = purge_expired(using, batch=options["batch"], progress=self._progress)
-            if self.stdout.isatty() and purged:
-                self.stdout.write("")  # end the progress line
-            self.stdout.write(f"Purged {purged} expired job rows.")
-            if days is not None:
-                gone = purge_dead_letters(using, older_than=dt.timedelta(days=days))
-                self.stdout.write(f"Purged {gone} dead letters older than {days:g} days.")
+            with migrations_required(using):
+                purged = purge_expired(using, batch=options["batch"], progress=self._progress)
+                if self.stdout.isatty() and purged:
+                    self.stdout.write("")  # end the progress line
+                self.stdout.write(f"Purged {purged} expired job rows.")
+                if days is not None:
+                    gone = purge_dead_letters(using, older_than=dt.timedelta(days=days))
+                    self.stdout.write(f"Purged {gone} dead letters older than {days:g} days.")
         except (ValueError, OverflowError, SoniqError, ConnectionDoesNotExist) as error:
             raise CommandError(f"Purge failed: {error}") from None
 

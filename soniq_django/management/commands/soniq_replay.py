@@ -4,7 +4,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django.errors import SoniqError
-from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.management.database import (
+    add_database_argument, database_alias, migrations_required,
+)
 from soniq_django.management.ids import resolve_ids
 from soniq_django.models import DeadLetterJob
 from soniq_django.replay import replay_dead_letters
@@ -31,13 +33,14 @@ class Command(BaseCommand):
         alias = database_alias(options)
         ids = None
         try:
-            if options["ids"]:
-                ids = resolve_ids(DeadLetterJob.objects.using(alias), options["ids"],
-                                  kind="dead letter", kinds="dead letters")
-            report = replay_dead_letters(
-                alias, ids=ids, reason=options["reason"],
-                all=options["all"], dry_run=options["dry_run"], progress=self._progress,
-            )
+            with migrations_required(alias):
+                if options["ids"]:
+                    ids = resolve_ids(DeadLetterJob.objects.using(alias), options["ids"],
+                                      kind="dead letter", kinds="dead letters")
+                report = replay_dead_letters(
+                    alias, ids=ids, reason=options["reason"],
+                    all=options["all"], dry_run=options["dry_run"], progress=self._progress,
+                )
             if self.stdout.isatty():
                 self.stdout.write("")  # end the progress line
         except (ValueError, SoniqError, ConnectionDoesNotExist) as error:

@@ -1,9 +1,11 @@
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.management.database import (
+    add_database_argument, database_alias, migrations_required,
+)
 from soniq_django.retirement import count_retirable, cutoff_for, retire_submissions
 
 
@@ -26,8 +28,12 @@ class Command(BaseCommand):
         except ValueError as error:
             raise CommandError(f"--older-than: {error}") from None
         using = database_alias(options)
+        with migrations_required(using):
+            self._retire(cutoff, using, confirm=options["confirm"])
+
+    def _retire(self, cutoff: datetime, using: str, *, confirm: bool) -> None:
         self.stdout.write(f"cut-off: last changed before {cutoff:%Y-%m-%d %H:%M:%S} UTC")
-        if not options["confirm"]:
+        if not confirm:
             for group in count_retirable(cutoff, using=using):
                 verdict = "would be retired" if group.eligible else "live, never retired"
                 self.stdout.write(f"{group.table} {group.status}: {group.rows} {verdict}")

@@ -6,7 +6,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from soniq_django.management.console import command_log
-from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.management.database import (
+    add_database_argument, database_alias, require_migrated,
+)
 from soniq_django.scheduler import Scheduler
 
 logger = logging.getLogger("soniq_django.scheduler")
@@ -31,9 +33,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if not options["interval"] > 0:
             raise CommandError("--interval must be a positive number of seconds")
+        alias = database_alias(options)
+        require_migrated(alias)
         # Its own log on stderr unless the project configured the soniq_django loggers.
         with command_log(self, options["verbosity"]):
-            scheduler = Scheduler(using=database_alias(options))
+            scheduler = Scheduler(using=alias)
             if options["once"]:
                 scheduler.sync_code_schedules()
                 job_ids = scheduler.run_due()

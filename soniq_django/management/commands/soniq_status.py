@@ -3,7 +3,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.management.database import (
+    add_database_argument, database_alias, migrations_required,
+)
 from soniq_django.overview import STATUSES, queue_summary
 
 
@@ -15,7 +17,9 @@ class Command(BaseCommand):
         add_database_argument(parser, reads=True)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        summary = queue_summary(database_alias(options, reads=True))
+        alias = database_alias(options, reads=True)
+        with migrations_required(alias):
+            summary = queue_summary(alias)
         if options["json"]:
             self.stdout.write(json.dumps(summary, indent=2, sort_keys=True))
             return

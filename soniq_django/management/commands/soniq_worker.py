@@ -6,32 +6,16 @@ import uuid
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
-from django.db.migrations.executor import MigrationExecutor
 
 from soniq_django.management.console import command_log
-from soniq_django.management.database import add_database_argument, database_alias
+from soniq_django.management.database import (
+    add_database_argument, database_alias, require_migrated,
+)
 from soniq_django.registry import discover
 from soniq_django.worker import Worker
 from soniq_django.worker.connection import wait_for_database
 
 logger = logging.getLogger("soniq_django.worker")
-
-
-def _require_migrated(alias: str) -> None:
-    """Refuse to start on a database whose soniq_django migrations are not all applied.
-
-    The worker calls the claim protocol of the newest migration; on an older
-    schema every call would fail, which looks like a database outage.
-    """
-    executor = MigrationExecutor(connections[alias])
-    targets = [key for key in executor.loader.graph.leaf_nodes() if key[0] == "soniq_django"]
-    pending = [migration.name for migration, _ in executor.migration_plan(targets)]
-    if pending:
-        raise CommandError(
-            f"soniq_django migrations are not all applied on database {alias!r} (pending: "
-            f"{', '.join(pending)}). Run: python manage.py migrate soniq_django "
-            f"--database {alias}")
 
 
 def _require_handlers() -> None:
@@ -105,7 +89,7 @@ class Command(BaseCommand):
     def _run(self, options: Any) -> int:
         using = database_alias(options)  # the routers' write alias for jobs, by default
         wait_for_database(using)  # a refusing server is waited for, never fatal
-        _require_migrated(using)
+        require_migrated(using)
         _require_handlers()
         worker = Worker(
             using=using, queues=_queues(options["queues"]),
