@@ -48,12 +48,22 @@ bench-quick: venv
 
 # Chaos suite (tests/chaos/; see docs/reliability.md). Starts its own
 # throwaway PostgreSQL cluster (initdb/pg_ctl, a free port under /tmp),
-# restarts it on purpose and deletes it at the end. A short version runs in
-# `make test`. CHAOS_ARGS passes options, e.g. CHAOS_ARGS="--seed 42".
-#   make chaos              5,000 jobs, 4 workers, kills and restarts (~3 min)
+# restarts it on purpose and deletes it at the end. Short versions of both
+# runs are part of `make test`. CHAOS_ARGS passes options to each run, e.g.
+# CHAOS_ARGS="--seed 42".
+#   make chaos              both full runs, one after the other (~7 min)
+#   make chaos-plain        5,000 jobs, 4 workers, kills and restarts (~3 min)
+#   make chaos-effects      5,000 atomic jobs writing one effect row each, kills,
+#                           restarts, SIGSTOP past the lease, terminated backends
+#                           (~4 min); exactly one effect row per job
 CHAOS_ARGS ?=
 
-.PHONY: chaos
+.PHONY: chaos chaos-plain chaos-effects
 
-chaos: venv
+chaos: chaos-plain chaos-effects
+
+chaos-plain: venv
 	$(PYTHON_VENV) -m tests.chaos $(CHAOS_ARGS)
+
+chaos-effects: venv
+	$(PYTHON_VENV) -m tests.chaos --effects $(CHAOS_ARGS)

@@ -57,8 +57,8 @@ def register_resolver(resolver: Callable[[str], Any]) -> None:
     """Let ``get_handler`` ask ``resolver(job_name)`` for names no ``@job`` handler has.
 
     The resolver returns a handler-like object (``name``, ``func``,
-    ``signature``, ``is_async``, ``max_attempts``, ``queue``, ``unique``) or
-    None. Adding the same resolver twice keeps one.
+    ``signature``, ``is_async``, ``max_attempts``, ``queue``, ``unique``,
+    optionally ``atomic``) or None. Adding the same resolver twice keeps one.
     """
     if resolver not in _resolvers:
         _resolvers.append(resolver)
@@ -140,12 +140,14 @@ class JobHandler(Generic[P, R]):
     __qualname__: str  # the function's, as update_wrapper() copies it (with __doc__ and more)
 
     def __init__(self, func: Callable[P, R], *, name: str, queue: str | None,
-                 retries: int | None, unique: bool):
+                 retries: int | None, unique: bool, atomic: bool = False):
         self.func = func
         self.name = name
         self.queue = queue
         self.retries = retries
         self.unique = unique
+        self.atomic = atomic
+        """Its writes on the jobs database commit with its fenced completion, or not at all."""
         self.signature = inspect.signature(func)
         self.is_async = inspect.iscoroutinefunction(func)
         functools.update_wrapper(self, func)
@@ -251,7 +253,12 @@ class ConfiguredJob(Generic[P]):
         clears the other, and giving both in one call raises
         ``ConfigValidationError(INVALID_OPTION)``. An unknown option name
         raises ``TypeError``; values are checked when the job is enqueued.
+        ``atomic`` is not an option of one enqueue but the handler's
+        (``@job(atomic=True)``): it raises ``TypeError`` too.
         """
+        if "atomic" in options:  # how the worker runs the handler, not a property of one job
+            raise TypeError("configure() got atomic: a job row cannot carry it; it is the "
+                            "handler's, @job(atomic=True)")
         unknown = set(options) - _OPTION_NAMES
         if unknown:
             raise TypeError(f"configure() got unknown options: {', '.join(sorted(unknown))}")
@@ -345,20 +352,29 @@ def job(func: Callable[P, R], /) -> JobHandler[P, R]: ...
 
 @overload
 def job(func: None = None, /, *, name: str | None = None, queue: str | None = None,
-        retries: int | None = None, unique: bool = False
+        retries: int | None = None, unique: bool = False, atomic: bool = False
         ) -> Callable[[Callable[P, R]], JobHandler[P, R]]: ...
 
 
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None,
-        queue: str | None = None, retries: int | None = None, unique: bool = False) -> Any:
+        queue: str | None = None, retries: int | None = None, unique: bool = False,
+        atomic: bool = False) -> Any:
     """Register a function as a job handler; usable as ``@job``, ``@job()`` or ``@job(name=...)``.
 
     Without ``name=`` the job name is derived from ``module.function`` and a
     ``DeprecationWarning`` prints it: other languages cannot know a Python
     import path, so name jobs on purpose.
+
+    ``atomic=True``: the worker runs the handler inside a transaction on the
+    jobs database and writes the job's fenced completion in that same
+    transaction, so the handler's writes there commit together with the
+    completion or not at all (docs/exactly-once.md). ``async def`` handlers
+    may be atomic too.
     """
     if retries is not None and (type(retries) is not int or retries < 0):
         raise ImproperlyConfigured("@job(retries=...) must be a whole number of 0 or more")
+    if type(atomic) is not bool:
+        raise ImproperlyConfigured("@job(atomic=...) must be True or False")
 
     def decorate(function: Callable[..., Any], stacklevel: int = 2) -> JobHandler[..., Any]:
         job_name = name
@@ -370,7 +386,8 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None,
                 DeprecationWarning,
                 stacklevel=stacklevel,
             )
-        handler = JobHandler(function, name=job_name, queue=queue, retries=retries, unique=unique)
+        handler = JobHandler(function, name=job_name, queue=queue, retries=retries, unique=unique,
+                             atomic=atomic)
         _register(handler)
         return handler
 

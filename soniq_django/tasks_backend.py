@@ -50,7 +50,7 @@ logger = logging.getLogger("soniq_django.tasks")
 PRIORITY_PIVOT = 100
 """soniq priority = PRIORITY_PIVOT - Django priority: Django 0 is soniq's default 100."""
 
-_OPTIONS = frozenset({"database", "enqueue_on_commit", "max_attempts"})
+_OPTIONS = frozenset({"atomic", "database", "enqueue_on_commit", "max_attempts"})
 
 _STATUSES = {
     "queued": TaskResultStatus.READY,
@@ -74,7 +74,9 @@ class SoniqTaskBackend(BaseTaskBackend):
 
     ``OPTIONS``: ``database`` (alias; default: the routers' choice for jobs),
     ``enqueue_on_commit`` (default False: insert inside the caller's
-    transaction) and ``max_attempts`` (default: ``SONIQ["DEFAULT_MAX_ATTEMPTS"]``).
+    transaction), ``max_attempts`` (default: ``SONIQ["DEFAULT_MAX_ATTEMPTS"]``)
+    and ``atomic`` (default False: True runs every task of this backend as
+    ``@job(atomic=True)`` runs its handler; docs/exactly-once.md).
     """
 
     supports_defer = True
@@ -100,6 +102,11 @@ class SoniqTaskBackend(BaseTaskBackend):
         if type(self.enqueue_on_commit) is not bool:
             raise ImproperlyConfigured(
                 f"TASKS[{alias!r}]['OPTIONS']['enqueue_on_commit'] must be True or False."
+            )
+        self.atomic = options.get("atomic", False)
+        if type(self.atomic) is not bool:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['OPTIONS']['atomic'] must be True or False."
             )
         self._max_attempts: int | None = options.get("max_attempts")
         if self._max_attempts is not None and (
@@ -378,6 +385,12 @@ class TaskHandler:
         """Attempts for rows that store no ``max_attempts`` (NULL)."""
         attempts: int = task_backends[self.task.backend].max_attempts
         return attempts
+
+    @property
+    def atomic(self) -> bool:
+        """Whether the task's backend runs its tasks atomically (``OPTIONS["atomic"]``)."""
+        atomic: bool = task_backends[self.task.backend].atomic
+        return atomic
 
     def _run(self, args: list[Any] | None = None, kwargs: dict[str, Any] | None = None) -> Any:
         leading = [TaskContext(task_result=self._running())] if self.task.takes_context else []

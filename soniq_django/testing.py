@@ -234,16 +234,25 @@ class _Runner:
         from .models import DeadLetterReason
         from .worker.execution import Outcome, OutcomeKind, execute
 
+        from .worker.atomic import AtomicRunner, is_atomic
+
         flight = self.flights.track(claimed)
         try:
-            outcome = self._execute(execute, flight)
+            if is_atomic(claimed.job_name):  # its writes and completion: one savepoint here
+                outcome = AtomicRunner(self.writes, stop=threading.Event(), durable=False).run(
+                    flight, self.timeout)
+            else:
+                outcome = self._execute(execute, flight)
             if outcome.kind is OutcomeKind.UNKNOWN:
                 # A worker defers a name it does not know (another release may
                 # know it); a test's process knows every handler it will ever
                 # have, so the job is dead-lettered at once, as job_not_found.
                 outcome = Outcome(OutcomeKind.DEAD, error=outcome.error,
                                   reason=DeadLetterReason.JOB_NOT_FOUND)
-            self.writes.write_outcome(flight, outcome)
+            if outcome.written:
+                self.writes.report_atomic(flight, outcome)
+            else:
+                self.writes.write_outcome(flight, outcome)
         finally:
             self.flights.finish(flight)
         run = JobRun(

@@ -116,11 +116,18 @@ TEMPLATES = [
 SONIQ = {}
 
 # Django tasks (tests/testapp/tasks.py) run as soniq jobs. "immediate" is a
-# backend of another kind: the worker must refuse to run its tasks.
+# backend of another kind: the worker must refuse to run its tasks. "atomic"
+# is a soniq backend whose tasks run atomically.
 TASKS = {
     "default": {
         "BACKEND": "soniq_django.tasks_backend.SoniqTaskBackend",
         "QUEUES": ["default", "tasks"],
     },
     "immediate": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"},
+    # Its tasks run atomically (tests/test_tasks_backend.py).
+    "atomic": {
+        "BACKEND": "soniq_django.tasks_backend.SoniqTaskBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"atomic": True},
+    },
 }

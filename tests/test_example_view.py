@@ -14,6 +14,15 @@ from soniq_django.testing import immediate, run_jobs
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture
+def payments():
+    from example_project.shop.payments import gateway
+
+    gateway.reset()
+    yield gateway
+    gateway.reset()
+
+
 def test_committed_order_queues_its_receipt(client):
     response = client.post("/orders/", {"email": "ada@example.com", "amount_cents": "4200"})
     assert response.status_code == 201
@@ -40,7 +49,7 @@ def test_bad_input_queues_nothing(client):
     assert not Job.objects.exists()
 
 
-def test_demo_runs_the_example_end_to_end(capsys):
+def test_demo_runs_the_example_end_to_end(capsys, payments):
     call_command("shop_demo")
     out = capsys.readouterr().out
     assert "-> 201" in out and "-> 409" in out
@@ -52,6 +61,10 @@ def test_demo_runs_the_example_end_to_end(capsys):
     assert (dead.dead_letter_reason, dead.attempts) == ("max_retries_exceeded", 3)
     assert "InventoryServiceDown" in dead.last_error
     assert "status=done" in out and "reason=max_retries_exceeded" in out
+    # The confirmation met a provider that timed out once: two runs, one row, one charge.
+    confirm = Job.objects.get(job_name="shop.confirm_order")
+    assert (confirm.status, confirm.attempts) == ("done", 2)
+    assert "written by run generation 2" in out and "payments charged: 1" in out
 
 
 # The example's own tests of its jobs, with soniq_django.testing ----------------
@@ -59,7 +72,7 @@ def test_demo_runs_the_example_end_to_end(capsys):
 
 def test_the_receipt_job_runs_after_the_commit():
     response = client_post("/orders/", {"email": "ada@example.com", "amount_cents": "4200"})
-    (run,) = run_jobs()
+    (run,) = run_jobs(queues=["emails"])
     assert (str(run.job_id), run.status, run.result) == (
         response["job_id"], "done", {"to": "ada@example.com", "amount_cents": 4200})
 
@@ -68,7 +81,8 @@ def test_the_receipt_job_runs_after_the_commit():
 def test_the_receipt_job_in_a_test_transaction(client, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post("/orders/", {"email": "eve@example.com", "amount_cents": "7"})
-    assert [str(run.job_id) for run in run_jobs()] == [response.json()["job_id"]]
+    assert [str(run.job_id) for run in run_jobs(queues=["emails"])] == [
+        response.json()["job_id"]]
     assert client.get(f"/jobs/{response.json()['job_id']}/").json()["status"] == "done"
 
 
@@ -103,3 +117,44 @@ def client_post(path, data):
     response = Client().post(path, data)
     assert response.status_code == 201
     return response.json()
+
+
+# The order's confirmation: an atomic job, and an idempotency key -------------
+
+
+def test_a_placed_order_is_confirmed_and_charged_once(settings, payments):
+    from example_project.shop.models import Confirmation
+
+    settings.SONIQ = {"RETRY_BASE_SECONDS": 0}
+    order_id = client_post("/orders/", {"email": "kim@example.com", "amount_cents": "990"})[
+        "order_id"]
+    payments.fail_after_charging(2)  # charged, then no answer: twice
+    runs = run_jobs(queues=["orders"], raise_exceptions=False)
+    assert [(run.job_name, run.attempt, run.outcome) for run in runs] == [
+        ("shop.confirm_order", 1, "retry"), ("shop.confirm_order", 2, "retry"),
+        ("shop.confirm_order", 3, "done")]
+    # Each failed run wrote its Confirmation row before the provider timed
+    # out: both were rolled back with their runs. The provider saw one key.
+    (confirmation,) = Confirmation.objects.filter(order_id=order_id)
+    (charge,) = payments.charges()
+    assert (charge.amount_cents, charge.reference) == (990, confirmation.payment_reference)
+    assert charge.idempotency_key == f"shop.confirm_order:{runs[0].job_id}"
+    assert (confirmation.job_id, confirmation.run_generation) == (runs[0].job_id, 3)
+    assert runs[-1].result == {"order_id": order_id, "payment": charge.reference}
+
+
+def test_the_confirmation_commits_with_the_workers_completion(settings, payments):
+    from example_project.shop.models import Confirmation
+    from soniq_django.worker import Worker
+    from tests.support.workers import WorkerThread
+
+    settings.SONIQ = {"RETRY_BASE_SECONDS": 0, "POLL_INTERVAL": 0.2}
+    order_id = client_post("/orders/", {"email": "lee@example.com", "amount_cents": "5"})[
+        "order_id"]
+    payments.fail_after_charging(1)
+    assert WorkerThread(Worker(burst=True, queues=["orders"])).start().join() == 0
+    row = Job.objects.get(job_name="shop.confirm_order")
+    assert (row.status, row.attempts) == ("done", 2)
+    assert list(Confirmation.objects.filter(order_id=order_id).values_list(
+        "job_id", "run_generation")) == [(row.id, row.claim_generation)]
+    assert len(payments.charges()) == 1

@@ -74,6 +74,18 @@ def test_negative_retries_are_refused():
         job(name="tests.bad_retries", retries=-1)
 
 
+def test_atomic_is_the_handlers_and_must_be_a_boolean():
+    from tests.testapp.jobs import atomic_async_effect, atomic_effect
+
+    assert (atomic_effect.atomic, atomic_async_effect.atomic, add.atomic) == (True, True, False)
+    with pytest.raises(ImproperlyConfigured, match="atomic"):
+        job(name="tests.bad_atomic", atomic=1)
+    # How the worker runs a handler is not an option of one enqueue: a job
+    # row has nowhere to carry it.
+    with pytest.raises(TypeError, match="@job\\(atomic=True\\)"):
+        add.configure(atomic=True)
+
+
 @pytest.mark.django_db
 def test_enqueue_stores_bound_keyword_arguments_and_handler_options():
     job_id = add.enqueue(1, b=2)

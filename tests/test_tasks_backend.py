@@ -153,6 +153,7 @@ def test_validate_task_rejects_methods_queues_priorities_and_naive_run_after():
     ({"max_attempts": 0}, "max_attempts"),
     ({"max_attempts": True}, "max_attempts"),
     ({"database": "nowhere"}, "database"),
+    ({"atomic": "yes"}, "atomic"),
     ({"retries": 3}, "unknown keys: retries"),
 ])
 def test_bad_options_are_refused(options, complaint):
@@ -499,3 +500,20 @@ def test_the_resolver_does_not_import_modules_outside_installed_apps(tmp_path, m
     assert get_handler("soniq_probe_module.anything") is None
     assert "soniq_probe_module" not in sys.modules
     assert not marker.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_backend_with_the_atomic_option_runs_its_tasks_atomically(settings):
+    from tests.testapp.models import Effect
+
+    settings.SONIQ = FAST_RETRIES
+    assert get_handler("tests.testapp.tasks.atomic_effect").atomic is True
+    assert get_handler(ADD).atomic is False  # the default backend's
+    result = tasks.atomic_effect.enqueue("tasked")
+    run_worker()
+    done = tasks.atomic_effect.get_result(result.id)
+    assert (done.status, done.return_value, done.attempts) == (
+        TaskResultStatus.SUCCESSFUL, 2, 2)
+    # The first attempt's row was rolled back with it.
+    assert list(Effect.objects.filter(job_id=result.id).values_list("generation", "note")) == [
+        (2, "tasked")]

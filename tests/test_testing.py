@@ -71,6 +71,14 @@ def bad_query() -> None:
         cursor.execute("SELECT * FROM no_such_table_here")
 
 
+@job(name="tests.testing.atomic_order", retries=4, atomic=True)
+def atomic_order(email: str, fail_times: int = 0) -> int:
+    order = Order.objects.create(email=email, amount_cents=1)
+    if current_job().attempts <= fail_times:
+        raise Unreachable(f"attempt {current_job().attempts}")
+    return order.pk
+
+
 @job(name="tests.testing.async_double")
 async def async_double(n: int) -> int:
     await asyncio.sleep(0)
@@ -224,6 +232,17 @@ class RunJobsInTestCase(OnThisBackend, TestCase):
         async_double.enqueue(n=21)
         assert [r.result for r in run_jobs()] == [42]
 
+    @override_settings(SONIQ=NO_BACKOFF)
+    def test_an_atomic_jobs_failed_runs_leave_none_of_their_writes(self):
+        # As in a worker: each failed run's order is rolled back with it (here,
+        # to a savepoint inside the test's transaction); the last run's stays.
+        job_id = atomic_order.enqueue(email="once@example.com", fail_times=2)
+        runs = run_jobs(raise_exceptions=False)
+        assert [(r.attempt, r.outcome, r.status) for r in runs] == [
+            (1, "retry", "queued"), (2, "retry", "queued"), (3, "done", "done")]
+        assert list(Order.objects.values_list("pk", flat=True)) == [runs[-1].result]
+        assert Job.objects.get(id=job_id).attempts == 3
+
     def test_bad_options_are_refused(self):
         for options in ({"max_jobs": 0}, {"max_jobs": True}, {"queues": "default"},
                         {"now": dt.datetime(2030, 1, 1)}, {"raise_exceptions": 1},
@@ -289,6 +308,12 @@ class RunJobsInTransactionTestCase(OnThisBackend, TransactionTestCase):
             make_order.enqueue_on_commit(email="rolled@example.com")
             raise Unreachable
         assert run_jobs() == []
+
+    @override_settings(SONIQ=NO_BACKOFF)
+    def test_an_atomic_jobs_writes_commit_with_its_completion_only(self):
+        atomic_order.enqueue(email="tx-once@example.com", fail_times=1)
+        assert [r.outcome for r in run_jobs(raise_exceptions=False)] == ["retry", "done"]
+        assert Order.objects.filter(email="tx-once@example.com").count() == 1
 
     @override_settings(SONIQ=NO_BACKOFF)
     def test_retries_and_dead_letters_commit(self):

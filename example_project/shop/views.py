@@ -9,7 +9,7 @@ from django.views.decorators.http import require_POST
 
 from soniq_django import aget_job
 
-from .jobs import send_receipt
+from .jobs import confirm_order, send_receipt
 from .models import Order
 
 
@@ -20,7 +20,11 @@ class CheckoutFailed(Exception):
 @csrf_exempt
 @require_POST
 def place_order(request: HttpRequest) -> JsonResponse:
-    """Create an order and queue its receipt e-mail for when the order commits."""
+    """Create an order; queue its receipt e-mail and its confirmation for when it commits.
+
+    ``shop.confirm_order`` is an atomic job: its confirmation row commits
+    with the job's completion (docs/exactly-once.md).
+    """
     email = request.POST.get("email", "")
     try:
         amount_cents = int(request.POST.get("amount_cents", ""))
@@ -30,6 +34,7 @@ def place_order(request: HttpRequest) -> JsonResponse:
         with transaction.atomic():
             order = Order.objects.create(email=email, amount_cents=amount_cents)
             job_id = send_receipt.enqueue_on_commit(order_id=order.pk)
+            confirm_order.enqueue_on_commit(order_id=order.pk)
             order.receipt_job_id = job_id
             order.save(update_fields=["receipt_job_id"])
             if request.POST.get("fail") == "1":

@@ -448,15 +448,27 @@ class SqliteClaims:
                 row, now, lease_expires_at=now + dt.timedelta(seconds=lease)
             )
 
-    def complete(self, f: QueueClaimFence, result: Any, ttl: float) -> bool:
+    def complete(self, f: QueueClaimFence, result: Any, ttl: float, *,
+                 held_since: dt.datetime | None = None) -> bool:
+        """The twin of soniq_complete.
+
+        ``held_since``: the caller's transaction has held the write lock
+        since then, and the fence was live at that time (an atomic job,
+        worker/atomic.py). No one else could write the row since, so the
+        lease is checked as of that time: the row is exactly as it was.
+        """
         with self._locked() as now:
-            row = self._owned_row(f, now)
+            checked_at = now if held_since is None else held_since
+            row = self._owned_row(f, checked_at)
             if row is None or row.cancel_requested:
                 return False
-            return self._update_owned(
-                row, now, status=JobStatus.DONE, result=result, lease_expires_at=None,
-                pid=None, expires_at=now + dt.timedelta(seconds=ttl),
-            )
+            changed = self._jobs().filter(
+                id=row.id, claim_token=row.claim_token, claim_generation=row.claim_generation,
+                status=JobStatus.PROCESSING, lease_expires_at__gt=checked_at,
+            ).update(status=JobStatus.DONE, result=result, lease_expires_at=None, pid=None,
+                     expires_at=now + dt.timedelta(seconds=ttl), updated_at=now)
+            done: bool = changed == 1
+            return done
 
     def complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float,
                            owner: str, tokens: list[str], queues: list[str] | None,

@@ -5,7 +5,9 @@ which of them writes what:
 
 - ``settle(flight, outcome)`` -- on the job thread, once the handler
   returned. A failure, a dead letter or a cancel acknowledgement is written
-  there and then. A completion is where the two completers differ: the
+  there and then. An atomic job's completion was written before, in the
+  handler's own transaction (worker/atomic.py): it is only reported. A
+  completion is where the two completers differ: the
   ``InlineCompleter`` (one slot) writes it on the job thread, in one
   transaction with the claim of the slot's next job, which the same thread
   then runs -- no hand-off between threads; the ``BatchCompleter`` (several
@@ -67,6 +69,12 @@ class Completer:
         it), or None: the slot is free again. After ``abort()`` nothing is
         written; the lease lapses.
         """
+        if outcome is not None and outcome.written:  # an atomic job's: made already
+            try:
+                self._writes.report_atomic(flight, outcome)
+            except Exception:
+                logger.exception("worker error while recording %s", flight.claimed.job_name)
+            return self._run_on(flight)
         completion = False
         try:
             if outcome is not None and not self._aborted.is_set():
@@ -75,6 +83,12 @@ class Completer:
             logger.exception("worker error while running %s", flight.claimed.job_name)
         if completion:
             return self._complete(flight)
+        self._flights.finish(flight)
+        self._free_slot()
+        return None
+
+    def _run_on(self, flight: InFlight) -> InFlight | None:
+        """``flight``'s final write is made: forget it; the job its slot runs next, or None."""
         self._flights.finish(flight)
         self._free_slot()
         return None
@@ -165,9 +179,15 @@ class InlineCompleter(Completer):
     """
 
     def _complete(self, flight: InFlight) -> InFlight | None:
+        return self._round(flight, [flight])
+
+    def _run_on(self, flight: InFlight) -> InFlight | None:
+        return self._round(flight, [])  # an atomic job's completion is made: only the claim
+
+    def _round(self, flight: InFlight, batch: list[InFlight]) -> InFlight | None:
         following = None
         try:
-            answer = self._writes.round([flight], 0 if self._stopping.is_set() else 1)
+            answer = self._writes.round(batch, 0 if self._stopping.is_set() else 1)
             if answer.jobs:  # tracked before this one is forgotten: never idle between
                 following = self._flights.track(answer.jobs[0])
         except Exception:

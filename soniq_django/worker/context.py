@@ -20,7 +20,20 @@ class JobContext:
     queue: str
     attempts: int
     max_attempts: int | None
+    generation: int = 0
+    """This run's claim generation: one higher for every claim of the job, so each run has its
+    own (with ``job_id``, it names the run). 0 only outside a claim."""
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key for effects outside the database: the job id, the same on every run and retry.
+
+        Send it to a payment API or mail service that deduplicates by key,
+        so a second run of the job cannot repeat the effect
+        (docs/exactly-once.md).
+        """
+        return self.job_id
 
     @property
     def cancel_requested(self) -> bool:

@@ -6,6 +6,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from asgiref.sync import async_to_sync
+
 from ..encoding import normalize_json
 from ..errors import JobCancelled, PermanentFailure, SoniqError
 from ..models import DeadLetterReason
@@ -46,6 +48,12 @@ class Outcome:
     chose its backoff (writes.py); None otherwise."""
     exception: BaseException | None = field(default=None, repr=False, compare=False)
     """What the handler raised, if it raised (``soniq_django.testing`` can re-raise it)."""
+    written: bool = False
+    """Its final write is made already: an atomic job's, in the handler's own transaction
+    (worker/atomic.py), or by the recovery of that transaction's lost commit."""
+    applied: bool | None = None
+    """Of a written outcome: True, it committed; False, the fence refused it and the handler's
+    writes were rolled back (or never landed); None, unknown (the database never answered)."""
 
 
 def _error_text(error: BaseException) -> str:
@@ -62,8 +70,16 @@ async def _run_async(handler: JobHandler[..., Any], args: dict[str, Any], contex
         unbind(token)
 
 
-def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> Outcome:
+def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None, *,
+            atomic: bool = False) -> Outcome:
     """Run the job's handler with its stored keyword arguments; never raises.
+
+    ``atomic``: the caller opened the job's transaction on this thread
+    (worker/atomic.py). An ``async def`` handler then runs through
+    ``async_to_sync`` rather than its own ``asyncio.run``: Django's async ORM
+    (``sync_to_async``, thread-sensitive) calls back into this thread, so
+    the handler's queries run on this thread's connection, in that
+    transaction.
 
     Unknown job name → unknown (unknown.py decides: deferred, or dead as
     ``job_not_found`` after the grace period); args that do not bind →
@@ -82,7 +98,9 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> 
         return Outcome(OutcomeKind.DEAD, error=f"args do not fit {claimed.job_name}: {error}",
                        reason=DeadLetterReason.INVALID_ARGUMENTS)
     try:
-        if handler.is_async:
+        if handler.is_async and atomic:
+            result = async_to_sync(_run_async)(handler, claimed.args, context, timeout)
+        elif handler.is_async:
             result = asyncio.run(_run_async(handler, claimed.args, context, timeout))
         else:
             token = bind(context)

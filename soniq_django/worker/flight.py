@@ -24,6 +24,9 @@ class InFlight:
     settled: threading.Lock = field(default_factory=threading.Lock)
     done: bool = False
     lost: bool = False
+    holds_write_lock: bool = False
+    """An atomic job's transaction holds SQLite's write lock: no one else can change its row
+    until it ends, and the heartbeat could not renew the lease meanwhile (worker/atomic.py)."""
     outcome: Outcome | None = None  # a completion waiting for the batched completer's round
 
     @property
@@ -54,7 +57,8 @@ class Flights:
     def track(self, claimed: ClaimedJob) -> InFlight:
         flight = InFlight(claimed, JobContext(
             job_id=str(claimed.job_id), job_name=claimed.job_name, queue=claimed.queue,
-            attempts=claimed.attempts, max_attempts=claimed.max_attempts))
+            attempts=claimed.attempts, max_attempts=claimed.max_attempts,
+            generation=claimed.claim_fence.generation))
         with self._lock:
             self._by_claim[flight.key] = flight
         return flight

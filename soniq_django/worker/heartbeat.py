@@ -77,12 +77,20 @@ class Heartbeat:
             connections.close_all()  # this thread's own, if the last beats went aside
 
     def beat_all(self) -> None:
-        """One beat: the worker's row, then every lease; each step in a turn of its own."""
+        """One beat: the worker's row, then every lease; each step in a turn of its own.
+
+        While an atomic job of this worker holds SQLite's write lock, every
+        write would only wait for it: the beat then just decides timeouts.
+        """
+        flights = self.flights.all()
+        if any(flight.holds_write_lock for flight in flights):
+            for flight in flights:
+                self._timed_out(flight)
+            return
         aside = False
         try:
             steps: list[Callable[[], object]] = [
-                self.beat_worker,
-                *(partial(self._beat_one, flight) for flight in self.flights.all())]
+                self.beat_worker, *(partial(self._beat_one, flight) for flight in flights)]
             for step in steps:
                 with self.shared.try_turn(beat_interval() / 2) as turn:
                     if not turn and self.shared.connecting:
@@ -142,13 +150,18 @@ class Heartbeat:
         if purged >= PURGE_BATCH:
             self._next_purge = now
 
+    def _timed_out(self, flight: InFlight) -> bool:
+        """Hand over the final write of a job past its timeout (True), if it is one."""
+        timeout = get_settings().JOB_TIMEOUT_SECONDS
+        if flight.done or flight.lost or timeout is None or (
+                time.monotonic() - flight.started <= float(timeout)):
+            return False
+        self.time_out(flight, timeout)
+        return True
+
     def beat(self, flight: InFlight) -> None:
         """Renew one job's lease and read its cancel request -- or hand over its timeout."""
-        if flight.done or flight.lost:
-            return
-        timeout = get_settings().JOB_TIMEOUT_SECONDS
-        if timeout is not None and time.monotonic() - flight.started > float(timeout):
-            self.time_out(flight, timeout)
+        if flight.done or flight.lost or self._timed_out(flight):
             return
         fence = flight.claimed.claim_fence
         try:

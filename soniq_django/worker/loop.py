@@ -14,7 +14,9 @@ Threads, and what each one writes:
   thread. A completion, with one slot, is written by the job thread in one
   transaction with the claim of the slot's next job, which it then runs
   (``InlineCompleter``); with more slots it is handed to the main thread's
-  next round (``BatchCompleter``).
+  next round (``BatchCompleter``). An atomic job's completion is written by
+  its job thread, on that thread's own connection, in the handler's
+  transaction (atomic.py).
 - the **heartbeat thread** (heartbeat.py) renews every lease, reads cancel
   requests, refreshes the worker's row and throughput counts, and purges
   expired rows. It decides timeouts but writes none.
@@ -24,7 +26,8 @@ Threads, and what each one writes:
 So every final write has one owner:
 
 - a completion: with one slot, the job thread (with the next claim, in one
-  transaction); with more, the main thread (with the round's claims);
+  transaction); with more, the main thread (with the round's claims); an
+  atomic job's, its job thread (in the handler's transaction);
 - a failure, a dead letter, a deferral, a cancel acknowledgement: the job thread;
 - the failure of a job past ``JOB_TIMEOUT_SECONDS``: the main thread;
 - a cancel honoured after it refused a write: the thread of that write.
@@ -35,6 +38,8 @@ Connections (connection.py). The worker's own calls -- every write above,
 every claim, every heartbeat -- go through **one shared connection**,
 taken in turns: a turn is one call, whichever thread makes it. A job
 thread has a connection of its own only while its handlers use the ORM.
+(An atomic job's completion is the one final write on a job thread's own
+connection: the last statement of its handler's transaction.)
 The listener has its own (a LISTEN needs a session), and so does the
 scheduler. So a worker holds 1 + (job threads whose handlers use the
 database) + 1 listener on PostgreSQL + 1 with ``--with-scheduler``
@@ -73,6 +78,7 @@ from ..owned import OwnedJobSource
 from ..registry import registered_handlers
 from ..throughput import ThroughputCounter
 from . import peers, planner, registration
+from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
 from .connection import SharedConnection, handler_connections
@@ -128,6 +134,7 @@ class Worker:
         self.writes = Writes(source=self.source, shared=self.shared, worker_id=self.worker_id,
                              queues=queues, budget=self.budget, throughput=self.throughput,
                              stop=self.aborted)
+        self.atomic = AtomicRunner(self.writes, stop=self.aborted)
         completer = InlineCompleter if concurrency == 1 else BatchCompleter
         self.completer = completer(writes=self.writes, flights=self.flights, slots=self.slots,
                                    wake=self.wake, stopping=self.stopping, aborted=self.aborted)
@@ -356,8 +363,11 @@ class Worker:
         while flight is not None:
             try:
                 with handler_connections():  # the job thread's own: its handlers' use only
-                    outcome = execute(flight.claimed, flight.context,
-                                      get_settings().JOB_TIMEOUT_SECONDS)
+                    timeout = get_settings().JOB_TIMEOUT_SECONDS
+                    if is_atomic(flight.claimed.job_name):  # completed in its own transaction
+                        outcome = self.atomic.run(flight, timeout)
+                    else:
+                        outcome = execute(flight.claimed, flight.context, timeout)
             except Exception:  # execute() never raises; if it did, the lease lapses
                 logger.exception("worker error while running %s", flight.claimed.job_name)
                 outcome = None

@@ -231,6 +231,79 @@ class Writes:
             ).exists()
             return found
 
+    # Atomic jobs (worker/atomic.py) ---------------------------------------
+
+    def recover_atomic(self, flight: InFlight, outcome: Outcome) -> Outcome:
+        """An atomic job's commit whose outcome is unknown: what the database says happened.
+
+        The completion was the transaction's last write, so the row tells:
+        done under this claim's nonce and generation, and the handler's
+        writes committed with it. Not yet visible: a fenced failure (retry)
+        decides, because it waits for the row lock the lost transaction
+        held until it ended -- applied, the commit never happened and the
+        job runs again under a new claim; refused, the row is read once
+        more. The handler is never run again for this claim.
+        """
+        claimed = flight.claimed
+        fence = claimed.claim_fence
+        logger.warning("%s %s: the commit of its atomic run was not acknowledged; recovering "
+                       "its outcome from the database", claimed.job_name, claimed.job_id)
+        error = ("the commit of this atomic run was lost (the connection failed at COMMIT) "
+                 "and the database shows it did not happen: none of its writes were kept")
+
+        delay = None
+        if claimed.attempts < _attempt_limit(claimed):  # as write_outcome: the log says it
+            config = get_settings()
+            delay = min(YEAR, retry_backoff(claimed.attempts, float(config.RETRY_BASE_SECONDS),
+                                            float(config.RETRY_MAX_SECONDS)))
+
+        def decide() -> Outcome:
+            if self._completed(fence):
+                return replace(outcome, written=True, applied=True)
+            if self.source.fail_owned(fence, error, retry=True, retry_delay=delay,
+                                      default_max_attempts=_default_max_attempts(
+                                          claimed.job_name)):
+                return Outcome(OutcomeKind.RETRY, error=error, delay=delay, written=True,
+                               applied=True)
+            return replace(outcome, written=True, applied=self._completed(fence))
+
+        deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
+        try:
+            decided = retrying(decide, deadline, self.stop)
+        except SoniqError as error:  # refused, not unavailable
+            logger.error("%s %s: recovery refused by the database (%s: %s)", claimed.job_name,
+                         claimed.job_id, error.code.value, error.reason)
+            decided = None
+        return decided or replace(outcome, written=True, applied=None)
+
+    def report_atomic(self, flight: InFlight, outcome: Outcome) -> None:
+        """Log and count an atomic job's outcome, written in its own transaction (or recovered)."""
+        claimed = flight.claimed
+        if outcome.applied:
+            deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
+            self._report(flight, outcome, True, deadline)
+            return
+        if outcome.applied is None:
+            self._count(NOT_RECORDED)
+            logger.error("%s %s: whether its atomic run committed is unknown (the database did "
+                         "not answer in time); the row says: done under this claim, and its "
+                         "writes committed with it; otherwise none did and the job runs again "
+                         "once its lease lapses", claimed.job_name, claimed.job_id)
+            return
+        fence = claimed.claim_fence
+        deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
+        if self._cancel_pending(fence) and retrying(
+                lambda: self.source.acknowledge_cancel_owned(fence), deadline, self.stop):
+            self._count(RECORDED[OutcomeKind.CANCELLED].tally)
+            logger.info("%s %s cancelled after %.3fs (attempt %d); its writes were rolled back",
+                        claimed.job_name, claimed.job_id, time.monotonic() - flight.started,
+                        claimed.attempts)
+            return
+        self._count(NOT_RECORDED)
+        logger.warning("%s %s: %s", claimed.job_name, claimed.job_id, outcome.error or (
+            "completion refused by the fence (lease lost, cancelled or re-claimed); its writes "
+            "were rolled back"))
+
     def write_outcome(self, flight: InFlight, outcome: Outcome) -> None:
         """Make one job's final write on its own, retried while the database is unavailable."""
         claimed = flight.claimed

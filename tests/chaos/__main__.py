@@ -1,16 +1,29 @@
 """``python -m tests.chaos``: the full chaos run (``make chaos``).
 
-Defaults: 5,000 jobs, 4 workers x 2 threads, 8 SIGKILLs, 3 fast and 3
-immediate PostgreSQL restarts, lease 2 s, heartbeat 0.5 s. Exit status 0
-only if the checker proves the run clean (and every worker stopped cleanly).
+Two scenarios, the same driver and checker:
+
+- plain (the default): 5,000 ``chaos.work`` jobs, 4 workers x 2 threads, 8
+  SIGKILLs, 3 fast and 3 immediate PostgreSQL restarts, lease 2 s,
+  heartbeat 0.5 s;
+- ``--effects``: 5,000 atomic ``chaos.effect`` jobs, each writing one effect
+  row in its job's transaction and sleeping 50-500 ms, with the same kills
+  and restarts plus 3 SIGSTOPs of a worker past its lease (then SIGCONT) and
+  8 rounds of ``pg_terminate_backend`` on worker backends. The checker also
+  proves exactly one effect row per job, of the generation whose completion
+  landed, and none from a refused run. ``--effects --control`` registers the
+  handler without ``atomic=True``: the checker must then FAIL (exit 1).
+
+Every option overrides the chosen scenario's default. Exit status 0 only if
+the checker proves the run clean (and every worker stopped cleanly).
 """
 
 import argparse
+import dataclasses
 import signal
 import sys
 
 from .cluster import ClusterUnavailable
-from .driver import Config, run
+from .driver import Config, effects_config, run
 
 
 def _interrupt(signum, frame):
@@ -18,29 +31,32 @@ def _interrupt(signum, frame):
 
 
 def main(argv=None) -> int:
-    defaults = Config()
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=defaults.jobs)
-    parser.add_argument("--workers", type=int, default=defaults.workers)
-    parser.add_argument("--concurrency", type=int, default=defaults.concurrency)
-    parser.add_argument("--kills", type=int, default=defaults.kills)
-    parser.add_argument("--fast-restarts", type=int, default=defaults.fast_restarts)
-    parser.add_argument("--immediate-restarts", type=int, default=defaults.immediate_restarts)
-    parser.add_argument("--lease", type=float, default=defaults.lease)
-    parser.add_argument("--heartbeat", type=float, default=defaults.heartbeat)
+    parser.add_argument("--effects", action="store_true",
+                        help="the effects scenario: atomic jobs, SIGSTOPs, terminated backends")
+    parser.add_argument("--control", action="store_true",
+                        help="with --effects: the handler without atomic=True (must fail)")
+    for name, kind in (("jobs", int), ("workers", int), ("concurrency", int), ("kills", int),
+                       ("fast-restarts", int), ("immediate-restarts", int), ("stops", int),
+                       ("terminations", int), ("lease", float), ("heartbeat", float)):
+        parser.add_argument(f"--{name}", type=kind, help="(default: the scenario's)")
     parser.add_argument("--seed", type=int, help="replay a run's random choices")
     parser.add_argument("--keep-logs", metavar="DIR",
                         help="write worker logs here (default: a temp dir, kept on failure)")
     args = parser.parse_args(argv)
+    if args.control and not args.effects:
+        parser.error("--control needs --effects")
     from pathlib import Path
 
-    config = Config(
-        jobs=args.jobs, workers=args.workers, concurrency=args.concurrency, kills=args.kills,
-        fast_restarts=args.fast_restarts, immediate_restarts=args.immediate_restarts,
-        lease=args.lease, heartbeat=args.heartbeat, seed=args.seed,
-        log_dir=Path(args.keep_logs) if args.keep_logs else None,
-    )
+    config = effects_config(control=args.control) if args.effects else Config()
+    overrides = {field: value for field in (
+        "jobs", "workers", "concurrency", "kills", "fast_restarts", "immediate_restarts",
+        "stops", "terminations", "lease", "heartbeat", "seed")
+        if (value := getattr(args, field)) is not None}
+    if args.keep_logs:
+        overrides["log_dir"] = Path(args.keep_logs)
+    config = dataclasses.replace(config, **overrides)
     # A SIGTERM must still run the clean-up (workers killed, cluster deleted).
     signal.signal(signal.SIGTERM, _interrupt)
     try:

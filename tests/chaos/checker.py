@@ -25,7 +25,11 @@ It proves:
    result) the generation of the claim it was applied to; every applied
    failure names that generation in its error; each final row's result
    generation equals its claim_generation. A write produced by an older
-   execution would carry a lower generation.
+   execution would carry a lower generation. (One kind of failure names no
+   generation: the worker's own, for an atomic run that ended outside its
+   handler -- its transaction could not begin, its completion or COMMIT
+   failed. Those are counted, ``atomic_failures_reported``; that they belong
+   to the claim they were applied to rests on the fence alone.)
 4. **Claims are fenced.** Each claim raised the generation by exactly one;
    no claim ran twice (one execution per job and generation at most); each
    execution ran under a claim that existed and was owned by its worker.
@@ -35,13 +39,39 @@ It proves:
    failure that claim itself reported, before the later execution started.
 6. **Workers recover.** Every worker process that lived through a database
    restart ran jobs again after it.
+7. **A stopped worker's late completions are refused.** No claim a worker
+   held while it was SIGSTOPped past its lease (``stopped``, from the driver)
+   was completed.
+
+In the effects scenario (``effects=True``; tests/chaos/effects.py), from
+``chaos_effects`` -- the handler's own write inside the atomic job's
+transaction, no unique constraint -- it also proves:
+
+8. **Effects exactly once.** Every done job has exactly one effect row, and
+   that row's generation is the one whose completion landed (the applied
+   completion's, the final claim generation, the result's) and names the
+   execution the result names. A job that did not end done has none.
+9. **No effect of a refused run.** No effect row of any other generation:
+   none from a run whose fence was refused (a lapsed lease, the SIGSTOPped
+   claims above), from a run that failed, or from one whose connection was
+   terminated.
+
+Executions beyond one per job are counted, not failed (they happen; their
+effects do not land), and so are the effects written by runs whose
+completion did not land (``effects_rolled_back``: noted by the handler over
+its own connection, absent from ``chaos_effects``).
 """
 
 import datetime as dt
+import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 LAPSE_ERROR = "lease lapsed"
+#: How the worker's own failure texts for an atomic run begin (soniq_django/worker/atomic.py,
+#: writes.py): the run ended outside its handler -- its transaction could not begin, its
+#: completion or its COMMIT failed -- and nothing it wrote was kept.
+ATOMIC_WORKER_ERRORS = ("the atomic run", "the commit of this atomic run")
 
 
 @dataclass
@@ -65,8 +95,18 @@ class Report:
     claims_never_run: int = 0
     lease_lapses: int = 0
     failures_reported: int = 0
+    atomic_failures_reported: int = 0  # by the worker: an atomic run's completion/COMMIT failed
     owned_row_reads: int = 0
     workers_not_recovered: int = 0
+    stopped_claims: int = 0
+    stopped_completions_applied: int = 0
+    effects_checked: bool = False
+    effects_rows: int = 0
+    effects_per_job: Counter = field(default_factory=Counter)  # rows per job -> jobs
+    effects_not_once: int = 0        # jobs without one effect row (done) or none (not done)
+    effects_not_landed: int = 0      # rows of a generation whose completion did not land
+    effects_of_stopped: int = 0      # ... of them, rows of a claim held while SIGSTOPped
+    effects_rolled_back: int = 0     # effects noted by their run, not in chaos_effects
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -87,12 +127,16 @@ def _rows(conn, sql: str, params=None) -> list[dict]:
 
 
 def check(conn, *, restarts: list[dict] | None = None,
-          survivors: dict[str, tuple[float, float]] | None = None) -> Report:
+          survivors: dict[str, tuple[float, float]] | None = None,
+          effects: bool = False, stopped: list[dict] | None = None) -> Report:
     """Check the chaos database behind ``conn`` (psycopg, any transaction state).
 
     ``restarts``: ``{"mode", "down", "up"}`` (unix times) per database restart.
     ``survivors``: worker id → (start, end) unix times of processes that were
     not killed (end: when the drain was over).
+    ``effects``: the run was the effects scenario; check ``chaos_effects`` too.
+    ``stopped``: ``{"job_id", "generation", ...}`` per claim a worker held
+    while it was SIGSTOPped past its lease.
     """
     report = Report()
     enqueued = {row["job_id"] for row in _rows(conn, "SELECT job_id FROM chaos_enqueued")}
@@ -172,6 +216,11 @@ def check(conn, *, restarts: list[dict] | None = None,
                     report.stale_writes_applied += 1
                     report.violation(f"{job_id}: failure of generation {carried} applied to "
                                      f"generation {write['old_generation']}")
+            elif (write["error_head"] or "").startswith(ATOMIC_WORKER_ERRORS):
+                # Fenced like every final write, but its text names no generation: that it
+                # belongs to this claim rests on the fence (the executions are checked below).
+                write["worker_failure"] = True
+                report.atomic_failures_reported += 1
             elif (write["error_tail"] or "").startswith(LAPSE_ERROR):
                 report.lease_lapses += 1
                 if write["old_lease"] is None or write["old_lease"] > write["at"]:
@@ -259,7 +308,7 @@ def check(conn, *, restarts: list[dict] | None = None,
                 report.violation(f"{job_id}: generation {later['attempt']} started before "
                                  f"generation {earlier['attempt']} ended")
                 continue
-            if end["error_generation"] is not None:
+            if end["error_generation"] is not None or end.get("worker_failure"):
                 report.reruns_after_failure += 1
             else:
                 report.reruns_after_lapse += 1
@@ -278,4 +327,71 @@ def check(conn, *, restarts: list[dict] | None = None,
                     report.workers_not_recovered += 1
                     report.violation(f"worker {worker_id} ran nothing after the "
                                      f"{restart['mode']} restart at {up:%H:%M:%S}")
+
+    # 7. Stopped workers' late completions ----------------------------------------------
+    stopped_keys = set()
+    for claim in stopped or []:
+        key = (_uuid(claim["job_id"]), claim["generation"])
+        stopped_keys.add(key)
+        report.stopped_claims += 1
+        end = claim_end.get(key)
+        if end is not None and end.get("new_status") == "done":
+            report.stopped_completions_applied += 1
+            report.violation(f"{key[0]}: the completion of generation {key[1]}, held by a "
+                             "worker while it was stopped past its lease, was applied")
+
+    # 8-9. Effects ---------------------------------------------------------------------
+    if effects:
+        _check_effects(conn, report, enqueued, jobs, claim_end, executions, stopped_keys)
     return report
+
+
+def _uuid(value):
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def _check_effects(conn, report: Report, enqueued: set, jobs: dict, claim_end: dict,
+                   executions: list[dict], stopped_keys: set) -> None:
+    report.effects_checked = True
+    rows = _rows(conn, "SELECT job_id, generation, exec_id FROM chaos_effects ORDER BY id")
+    report.effects_rows = len(rows)
+    per_job: dict = defaultdict(list)
+    for row in rows:
+        per_job[row["job_id"]].append(row)
+    for job_id in per_job:
+        if job_id not in enqueued:
+            report.violation(f"an effect row of {job_id}, which was never enqueued")
+    for job_id in enqueued:
+        effect_rows = per_job.get(job_id, [])
+        report.effects_per_job[len(effect_rows)] += 1
+        row = jobs.get(job_id)
+        landed = None  # the generation whose completion landed
+        if row is not None and row["status"] == "done":
+            end = claim_end.get((job_id, row["claim_generation"]))
+            if end is not None and end["new_status"] == "done":
+                landed = row["claim_generation"]
+        result = row["result"] if row is not None and isinstance(row["result"], dict) else {}
+        for effect in effect_rows:
+            key = (job_id, effect["generation"])
+            if effect["generation"] != landed:
+                report.effects_not_landed += 1
+                if key in stopped_keys:
+                    report.effects_of_stopped += 1
+                    report.violation(f"{job_id}: an effect row of generation "
+                                     f"{effect['generation']}, a claim held by a stopped "
+                                     "worker, whose completion was refused")
+                else:
+                    report.violation(f"{job_id}: an effect row of generation "
+                                     f"{effect['generation']}, whose completion did not "
+                                     f"land (landed: {landed})")
+            elif str(effect["exec_id"]) != result.get("exec"):
+                report.violation(f"{job_id}: its effect row names execution "
+                                 f"{effect['exec_id']}, its result {result.get('exec')}")
+        if len(effect_rows) != (0 if landed is None else 1):
+            report.effects_not_once += 1
+            report.violation(f"{job_id}: {len(effect_rows)} effect rows, not "
+                             f"{0 if landed is None else 1}")
+    kept = {(row["job_id"], row["generation"]) for row in rows}
+    report.effects_rolled_back = sum(
+        1 for e in executions
+        if e.get("effect_at") is not None and (e["job_id"], e["attempt"]) not in kept)

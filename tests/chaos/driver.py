@@ -1,13 +1,28 @@
 """The chaos driver: real workers drain jobs while workers die and PostgreSQL restarts.
 
 1. Start a private PostgreSQL cluster (tests/chaos/cluster.py).
-2. Migrate it, add the chaos tables, enqueue the jobs (tests/chaos/prepare.py).
+2. Migrate it, add the chaos tables, enqueue the jobs (tests/chaos/prepare.py):
+   ``chaos.work`` (tests/chaos/jobs.py), or in the effects scenario
+   (``Config.effects``, ``effects_config()``) ``chaos.effect``, the atomic
+   job that writes one effect row (tests/chaos/effects.py).
 3. Start ``workers`` processes of ``manage.py soniq_worker --concurrency N``
    with a short lease, fast heartbeats and short retry backoffs.
 4. At random points of the drain (random fractions of the jobs finished,
-   plus a random delay), SIGKILL a random worker and start a replacement,
-   or restart PostgreSQL with a fast or an immediate shutdown and a random
-   downtime (sometimes killing a worker while it is down).
+   plus a random delay), one event each:
+
+   - ``kill``: SIGKILL a random worker and start a replacement;
+   - ``fast``/``immediate``: restart PostgreSQL with that shutdown mode and a
+     random downtime (sometimes killing a worker while it is down);
+   - ``stop``: SIGSTOP a worker while one of its runs is mid-flight (its
+     effect row written, its transaction open), keep it stopped for longer
+     than its lease, then SIGCONT it: every claim it held has lapsed, so its
+     late completions must be refused (and, for atomic jobs, its writes
+     rolled back). The claims it held are handed to the checker;
+   - ``terminate``: ``pg_terminate_backend`` of one to three worker backends,
+     each aimed at a job connection mid-run, at a job connection at the
+     moment its handler ends (its completion about to commit), or at any
+     backend of a worker (claims, heartbeats, LISTEN).
+
 5. When every job has finished, SIGTERM the workers (each must exit 0), run
    the checker (tests/chaos/checker.py), and always delete the cluster.
 
@@ -32,6 +47,52 @@ from .checker import Report, check
 from .cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: The application_name of every Django connection of a chaos worker: the backends
+#: ``terminate`` may aim at (never the handlers' recording connections, never the driver's).
+WORKER_APP_NAME = "soniq-chaos-worker"
+
+# A worker with a run mid-flight: its claim live; in the effects run, its effect row written
+# and its sleep not nearly over.
+PICK_STOP_SQL = """
+SELECT e.worker_id FROM chaos_executions AS e
+  JOIN soniq_jobs AS j ON j.id = e.job_id AND j.status = 'processing'
+       AND j.claim_generation = e.attempt AND j.claim_owner = e.worker_id
+ WHERE e.finished_at IS NULL AND e.worker_id = ANY(%(live)s)
+   AND (NOT %(effects)s OR e.effect_at IS NOT NULL
+                           AND e.sleep_until > clock_timestamp() + interval '150 ms')
+ ORDER BY e.sleep_until DESC NULLS LAST LIMIT 1
+"""
+# Every claim a (stopped) worker holds, and whether its run had written its effect.
+HELD_SQL = """
+SELECT j.id::text, j.claim_generation, e.exec_id IS NOT NULL, e.effect_at IS NOT NULL
+  FROM soniq_jobs AS j
+  LEFT JOIN chaos_executions AS e ON e.job_id = j.id AND e.attempt = j.claim_generation
+ WHERE j.status = 'processing' AND j.claim_owner = %s
+"""
+# A job connection mid-run: its run is sleeping for a while yet.
+MID_RUN_SQL = """
+SELECT e.backend_pid FROM chaos_executions AS e
+ WHERE e.finished_at IS NULL AND e.backend_pid IS NOT NULL
+   AND e.sleep_until > clock_timestamp() + interval '50 ms'
+ ORDER BY random() LIMIT 1
+"""
+# A job connection whose handler ends soon: (its backend, when its sleep ends, unix time).
+ENDING_SQL = """
+SELECT e.backend_pid, extract(epoch FROM e.sleep_until)::float8 FROM chaos_executions AS e
+ WHERE e.finished_at IS NULL AND e.backend_pid IS NOT NULL
+   AND e.sleep_until BETWEEN clock_timestamp() + interval '30 ms'
+                         AND clock_timestamp() + interval '400 ms'
+ ORDER BY e.sleep_until LIMIT 1
+"""
+ANY_BACKEND_SQL = """
+SELECT pid FROM pg_stat_activity WHERE application_name = %s AND pid <> pg_backend_pid()
+ ORDER BY random() LIMIT 1
+"""
+TERMINATE_SQL = """
+SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+ WHERE pid = %s AND application_name = %s
+"""
 
 
 @dataclass
@@ -60,6 +121,25 @@ class Config:
     stall_timeout: float = 120.0                      # no job finishing for this long: fail
     seed: int | None = None
     log_dir: Path | None = None                       # default: a temporary directory
+    # The effects scenario (effects_config()) and its two events, usable in either run.
+    effects: bool = False                             # every job is chaos.effect (atomic)
+    control: bool = False                             # ... registered without atomic=True
+    stops: int = 0                                    # SIGSTOP a worker past its lease, SIGCONT
+    stop_leases: tuple[float, float] = (1.75, 2.75)   # how long it stays stopped, in leases
+    terminations: int = 0                             # pg_terminate_backend events (1-3 each)
+
+
+def effects_config(**overrides) -> Config:
+    """The full effects run's defaults (``python -m tests.chaos --effects``).
+
+    Every job is the atomic ``chaos.effect`` and sleeps 50-500 ms; to the
+    plain run's kills and restarts come three SIGSTOPs past the lease and
+    eight rounds of terminated backends.
+    """
+    values = dict(effects=True, stops=3, terminations=8, job_seconds=(0.05, 0.5),
+                  long_fraction=0.0)
+    values.update(overrides)
+    return Config(**values)
 
 
 @dataclass
@@ -70,6 +150,13 @@ class Facts:
     restarts_fast: int = 0
     restarts_immediate: int = 0
     restarts: list[dict] = field(default_factory=list)
+    stops: int = 0
+    stops_missed: int = 0        # stop events that found no run mid-flight to stop
+    stopped_claims: list[dict] = field(default_factory=list)  # held by a worker while stopped
+    terminations: int = 0        # terminate events
+    terminated: dict = field(default_factory=lambda: {"mid-run": 0, "at completion": 0,
+                                                      "any": 0})
+    rolled_back_logged: int = 0  # worker log lines: an atomic run's writes rolled back
     unexpected_exits: list[str] = field(default_factory=list)
     bad_stops: list[str] = field(default_factory=list)
     worker_errors: list[str] = field(default_factory=list)
@@ -84,6 +171,10 @@ class Facts:
     @property
     def restarts_total(self) -> int:
         return self.restarts_fast + self.restarts_immediate
+
+    @property
+    def backends_terminated(self) -> int:
+        return sum(self.terminated.values())
 
 
 class Db:
@@ -101,6 +192,19 @@ class Db:
                     self.conn = psycopg.connect(self.url, autocommit=True, connect_timeout=3)
                 row = self.conn.execute(sql, params).fetchone()
                 return None if row is None else row[0]
+            except psycopg.Error:
+                self.close()
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def rows(self, sql: str, params=None, timeout: float = 120.0) -> list[tuple]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.conn is None or self.conn.closed:
+                    self.conn = psycopg.connect(self.url, autocommit=True, connect_timeout=3)
+                return self.conn.execute(sql, params).fetchall()
             except psycopg.Error:
                 self.close()
                 if time.monotonic() >= deadline:
@@ -140,6 +244,20 @@ class Proc:
             return ""
 
 
+def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Return once every thread of ``pid`` is stopped (state T in /proc), or after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            states = {Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                      for task in os.listdir(f"/proc/{pid}/task")}
+        except (OSError, IndexError):
+            return
+        if states <= {"T", "t"}:
+            return
+        time.sleep(0.002)
+
+
 class Chaos:
     def __init__(self, config: Config, cluster: Cluster, log_dir: Path, say):
         self.config = config
@@ -169,8 +287,17 @@ class Chaos:
             "SONIQ_RETRY_BASE_SECONDS": json.dumps(c.retry_base),
             "SONIQ_RETRY_MAX_SECONDS": json.dumps(c.retry_max),
             "SONIQ_RESULT_TTL": json.dumps(7 * 86400),  # housekeeping must not purge the proof
+            "SONIQ_TEST_APPLICATION_NAME": WORKER_APP_NAME,
         })
+        if c.effects:
+            env["SONIQ_IMPORTS"] = json.dumps(["tests.chaos.effects"])
+            if c.control:
+                env["SONIQ_CHAOS_EFFECTS_CONTROL"] = "1"
         return env
+
+    @property
+    def job_name(self) -> str:
+        return "chaos.effect" if self.config.effects else "chaos.work"
 
     def start_worker(self) -> Proc:
         env = self._env()
@@ -286,6 +413,65 @@ class Chaos:
         if victim is not None:
             self.wait_registered(self.start_worker())
 
+    def event_stop(self, done: int) -> None:
+        """SIGSTOP a worker with a run mid-flight for longer than its lease, then SIGCONT it."""
+        c = self.config
+        live = {p.worker_id: p for p in self.live() if p.worker_id}
+        victim, deadline = None, time.monotonic() + 15
+        while victim is None and live and time.monotonic() < deadline:
+            self.check_health()
+            picked = self.db.value(PICK_STOP_SQL, {"live": list(live), "effects": c.effects})
+            if picked in live and live[picked].alive():
+                victim = live[picked]
+            else:
+                time.sleep(0.02)
+        if victim is None:
+            self.facts.stops_missed += 1
+            self.say(f"  [{done:>5}/{c.jobs}] SIGSTOP: no run mid-flight found in 15 s")
+            return
+        os.kill(victim.pid, signal.SIGSTOP)
+        _wait_stopped(victim.pid)
+        held = self.db.rows(HELD_SQL, (victim.worker_id,))
+        pause = self.rng.uniform(*c.stop_leases) * c.lease
+        time.sleep(pause)
+        os.kill(victim.pid, signal.SIGCONT)
+        self.facts.stops += 1
+        for job_id, generation, started, effect_written in held:
+            self.facts.stopped_claims.append({
+                "job_id": job_id, "generation": generation, "started": started,
+                "effect_written": effect_written, "worker": victim.index})
+        mid = sum(1 for row in held if row[3])
+        self.say(f"  [{done:>5}/{c.jobs}] SIGSTOP worker {victim.index} (pid {victim.pid}) "
+                 f"for {pause:.1f} s holding {len(held)} claims ({mid} mid-run, effect "
+                 "written), then SIGCONT")
+
+    def event_terminate(self, done: int) -> None:
+        """pg_terminate_backend one to three worker backends, each aimed its own way."""
+        c = self.config
+        self.facts.terminations += 1
+        hits = []
+        for index in range(self.rng.randint(1, 3)):
+            if index:
+                time.sleep(self.rng.uniform(0.0, 0.3))
+            aim = self.rng.choices(["mid-run", "at completion", "any"], [4, 3, 3])[0]
+            pid = None
+            if aim == "mid-run":
+                pid = self.db.value(MID_RUN_SQL)
+            elif aim == "at completion":
+                row = self.db.rows(ENDING_SQL)
+                if row:
+                    pid, ends = row[0]
+                    # Around the end of its sleep: mostly just after, as the completion commits.
+                    time.sleep(max(0.0, ends - time.time() + self.rng.uniform(-0.01, 0.03)))
+            if pid is None:
+                aim = "any"
+                pid = self.db.value(ANY_BACKEND_SQL, (WORKER_APP_NAME,))
+            if pid is not None and self.db.value(TERMINATE_SQL, (pid, WORKER_APP_NAME)):
+                self.facts.terminated[aim] += 1
+                hits.append(aim)
+        self.say(f"  [{done:>5}/{c.jobs}] pg_terminate_backend: {len(hits)} worker backends "
+                 f"({', '.join(hits) or 'none found'})")
+
     # The run ------------------------------------------------------------------------
 
     def prepare(self) -> None:
@@ -301,7 +487,8 @@ class Chaos:
         spec_path = self.log_dir / "jobs.json"
         spec_path.write_text(json.dumps(specs))
         result = subprocess.run(
-            [sys.executable, "-m", "tests.chaos.prepare", str(spec_path)], cwd=ROOT,
+            [sys.executable, "-m", "tests.chaos.prepare", str(spec_path), self.job_name],
+            cwd=ROOT,
             env=self._env(), capture_output=True, text=True, timeout=600,
         )
         if result.returncode != 0:
@@ -318,15 +505,16 @@ class Chaos:
             self.wait_registered(proc)
 
         events = (["kill"] * c.kills + ["fast"] * c.fast_restarts
-                  + ["immediate"] * c.immediate_restarts)
+                  + ["immediate"] * c.immediate_restarts + ["stop"] * c.stops
+                  + ["terminate"] * c.terminations)
         self.rng.shuffle(events)
-        restarts = [i for i, event in enumerate(events) if event != "kill"]
+        restarts = [i for i, event in enumerate(events) if event in ("fast", "immediate")]
         long_ones = set(self.rng.sample(restarts, min(c.long_outages, len(restarts))))
         points = sorted(self.rng.uniform(*c.window) for _ in events)
         drain_started = time.monotonic()
         deadline = drain_started + c.drain_timeout
-        self.say(f"  draining {c.jobs} jobs with {c.workers} workers x {c.concurrency}; "
-                 f"{len(events)} events planned")
+        self.say(f"  draining {c.jobs} {self.job_name} jobs with {c.workers} workers x "
+                 f"{c.concurrency}; {len(events)} events planned")
         for index, (event, point) in enumerate(zip(events, points)):
             done = self.wait_progress(int(point * c.jobs), deadline)
             if time.monotonic() >= deadline or self.stalled:
@@ -335,6 +523,12 @@ class Chaos:
             if event == "kill":
                 self.event_kill(done)
                 time.sleep(self.rng.uniform(0.2, 1.0))
+            elif event == "stop":
+                self.event_stop(done)
+                time.sleep(self.rng.uniform(0.5, 1.5))
+            elif event == "terminate":
+                self.event_terminate(done)
+                time.sleep(self.rng.uniform(0.2, 0.8))
             else:
                 self.event_restart(event, done, long=index in long_ones)
                 time.sleep(self.rng.uniform(1.0, 2.5))
@@ -373,6 +567,8 @@ class Chaos:
                     self.facts.writes_refused += 1
                 elif "not recorded; the lease was lost" in line:
                     self.facts.writes_withheld += 1
+                if "writes were rolled back" in line:
+                    self.facts.rolled_back_logged += 1
 
     def survivors(self) -> dict[str, tuple[float, float]]:
         return {p.worker_id: (p.started, p.ended or time.time())
@@ -382,6 +578,10 @@ class Chaos:
         self.db.close()
         for proc in self.procs:
             if proc.alive():
+                try:
+                    os.kill(proc.pid, signal.SIGCONT)  # a stopped one too (SIGKILL ends it anyway)
+                except OSError:
+                    pass
                 proc.popen.kill()
         for proc in self.procs:
             try:
@@ -417,6 +617,7 @@ class Outcome:
             "PostgreSQL was down), each replaced",
             f"  restarts:                {f.restarts_total} (fast {f.restarts_fast} / "
             f"immediate {f.restarts_immediate})",
+            *self._stop_lines(),
             f"  executions:              {r.executions} recorded; {r.claims} claims, "
             f"{r.claims_never_run} never reached a handler",
             f"  duplicate executions:    {r.duplicate_executions} (after a lease lapse "
@@ -431,6 +632,7 @@ class Outcome:
             f"fence, {f.writes_withheld} withheld by a worker that saw its lease go",
             f"  completions applied:     {r.completions_applied} (jobs completed twice: "
             f"{r.double_completions})",
+            *self._effects_lines(),
             f"  lost = {r.lost}",
             f"  stale writes applied = {r.stale_writes_applied}",
             f"  workers not recovering after a restart: {r.workers_not_recovered}; "
@@ -438,6 +640,42 @@ class Outcome:
             f"  verdict: {'PASS' if self.ok else 'FAIL'}",
         ]
         return "\n".join(lines)
+
+    def _stop_lines(self) -> list[str]:
+        f = self.facts
+        if not (f.stops or f.stops_missed or f.terminations):
+            return []
+        return [
+            f"  stops:                   {f.stops} SIGSTOP past the lease, then SIGCONT "
+            f"({f.stops_missed} found no run to stop); {len(f.stopped_claims)} claims held "
+            f"while stopped, {sum(1 for s in f.stopped_claims if s['effect_written'])} of them "
+            "mid-run with their effect written",
+            f"  terminated backends:     {f.backends_terminated} in {f.terminations} events "
+            f"(job connection mid-run {f.terminated['mid-run']}, at its completion "
+            f"{f.terminated['at completion']}, any worker backend {f.terminated['any']})",
+        ]
+
+    def _effects_lines(self) -> list[str]:
+        f, r = self.facts, self.report
+        if not r.effects_checked:
+            return []
+        per_job = ", ".join(f"{count} row{'s' if count != 1 else ''}: {jobs} jobs"
+                            for count, jobs in sorted(r.effects_per_job.items()))
+        return [
+            f"  effects:                 {r.effects_rows} rows for {r.enqueued} jobs "
+            f"({per_job}); jobs without exactly one: {r.effects_not_once}",
+            f"  effects of refused runs: {r.effects_not_landed} rows of a generation whose "
+            f"completion did not land ({r.effects_of_stopped} of a SIGSTOPped claim); "
+            f"late completions of stopped claims applied: {r.stopped_completions_applied}",
+            f"  effects rolled back:     {r.effects_rolled_back} (written by a run, then "
+            f"gone with its transaction; {f.rolled_back_logged} runs logged by their worker as "
+            "rolled back)",
+            f"  atomic runs failed outside their handler: {r.atomic_failures_reported} "
+            "(the transaction could not begin, or its completion or COMMIT failed; "
+            "reported by the worker, retried)",
+            f"  executions beyond one per job: {r.duplicate_executions} (counted, not a "
+            "failure)",
+        ]
 
 
 def run(config: Config, say=print, inspect=None) -> Outcome:
@@ -458,7 +696,8 @@ def run(config: Config, say=print, inspect=None) -> Outcome:
             facts = chaos.run()
             facts.log_dir = str(log_dir)
             with psycopg.connect(cluster.url()) as conn:
-                report = check(conn, restarts=facts.restarts, survivors=chaos.survivors())
+                report = check(conn, restarts=facts.restarts, survivors=chaos.survivors(),
+                               effects=config.effects, stopped=facts.stopped_claims)
             outcome = Outcome(facts, report)
             if inspect is not None:
                 inspect(cluster.url(), outcome)

@@ -29,6 +29,9 @@ import psycopg
 from soniq_django import job
 from soniq_django.worker import current_job
 
+#: The recording connections' application_name: the driver never terminates them.
+RECORDER_NAME = "soniq-chaos-recorder"
+
 _local = threading.local()
 _HOST = socket.gethostname()[:255]
 
@@ -46,7 +49,7 @@ ON CONFLICT (exec_id) DO NOTHING
 FINISH_SQL = "UPDATE chaos_executions SET finished_at = clock_timestamp() WHERE exec_id = %s"
 
 
-def _execute(sql: str, params, deadline: float) -> bool:
+def execute_own(sql: str, params, deadline: float) -> bool:
     """Run one autocommit statement on this thread's own connection, through outages."""
     delay = 0.05
     while True:
@@ -55,7 +58,8 @@ def _execute(sql: str, params, deadline: float) -> bool:
             if conn is None or conn.closed:
                 url = (os.environ.get("SONIQ_CHAOS_RECORD_URL")
                        or os.environ["SONIQ_WORKER_DATABASE_URL"])
-                conn = _local.conn = psycopg.connect(url, autocommit=True, connect_timeout=3)
+                conn = _local.conn = psycopg.connect(url, autocommit=True, connect_timeout=3,
+                                                     application_name=RECORDER_NAME)
             conn.execute(sql, params)
             return True
         except psycopg.Error:
@@ -77,7 +81,7 @@ def work(n: int, seconds: float, fail_first: bool = False) -> dict:
     context = current_job()
     generation = context.attempts
     exec_id = str(uuid.uuid4())
-    recorded = _execute(RECORD_SQL, {
+    recorded = execute_own(RECORD_SQL, {
         "exec": exec_id, "job": context.job_id, "attempt": generation, "pid": os.getpid(),
         "host": _HOST,
     }, time.monotonic() + 120)
@@ -93,6 +97,6 @@ def work(n: int, seconds: float, fail_first: bool = False) -> dict:
         time.sleep(seconds)
     except Exception as error:
         raise RuntimeError(f"chaos-failure gen={generation} exec={exec_id}") from error
-    _execute(FINISH_SQL, (exec_id,), time.monotonic() + 10)
+    execute_own(FINISH_SQL, (exec_id,), time.monotonic() + 10)
     return {"job": context.job_id, "generation": generation, "exec": exec_id,
             "pid": os.getpid(), "n": n}

@@ -1,8 +1,9 @@
 """Prepare the chaos database: migrate, add the chaos tables, enqueue the jobs.
 
-Run by the driver as ``python -m tests.chaos.prepare SPEC.json`` with
+Run by the driver as ``python -m tests.chaos.prepare SPEC.json [JOB_NAME]`` with
 ``DJANGO_SETTINGS_MODULE=tests.chaos.settings`` and the cluster's URL in
-``SONIQ_WORKER_DATABASE_URL``. SPEC.json is a list of ``chaos.work`` args.
+``SONIQ_WORKER_DATABASE_URL``. SPEC.json is a list of the job's args; the
+job is ``chaos.work`` unless JOB_NAME says otherwise (``chaos.effect``).
 The jobs go in with ``bulk_enqueue`` (the public Python API), in the same
 transaction as their ids' copy in ``chaos_enqueued``: what the checker
 counts is exactly what was committed.
@@ -12,7 +13,7 @@ import json
 import sys
 
 
-def main(spec_path: str) -> None:
+def main(spec_path: str, job_name: str = "chaos.work") -> None:
     import django
 
     django.setup()
@@ -31,7 +32,7 @@ def main(spec_path: str) -> None:
     for start in range(0, len(specs), 2000):
         chunk = specs[start:start + 2000]
         with transaction.atomic():
-            ids = bulk_enqueue([JobRequest("chaos.work", args, max_attempts=50)
+            ids = bulk_enqueue([JobRequest(job_name, args, max_attempts=50)
                                 for args in chunk])
             with connection.cursor() as cursor:
                 cursor.executemany("INSERT INTO chaos_enqueued (job_id) VALUES (%s)",
@@ -40,4 +41,4 @@ def main(spec_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

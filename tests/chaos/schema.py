@@ -11,7 +11,18 @@ changed a row's status or claim generation, or deleted it, written by
 triggers in the same transaction as the write (a write that did not commit
 leaves no audit row). It carries the generation the write was made for: the
 completion's result and a handler failure's error text both name the
-generation of the execution that produced them.
+generation of the execution that produced them. A failure the worker reports
+for an atomic run that ended outside its handler (its completion or its
+COMMIT failed) carries the worker's own text instead, kept by its head.
+
+``chaos_effects`` (the effects scenario, tests/chaos/effects.py): the
+handler's own database write, one row per execution, inserted inside the
+job's atomic transaction. It has no unique constraint on purpose: a second
+row for a job would be stored, so a duplicate shows. The columns
+``effect_at``, ``backend_pid`` and ``sleep_until`` of ``chaos_executions``
+are the handler's note (over its own autocommit connection) that it wrote
+its effect row, from which backend, and until when it then sleeps: how the
+driver picks a run mid-flight to SIGSTOP, and a backend to terminate.
 """
 
 SCHEMA_SQL = r"""
@@ -30,9 +41,21 @@ CREATE TABLE chaos_executions (
     row_status text,
     row_lease timestamptz,
     started_at timestamptz NOT NULL,    -- database clock, the leases' clock
-    finished_at timestamptz             -- set when the handler body ran to its end
+    finished_at timestamptz,            -- set when the handler body ran to its end
+    effect_at timestamptz,              -- effects scenario: the effect row was written
+    backend_pid integer,                -- ... by this server backend (the job's connection)
+    sleep_until timestamptz             -- ... and the handler then sleeps until about this
 );
 CREATE INDEX ON chaos_executions (job_id);
+
+CREATE TABLE chaos_effects (            -- no unique constraint: duplicates must show
+    id bigserial PRIMARY KEY,
+    job_id uuid NOT NULL,
+    generation bigint NOT NULL,
+    exec_id uuid NOT NULL,
+    backend_pid integer NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 
 CREATE TABLE chaos_writes (
     id bigserial PRIMARY KEY,
@@ -48,6 +71,7 @@ CREATE TABLE chaos_writes (
     result_generation bigint,
     error_generation bigint,
     error_tail text,
+    error_head text,                    -- how the error begins: the worker's own texts
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE INDEX ON chaos_writes (job_id);
@@ -63,23 +87,23 @@ BEGIN
         -- A move to the dead letters inserts there first: its error is visible here.
         SELECT d.last_error INTO v_error FROM soniq_dead_letter_jobs AS d WHERE d.id = OLD.id;
         INSERT INTO chaos_writes (job_id, op, old_status, old_generation, old_owner, old_lease,
-                                  error_generation, error_tail)
+                                  error_generation, error_tail, error_head)
         VALUES (OLD.id, 'delete', OLD.status, OLD.claim_generation, OLD.claim_owner,
                 OLD.lease_expires_at,
                 (substring(v_error from 'chaos-failure gen=([0-9]+)'))::bigint,
-                right(v_error, 160));
+                right(v_error, 160), left(v_error, 80));
         RETURN OLD;
     END IF;
     INSERT INTO chaos_writes (job_id, op, old_status, new_status, old_generation, new_generation,
                               old_owner, new_owner, old_lease, result_generation,
-                              error_generation, error_tail)
+                              error_generation, error_tail, error_head)
     VALUES (NEW.id, 'update', OLD.status, NEW.status, OLD.claim_generation,
             NEW.claim_generation, OLD.claim_owner, NEW.claim_owner, OLD.lease_expires_at,
             CASE WHEN jsonb_typeof(NEW.result) = 'object'
                       AND NEW.result ? 'generation'
                  THEN (NEW.result ->> 'generation')::bigint END,
             (substring(NEW.last_error from 'chaos-failure gen=([0-9]+)'))::bigint,
-            right(NEW.last_error, 160));
+            right(NEW.last_error, 160), left(NEW.last_error, 80));
     RETURN NEW;
 END
 $fn$;

@@ -1,12 +1,21 @@
-"""The short chaos run, inside the test suite (PostgreSQL pass).
+"""The short chaos runs, inside the test suite (PostgreSQL pass).
 
-1,000 jobs, 4 worker processes x 2 threads, two SIGKILLs and one fast and
-one immediate PostgreSQL restart, on a private cluster this test starts and
-deletes itself (never the suite's server). The checker must find nothing
-lost, nothing completed twice and no stale write applied. Then, on the same
-database and inside transactions that are rolled back, the checker is shown
-bugs of each kind and must report every one: a checker that cannot fail
-proves nothing.
+The plain run: 1,000 jobs, 4 worker processes x 2 threads, two SIGKILLs and
+one fast and one immediate PostgreSQL restart, on a private cluster this
+test starts and deletes itself (never the suite's server). The checker must
+find nothing lost, nothing completed twice and no stale write applied. Then,
+on the same database and inside transactions that are rolled back, the
+checker is shown bugs of each kind and must report every one: a checker
+that cannot fail proves nothing.
+
+The effects run: 500 atomic ``chaos.effect`` jobs (tests/chaos/effects.py),
+each writing one effect row in its job's transaction and sleeping 50-500 ms,
+through a SIGKILL, a fast and an immediate restart, a worker SIGSTOPped past
+its lease mid-run and resumed, and two rounds of terminated backends. Every
+job must have exactly one effect row, of the generation whose completion
+landed; the stopped worker's claims none and no completion. Then the checker
+is shown a duplicated, a missing and a stale effect row, an effect and a
+completion of the stopped claim, and must report each.
 
 The full run is ``python -m tests.chaos`` (``make chaos``). Under CI=true a
 machine that cannot host the private cluster fails this test; elsewhere it
@@ -22,7 +31,7 @@ import pytest
 from tests.chaos.checker import Report, check
 from tests.support.ci import unavailable
 from tests.chaos.cluster import Cluster, ClusterUnavailable
-from tests.chaos.driver import Config, Outcome, run
+from tests.chaos.driver import Config, Outcome, effects_config, run
 
 pytestmark = pytest.mark.postgresql_only
 
@@ -44,13 +53,20 @@ def _require_a_private_cluster() -> None:
         unavailable(message)
 
 
-def _checked_after(url: str, *steps) -> Report:
+EFFECTS_SHORT = effects_config(
+    jobs=500, workers=4, concurrency=2, kills=1, fast_restarts=1, immediate_restarts=1,
+    stops=1, terminations=2, downtime=(0.5, 2.0), long_outages=0, window=(0.05, 0.6),
+    drain_timeout=150.0, stall_timeout=60.0,
+)
+
+
+def _checked_after(url: str, *steps, **check_args) -> Report:
     """The checker's report on the database with ``steps`` applied, then rolled back."""
     with psycopg.connect(url) as conn:
         try:
             for sql, params in steps:
                 conn.execute(sql, params)
-            return check(conn)
+            return check(conn, **check_args)
         finally:
             conn.rollback()
 
@@ -113,3 +129,75 @@ def test_short_chaos_run_loses_nothing_and_applies_no_stale_write(tmp_path):
     assert report.unexplained_duplicates == 0
     assert report.duplicate_executions == report.reruns_after_lapse + report.reruns_after_failure
     assert report.duplicates_earlier_generation_lower == report.duplicate_executions
+
+
+def _show_the_checker_effect_bugs(url: str, outcome: Outcome) -> None:
+    stopped = outcome.facts.stopped_claims
+    args = {"effects": True, "stopped": stopped}
+    with psycopg.connect(url, autocommit=True) as conn:
+        job_id, generation = conn.execute(
+            "SELECT j.id, j.claim_generation FROM soniq_jobs AS j WHERE j.status = 'done' "
+            "ORDER BY j.id LIMIT 1").fetchone()
+    stopped_job, stopped_generation = stopped[0]["job_id"], stopped[0]["generation"]
+
+    # A second effect row of the run whose completion landed: the effect ran twice.
+    twice = _checked_after(url, (
+        "INSERT INTO chaos_effects (job_id, generation, exec_id, backend_pid) SELECT job_id, "
+        "generation, exec_id, backend_pid FROM chaos_effects WHERE job_id = %s", (job_id,)),
+        **args)
+    assert (twice.effects_not_once, twice.effects_not_landed) == (1, 0)
+    assert twice.effects_per_job[2] == 1 and not twice.ok
+
+    # A job's effect row is missing: its writes did not commit with its completion.
+    missing = _checked_after(url, ("DELETE FROM chaos_effects WHERE job_id = %s", (job_id,)),
+                             **args)
+    assert missing.effects_not_once == 1 and missing.effects_per_job[0] == 1
+
+    # An effect of another generation than the one that completed: a refused run's write.
+    stale = _checked_after(url, (
+        "UPDATE chaos_effects SET generation = generation + 1 WHERE job_id = %s", (job_id,)),
+        **args)
+    assert stale.effects_not_landed == 1 and stale.effects_of_stopped == 0 and not stale.ok
+
+    # The stopped claim's write landed after all ...
+    of_stopped = _checked_after(url, (
+        "INSERT INTO chaos_effects (job_id, generation, exec_id, backend_pid) "
+        "VALUES (%s, %s, gen_random_uuid(), 0)", (stopped_job, stopped_generation)), **args)
+    assert of_stopped.effects_of_stopped == 1 and of_stopped.effects_not_landed == 1
+
+    # ... or its late completion did.
+    late = _checked_after(url, (
+        "INSERT INTO chaos_writes (job_id, op, old_status, new_status, old_generation, "
+        "new_generation, result_generation) VALUES (%s, 'update', 'processing', 'done', "
+        "%s, %s, %s)", (stopped_job, stopped_generation, stopped_generation, stopped_generation)),
+        **args)
+    assert late.stopped_completions_applied == 1 and late.double_completions == 1
+
+    # Untouched, the same database checks clean.
+    assert _checked_after(url, **args).ok
+
+
+def test_short_effects_run_lands_each_jobs_effect_exactly_once(tmp_path):
+    _require_a_private_cluster()
+    started = time.monotonic()
+    outcome = run(dataclasses.replace(EFFECTS_SHORT, log_dir=tmp_path), say=print,
+                  inspect=_show_the_checker_effect_bugs)
+    elapsed = time.monotonic() - started
+    print(outcome.summary())
+    print(f"short effects chaos run: {elapsed:.1f} s")
+    assert outcome.ok, "\n".join(outcome.failures()[:40])
+
+    facts, report = outcome.facts, outcome.report
+    assert facts.kills >= 1 and facts.restarts_fast >= 1 and facts.restarts_immediate >= 1
+    assert facts.stops == 1 and facts.backends_terminated >= 1
+    assert any(claim["effect_written"] for claim in facts.stopped_claims)
+    assert report.stopped_claims == len(facts.stopped_claims)
+    assert report.stopped_completions_applied == 0
+    assert report.done == report.enqueued == EFFECTS_SHORT.jobs and report.lost == 0
+    assert report.stale_writes_applied == 0 and report.double_completions == 0
+    assert report.effects_rows == EFFECTS_SHORT.jobs
+    assert dict(report.effects_per_job) == {1: EFFECTS_SHORT.jobs}
+    assert report.effects_not_once == 0 and report.effects_not_landed == 0
+    # A stopped claim that had written its effect left it uncommitted: rolled back.
+    assert report.effects_rolled_back >= 1
+    assert report.unexplained_duplicates == 0

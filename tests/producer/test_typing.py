@@ -43,6 +43,11 @@ def tick(region: str = "eu") -> None:
     pass
 
 
+@job(name="typing.atomic", queue="q", retries=1, unique=False, atomic=True)
+def confirm(order_id: int) -> None:
+    return None
+
+
 async def in_a_view() -> None:
     await send.aenqueue(order_id=1)
     await aenqueue("typing.send", {"order_id": 1})
@@ -61,6 +66,8 @@ send.enqueue(order=1)  # E:enqueue
 bare.enqueue(x="no")  # E:enqueue
 send.configure(priority=1).enqueue(order_id="no")  # E:enqueue
 send.enqueue_on_commit()  # E:enqueue_on_commit
+confirm.enqueue(order_id=6)
+confirm.enqueue(order_id="no")  # E:enqueue
 wrong: str = bare(1)  # E:assignment
 tick.enqueue(region="us")
 tick.enqueue(zone="us")  # E:enqueue

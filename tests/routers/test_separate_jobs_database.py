@@ -255,6 +255,24 @@ def test_a_rolled_back_order_leaves_no_job_and_a_committed_one_runs_on_the_worke
     assert str(receipt).replace("-", "") == placed["job_id"].replace("-", "")
 
 
+def test_an_atomic_job_writing_to_the_application_database_says_that_is_outside_it(project):
+    # The order view queues shop.confirm_order, an atomic job: it runs in a
+    # transaction on jobs, and its Confirmation row goes to default -- outside
+    # that transaction, which the worker says once per job name and alias.
+    placed = project.scenario("place_order", "0")
+    assert placed["status"] == 201
+    run = project.manage("soniq_worker", "--burst")
+    assert run.returncode == 0, run.stdout[-3000:]
+    warnings = [line for line in run.stdout.splitlines() if "outside its transaction" in line]
+    assert len(warnings) == 1, run.stdout[-3000:]
+    assert ("shop.confirm_order: an atomic job wrote to the database 'default'" in warnings[0]
+            and "only its writes to 'jobs' commit with its completion" in warnings[0])
+    [(confirmations,)] = project.rows(
+        "default", "SELECT count(*) FROM shop_confirmation WHERE order_id = %s",
+        placed["order_id"])
+    assert confirmations == 1  # written (outside the guarantee), once: the job ran once
+
+
 def test_admin_lists_from_the_replica_and_acts_on_the_jobs_database(project):
     report = project.scenario("admin")
     after = report.pop("after")

@@ -39,10 +39,10 @@ from soniq_django.errors import JobCancelled, PermanentFailure  # noqa: E402
 from soniq_django.worker import current_job  # noqa: E402
 
 
-def record(event: str) -> None:
-    """Append one event of the current job to the run log, if one is configured."""
+def record(event: str, context=None) -> None:
+    """Append one event of the current job (or ``context``'s) to the run log, if one is set."""
     path = os.environ.get("SONIQ_TEST_RUN_LOG")
-    context = current_job()
+    context = context or current_job()
     if not path or context is None:
         return
     line = f"{event} {context.job_id} {context.attempts} {os.getpid()} {time.time():.6f}\n"
@@ -173,3 +173,63 @@ def worker_open_connections(seconds: float = 0.0) -> dict:
     held = sum(conn.connection is not None for conn in connections.all(initialized_only=True))
     time.sleep(seconds)
     return _trace(open=held)
+
+
+# --- Atomic handlers (tests/worker/test_atomic.py) ---------------------------
+#
+# Each writes one Effect row naming its run (job id, generation) and then
+# decides how the run ends. Nothing about them is idempotent: only the atomic
+# option keeps a failed, refused or timed-out run's row out of the table.
+
+from tests.testapp.models import Effect  # noqa: E402
+
+
+def _effect(note: str) -> Effect:
+    context = current_job()
+    return Effect(job_id=context.job_id, generation=context.generation,
+                  attempt=context.attempts, pid=os.getpid(), note=note)
+
+
+def _wait_for(path: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@job(name="tests.atomic.effect", atomic=True, retries=3)
+def atomic_effect(fail_times: int = 0, hold: float = 0.0, hold_attempts: int | None = None,
+                  gate: str | None = None, note: str = "", on_commit: str = "") -> dict:
+    """Write an Effect; fail on the first ``fail_times`` attempts; hold, or wait for ``gate``.
+
+    ``hold`` seconds (on the attempts up to ``hold_attempts``, or every one)
+    and the ``gate`` file are waited for after the write, inside the job's
+    transaction. ``on_commit="record"`` logs an "on-commit" event once the
+    transaction commits; ``"raise"`` raises from that callback.
+    """
+    from django.db import transaction
+
+    record("start")
+    context = current_job()
+    _effect(note).save()
+    if on_commit:
+        transaction.on_commit(  # after execute(): current_job() is None by then
+            lambda: record("on-commit", context) if on_commit == "record" else 1 / 0)
+    if context.attempts <= fail_times:
+        raise RuntimeError(f"atomic failure on attempt {context.attempts}")
+    if gate is not None:
+        _wait_for(gate)
+    if hold and (hold_attempts is None or context.attempts <= hold_attempts):
+        time.sleep(hold)
+    record("end")
+    return {"generation": context.generation, "key": context.idempotency_key}
+
+
+@job(name="tests.atomic.async_effect", atomic=True, retries=3)
+async def atomic_async_effect(fail_times: int = 0) -> dict:
+    """The async twin: its Effect written through Django's async ORM."""
+    record("start")
+    context = current_job()
+    await _effect("async").asave()
+    if context.attempts <= fail_times:
+        raise RuntimeError(f"atomic async failure on attempt {context.attempts}")
+    return {"generation": context.generation}

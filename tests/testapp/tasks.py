@@ -1,7 +1,8 @@
 """Django tasks the Tasks-backend tests enqueue and run with a real soniq worker.
 
 Each is a module-level ``@task`` of the default TASKS backend
-(SoniqTaskBackend), so its job name is its module path, e.g.
+(SoniqTaskBackend; ``atomic_effect`` of the "atomic" one, a SoniqTaskBackend
+with ``OPTIONS["atomic"]``), so its job name is its module path, e.g.
 ``tests.testapp.tasks.add``.
 """
 
@@ -77,3 +78,17 @@ def not_a_task(path):
 
 
 add_alias = add  # the same Task under another name: not its module path
+
+
+@task(backend="atomic", takes_context=True)
+def atomic_effect(context, note):
+    """A task of the backend with OPTIONS["atomic"]: writes an Effect, fails its first attempt."""
+    from soniq_django.worker import current_job
+    from tests.testapp.models import Effect
+
+    run = current_job()
+    Effect.objects.create(job_id=run.job_id, generation=run.generation, attempt=context.attempt,
+                          pid=0, note=note)
+    if context.attempt < 2:
+        raise TaskBoom(f"attempt {context.attempt}")
+    return run.generation
