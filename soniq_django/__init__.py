@@ -6,7 +6,7 @@ Type checkers see them through the ``TYPE_CHECKING`` imports below.
 """
 
 from importlib import import_module
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers (the package ships py.typed)
     from .encoding import args_hash
@@ -36,11 +36,11 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _HOMES:
         return getattr(import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'soniq_django' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)

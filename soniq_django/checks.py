@@ -11,6 +11,8 @@ that a router keeps them out of (docs/deployment.md).
 
 import re
 import sys
+from types import FrameType
+from typing import Any
 
 from django.conf import settings
 from django.core import checks
@@ -31,8 +33,8 @@ def _import_errors() -> list[checks.CheckMessage]:
         id="soniq.E009") for name, error in import_modules(configured_imports())]
 
 
-@checks.register()
-def check_settings(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+@checks.register()  # type: ignore[untyped-decorator]  # Django's, untyped here
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     config = get_settings()
     if not config.is_dict:
         return [checks.Error("settings.SONIQ must be a dict.", hint="For example SONIQ = {}.",
@@ -124,8 +126,9 @@ def _backend_messages(alias: str, *, writes: bool) -> list[checks.CheckMessage]:
     return []
 
 
-@checks.register(checks.Tags.database)
-def check_database(app_configs=None, databases=None, **kwargs) -> list[checks.CheckMessage]:
+@checks.register(checks.Tags.database)  # type: ignore[untyped-decorator]  # Django's, untyped
+def check_database(app_configs: Any = None, databases: Any = None, **kwargs: Any
+                   ) -> list[checks.CheckMessage]:
     """soniq.W004 and soniq.W003 for each alias asked about where soniq's migrations run."""
     from .models import Job
 
@@ -170,7 +173,7 @@ def _migrating_soniq() -> bool:
     """
     from django.core.management.commands.migrate import Command as Migrate
 
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         found = frame.f_locals
         options = found.get("options")

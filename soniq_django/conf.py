@@ -62,14 +62,14 @@ class Settings:
     JOB_TIMEOUT_SECONDS: float | None = None
     REQUIRE_SQL_API: bool = False
     PREPARED_STATEMENTS: bool | None = None
-    IMPORTS: tuple | list = ()
+    IMPORTS: tuple[str, ...] | list[str] = ()
     UNKNOWN_JOB_GRACE_SECONDS: float = DEFAULT_UNKNOWN_JOB_GRACE_SECONDS
     LISTEN_DATABASE: str | None = None
     MAX_PAYLOAD_BYTES: int | None = DEFAULT_MAX_PAYLOAD_BYTES
     QUEUES: Any = dataclasses.field(default_factory=dict)
     """Flow control per queue (soniq.E011 checks it; flow.py applies it)."""
 
-    configured: frozenset = frozenset()
+    configured: frozenset[str] = frozenset()
     """Every key the project set, known or not (the checks name the unknown ones)."""
     is_dict: bool = True
     """False when ``settings.SONIQ`` is not a dict; every key then has its default."""
@@ -102,7 +102,7 @@ def get_settings() -> Settings:
     return current
 
 
-@receiver(setting_changed)
+@receiver(setting_changed)  # type: ignore[untyped-decorator]  # Django's, untyped here
 def _forget(*, setting: str, **kwargs: Any) -> None:
     global _current, _problems
     if setting == "SONIQ":
@@ -134,7 +134,8 @@ def _number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _problem(key: str, message: str, hint: str | None = None, check_id: str = "soniq.E003"):
+def _problem(key: str, message: str, hint: str | None = None, check_id: str = "soniq.E003"
+             ) -> Problem:
     return Problem(key, check_id, message, hint)
 
 

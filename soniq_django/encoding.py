@@ -96,7 +96,8 @@ def _key(key: Any, where: str) -> str:
     kind = type(key)
     if kind is str:
         _check_text(key, where)
-        return key
+        text: str = key
+        return text
     if kind is bool:
         return "true" if key else "false"
     if key is None:
@@ -118,7 +119,7 @@ def normalize_json(value: Any, what: str = "the value") -> Any:
     return _normalize({"value": value}, lambda _: where)["value"]
 
 
-def normalize_args(args: Any) -> dict:
+def normalize_args(args: Any) -> dict[str, Any]:
     """Validate job args and return a deep copy made of plain JSON values.
 
     Raises ``ConfigValidationError(TASK_ARGS_INVALID)`` unless ``args`` is a dict whose
@@ -140,9 +141,9 @@ def _named(name: str) -> _Where:
     return _Where(shown, f"inside {shown}")
 
 
-def _normalize(args: dict, place: Callable[[str], _Where]) -> dict:
+def _normalize(args: dict[str, Any], place: Callable[[str], _Where]) -> dict[str, Any]:
     """The walk of ``normalize_args``; ``place(name)`` says where an argument's values are."""
-    root: dict = {}
+    root: dict[str, Any] = {}
     pending: list[tuple[Any, Any, int, _Where | None]] = [(args, root, 1, None)]
     while pending:
         source, target, depth, where = pending.pop()
@@ -256,6 +257,6 @@ def args_hash(args: Any) -> str:
     return hash_normalized_args(normalize_args(args))
 
 
-def hash_normalized_args(args: dict) -> str:
+def hash_normalized_args(args: dict[str, Any]) -> str:
     """``args_hash`` of args that already went through ``normalize_args``."""
     return hashlib.sha256(_encode(args).encode("utf-8")).hexdigest()

@@ -26,13 +26,18 @@ QUEUE_DATABASE_REFUSED, ASYNC_CONTEXT, JOB_FAILED.
 
 import enum
 import re
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import Error as DatabaseError
 from django.db import IntegrityError, InterfaceError, OperationalError
 from django.db.transaction import TransactionManagementError
+
+if TYPE_CHECKING:
+    from .schema.admission import Problem
+    from .schema.owned_metadata import Retained
 
 
 class ErrorCode(enum.StrEnum):
@@ -190,7 +195,7 @@ class SchemaAdmissionError(SoniqError, ImproperlyConfigured):
     The message lists every problem, one line each; ``reason`` counts them.
     """
 
-    def __init__(self, problems):
+    def __init__(self, problems: "Iterable[Problem]"):
         self.problems = tuple(problems)
         self.code = ErrorCode.SCHEMA_REFUSED
         rules = sorted({problem.rule for problem in self.problems})
@@ -215,7 +220,7 @@ class DowngradeRefused(SoniqError):
     tables only, never ids, tokens or payloads.
     """
 
-    def __init__(self, retained):
+    def __init__(self, retained: "Retained"):
         self.retained = retained
         super().__init__(
             ErrorCode.QUEUE_SUBMISSION_CONFLICT,
@@ -234,7 +239,7 @@ class PermanentFailure(SoniqError):
     is its first 200 characters.
     """
 
-    def __init__(self, *args):
+    def __init__(self, *args: object):
         self.code = ErrorCode.PERMANENT_FAILURE
         self.reason = _bounded(str(args[0]) if args else "") or self.code.value
         Exception.__init__(self, *args)
@@ -243,7 +248,7 @@ class PermanentFailure(SoniqError):
 class JobCancelled(SoniqError):
     """Raised inside a handler (by ``JobContext.raise_if_cancelled``) once a cancel is requested."""
 
-    def __init__(self, *args):
+    def __init__(self, *args: object):
         self.code = ErrorCode.JOB_CANCELLED
         self.reason = _bounded(str(args[0]) if args else "") or "the job's cancel was requested"
         Exception.__init__(self, *args)
@@ -283,7 +288,7 @@ def _driver_error(error: BaseException) -> BaseException:
 def sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of a database error; SQLite's constraint failures as their class (23…)."""
     driver = _driver_error(error)
-    state = getattr(driver, "sqlstate", None)
+    state: str | None = getattr(driver, "sqlstate", None)
     if state is not None:
         return state
     name = getattr(driver, "sqlite_errorname", None) or ""
@@ -300,7 +305,7 @@ def _constraint(driver: BaseException) -> str | None:
     match = _SQLITE_UNIQUE.fullmatch(str(driver))
     if match is None or match[1] not in _JOB_TABLES:
         return None
-    if driver.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
+    if getattr(driver, "sqlite_errorname") == "SQLITE_CONSTRAINT_PRIMARYKEY":
         return f"{match[1]}_pkey"
     return _CLAIM_TOKEN if match.groups() == ("soniq_jobs", "claim_token") else None
 
@@ -432,7 +437,7 @@ def translate(error: BaseException, alias: str | None = None) -> SoniqError:
 
 
 @contextmanager
-def translating(alias: str | None = None):
+def translating(alias: str | None = None) -> Iterator[None]:
     """Raise the ``SoniqError`` of any database error raised inside (see ``translate``)."""
     try:
         yield

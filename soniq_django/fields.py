@@ -1,6 +1,7 @@
 """Model fields of soniq_django's own."""
 
 import json
+from typing import Any
 
 from django.core import exceptions
 from django.db import models
@@ -23,10 +24,10 @@ class QueueListField(models.Field):
     description = "List of queue names"
     empty_strings_allowed = False
 
-    def db_type(self, connection):
+    def db_type(self, connection: Any) -> str:
         return "text[]" if connection.vendor == "postgresql" else "text"
 
-    def to_python(self, value):
+    def to_python(self, value: Any) -> list[str] | None:
         if value is None:
             return None
         if isinstance(value, str):
@@ -38,21 +39,21 @@ class QueueListField(models.Field):
             raise exceptions.ValidationError("Queue names must be a list of strings.")
         return list(value)
 
-    def get_prep_value(self, value):
+    def get_prep_value(self, value: Any) -> list[str] | None:
         value = super().get_prep_value(value)
         return None if value is None else self.to_python(value)
 
-    def get_db_prep_value(self, value, connection, prepared=False):
+    def get_db_prep_value(self, value: Any, connection: Any, prepared: bool = False) -> Any:
         if not prepared:
             value = self.get_prep_value(value)
         if value is None or connection.vendor == "postgresql":
             return value  # psycopg sends a Python list as an array
         return json.dumps(value)
 
-    def from_db_value(self, value, expression, connection):
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
         if value is None or isinstance(value, list):
             return value
         return json.loads(value)
 
-    def value_to_string(self, obj):
+    def value_to_string(self, obj: Any) -> str:
         return json.dumps(self.value_from_object(obj))

@@ -20,6 +20,7 @@ owned operations use to write ``expires_at`` there.
 import datetime as dt
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Exists, OuterRef, Q
@@ -103,7 +104,8 @@ def _pg_batch(using: str, batch: int, now: dt.datetime | None) -> int:
             now="now()" if now is None else "%s",
         )
         cursor.execute(sql, [batch] if now is None else [now, batch])
-        return cursor.rowcount
+        deleted: int = cursor.rowcount
+        return deleted
 
 
 def _sqlite_batch(using: str, batch: int, now: dt.datetime | None) -> int:
@@ -116,6 +118,7 @@ def _sqlite_batch(using: str, batch: int, now: dt.datetime | None) -> int:
         ids = list(expired.values_list("id", flat=True)[:batch])
         if not ids:
             return 0
+        deleted: int
         deleted, _ = expired.filter(id__in=ids).delete()
         return deleted
 
@@ -138,7 +141,8 @@ def purge_dead_letters(using: str = DEFAULT_DB_ALIAS, *, older_than: dt.timedelt
     cutoff = (_check_now(now) or _database_now(using)) - older_than
     if dry_run:
         with guarded(using, atomic=False):
-            return _old_dead_letters(using, cutoff).count()
+            count: int = _old_dead_letters(using, cutoff).count()
+            return count
     total = 0
     while True:
         deleted = _dead_letter_batch(using, cutoff, batch)
@@ -147,7 +151,7 @@ def purge_dead_letters(using: str = DEFAULT_DB_ALIAS, *, older_than: dt.timedelt
             return total
 
 
-def _old_dead_letters(using: str, cutoff: dt.datetime):
+def _old_dead_letters(using: str, cutoff: dt.datetime) -> Any:
     """Unprotected dead letters moved before ``cutoff`` whose job is not live."""
     live = Job.objects.using(using).filter(id=OuterRef("id"))
     return DeadLetterJob.objects.using(using).filter(
@@ -167,6 +171,7 @@ def _dead_letter_batch(using: str, cutoff: dt.datetime, batch: int) -> int:
         )
         if not ids:
             return 0
+        deleted: int
         deleted, _ = old.filter(id__in=ids).delete()
         return deleted
 
@@ -174,8 +179,11 @@ def _dead_letter_batch(using: str, cutoff: dt.datetime, batch: int) -> int:
 def _database_now(using: str) -> dt.datetime:
     """The database's current time (PostgreSQL), or Python's on SQLite."""
     connection = connections[using]
+    now: dt.datetime
     if connection.vendor != "postgresql":
-        return timezone.now()
+        now = timezone.now()
+        return now
     with guarded(using, atomic=False), connection.cursor() as cursor:
         cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
+        now = cursor.fetchone()[0]
+        return now

@@ -136,9 +136,10 @@ def retry_now(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> int:
     """
     now = timezone.now()
     with fenced_writes(connections[using]):
-        return Job.objects.using(using).filter(
+        changed: int = Job.objects.using(using).filter(
             id__in=list(job_ids), status=JobStatus.QUEUED, scheduled_at__gt=now
         ).update(scheduled_at=now, updated_at=now)
+        return changed
 
 
 def delete_finished(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> int:
@@ -146,6 +147,7 @@ def delete_finished(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> 
     finished = Job.objects.using(using).filter(
         id__in=list(job_ids), status__in=[JobStatus.DONE, JobStatus.CANCELLED]
     ).exclude(PROTECTED)
+    deleted: int
     deleted, _ = finished.delete()
     return deleted
 
@@ -155,6 +157,6 @@ def set_schedule_status(schedule_ids: Iterable[uuid.UUID], status: str, *,
     """Pause or resume recurring jobs; returns how many changed."""
     if status not in ScheduleStatus.values:
         raise ValueError("status must be 'active' or 'paused'")
-    return RecurringJob.objects.using(using).filter(id__in=list(schedule_ids)).exclude(
-        status=status
-    ).update(status=status)
+    changed: int = RecurringJob.objects.using(using).filter(
+        id__in=list(schedule_ids)).exclude(status=status).update(status=status)
+    return changed

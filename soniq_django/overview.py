@@ -9,6 +9,7 @@ only draws. Nothing here writes.
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, Max, Min, Q
@@ -332,7 +333,7 @@ UNKNOWN_VERSION = "unknown"
 """How a live worker that wrote no ``version`` is counted (Soniq 0.1.0's workers write none)."""
 
 
-def queue_summary(using: str = "default") -> dict:
+def queue_summary(using: str = "default") -> dict[str, Any]:
     """Counts per queue and status, oldest due job's wait, dead letters by reason, live workers.
 
     ``live_workers_by_version`` tells the kinds of worker apart while a

@@ -12,7 +12,8 @@ fields and are evaluated in UTC.
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from croniter import croniter
 from django.core.exceptions import ImproperlyConfigured
@@ -24,6 +25,7 @@ from .registry import JobHandler
 
 _schedules: dict[str, "PeriodicSchedule"] = {}
 _UNSET: Any = object()
+HandlerT = TypeVar("HandlerT", bound="JobHandler[..., Any]")
 # The values of models.ScheduleType, spelled out so that importing this
 # module never needs the app registry.
 INTERVAL, CRON = "interval", "cron"
@@ -82,7 +84,9 @@ class Timing:
         return self._cron_after(max(tick, now))
 
     def _cron_after(self, moment: dt.datetime) -> dt.datetime:
-        return croniter(self.value, moment.astimezone(dt.UTC)).get_next(dt.datetime)
+        following: dt.datetime = croniter(self.value, moment.astimezone(dt.UTC)).get_next(
+            dt.datetime)
+        return following
 
 
 def _interval_seconds(value: str) -> int:
@@ -110,9 +114,9 @@ def _cron_expression(value: str) -> str:
 class PeriodicSchedule:
     """A schedule defined in code for one ``@job`` handler."""
 
-    handler: JobHandler
+    handler: JobHandler[..., Any]
     timing: Timing
-    args: dict
+    args: dict[str, Any]
     queue: str | None
     priority: int | None
     max_attempts: Any
@@ -121,7 +125,7 @@ class PeriodicSchedule:
     def job_name(self) -> str:
         return self.handler.name
 
-    def row_values(self) -> dict:
+    def row_values(self) -> dict[str, Any]:
         """The ``soniq_recurring_jobs`` columns code owns, with settings resolved now.
 
         Raises ``SettingsInvalid`` when a setting it needs is one the checks reject.
@@ -149,8 +153,9 @@ def code_schedules() -> dict[str, PeriodicSchedule]:
 
 
 def periodic(*, cron: str | None = None, every: dt.timedelta | int | None = None,
-             args: dict | None = None, queue: str | None = None, priority: int | None = None,
-             max_attempts: Any = _UNSET):
+             args: dict[str, Any] | None = None, queue: str | None = None,
+             priority: int | None = None, max_attempts: Any = _UNSET
+             ) -> Callable[[HandlerT], HandlerT]:
     """Run a ``@job`` handler on a schedule: ``@periodic(cron=...)`` or ``@periodic(every=...)``.
 
     ``every`` is a ``timedelta`` or a number of seconds (whole, at least 1).
@@ -163,7 +168,7 @@ def periodic(*, cron: str | None = None, every: dt.timedelta | int | None = None
     """
     timing = _timing(cron, every)
 
-    def decorate(handler: Any) -> JobHandler:
+    def decorate(handler: HandlerT) -> HandlerT:
         if not isinstance(handler, JobHandler):
             raise ImproperlyConfigured(
                 "@periodic goes on top of @job(name=...): stack it above the @job line"
@@ -223,7 +228,7 @@ def _register(schedule: PeriodicSchedule) -> None:
     _schedules[schedule.job_name] = schedule
 
 
-def _identity(schedule: PeriodicSchedule) -> tuple:
+def _identity(schedule: PeriodicSchedule) -> tuple[Any, ...]:
     func = schedule.handler.func
     return (f"{func.__module__}.{func.__qualname__}", schedule.timing, schedule.args,
             schedule.queue, schedule.priority, schedule.max_attempts)

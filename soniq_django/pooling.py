@@ -16,29 +16,33 @@ soniq.E010 and W010-W012 (docs/deployment.md).
 """
 
 import weakref
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core import checks
 from django.db import connections
 
-_known: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+if TYPE_CHECKING:
+    from .conf import Settings
+
+_known: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 
-def pooled(raw) -> bool:
+def pooled(raw: Any) -> bool:
     """Whether the psycopg connection ``raw`` reaches its server through a pooler.
 
     One query the first time a connection is asked about, then remembered
     for as long as that connection lives. Raises the driver's error if the
     query fails.
     """
-    known = _known.get(raw)
+    known: bool | None = _known.get(raw)
     if known is None:
         (pid,) = raw.execute("SELECT pg_backend_pid()").fetchone()
         known = _known[raw] = pid != raw.info.backend_pid
     return known
 
 
-def _advice(alias: str, config) -> list[checks.CheckMessage]:
+def _advice(alias: str, config: "Settings") -> list[checks.CheckMessage]:
     """soniq.W010 and W011 for a database behind a (transaction) pooler."""
     messages = []
     if config.LISTEN_DATABASE in (None, alias):
@@ -58,7 +62,7 @@ def _advice(alias: str, config) -> list[checks.CheckMessage]:
     return messages
 
 
-def settings_messages(config) -> list[checks.CheckMessage]:
+def settings_messages(config: "Settings") -> list[checks.CheckMessage]:
     """soniq.E003/E010 for LISTEN_DATABASE; W010/W011 for DISABLE_SERVER_SIDE_CURSORS databases.
 
     ``DISABLE_SERVER_SIDE_CURSORS`` is Django's setting for a transaction pooler.
@@ -80,7 +84,7 @@ def settings_messages(config) -> list[checks.CheckMessage]:
     return messages
 
 
-def database_messages(alias: str, config) -> list[checks.CheckMessage]:
+def database_messages(alias: str, config: "Settings") -> list[checks.CheckMessage]:
     """soniq.W012 (and W010/W011) when PostgreSQL database ``alias`` is reached through a pooler.
 
     A database that sets ``DISABLE_SERVER_SIDE_CURSORS`` was advised on by

@@ -30,14 +30,14 @@ from .conf import checked, get_settings
 from .errors import ConfigValidationError, ErrorCode
 from .producer.request import JobRequest, prepare
 
-_registry: dict[str, "JobHandler"] = {}
+_registry: dict[str, "JobHandler[..., Any]"] = {}
 _resolvers: list[Callable[[str], Any]] = []
 _UNSET: Any = object()
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def get_handler(job_name: str) -> "JobHandler | None":
+def get_handler(job_name: str) -> "JobHandler[..., Any] | None":
     """The handler for ``job_name`` in this process, or None.
 
     A ``@job`` handler wins; otherwise each resolver added with
@@ -47,9 +47,9 @@ def get_handler(job_name: str) -> "JobHandler | None":
     if handler is not None:
         return handler
     for resolver in _resolvers:
-        handler = resolver(job_name)
-        if handler is not None:
-            return handler
+        resolved: JobHandler[..., Any] | None = resolver(job_name)
+        if resolved is not None:
+            return resolved
     return None
 
 
@@ -98,12 +98,12 @@ def import_modules(names: list[str]) -> list[tuple[str, str]]:
     return failed
 
 
-def registered_handlers() -> dict[str, "JobHandler"]:
+def registered_handlers() -> dict[str, "JobHandler[..., Any]"]:
     """A copy of the registry: job name → handler."""
     return dict(_registry)
 
 
-def _register(handler: "JobHandler") -> None:
+def _register(handler: "JobHandler[..., Any]") -> None:
     current = _registry.get(handler.name)
     if current is not None and _origin(current.func) != _origin(handler.func):
         raise ImproperlyConfigured(
@@ -113,7 +113,7 @@ def _register(handler: "JobHandler") -> None:
     _registry[handler.name] = handler
 
 
-def _origin(func: Callable) -> str:
+def _origin(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"
 
 
@@ -136,6 +136,8 @@ _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(_Options))
 
 class JobHandler(Generic[P, R]):
     """A function registered as a job. Call it to run it here and now."""
+
+    __qualname__: str  # the function's, as update_wrapper() copies it (with __doc__ and more)
 
     def __init__(self, func: Callable[P, R], *, name: str, queue: str | None,
                  retries: int | None, unique: bool, atomic: bool = False):
@@ -163,7 +165,8 @@ class JobHandler(Generic[P, R]):
         Raises ``SettingsInvalid`` when that setting is needed and the checks reject it.
         """
         if self.retries is None:
-            return checked("DEFAULT_MAX_ATTEMPTS")
+            default: int = checked("DEFAULT_MAX_ATTEMPTS")
+            return default
         return self.retries + 1
 
     def configure(self, **options: Any) -> "ConfiguredJob[P]":
@@ -190,14 +193,14 @@ class JobHandler(Generic[P, R]):
         """Insert the job once the caller's transactions commit; return its id now."""
         return ConfiguredJob(self, _Options()).enqueue_on_commit(*args, **kwargs)
 
-    def bind_kwargs(self, args: tuple, kwargs: dict) -> dict:
+    def bind_kwargs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """Map a call's arguments to the keyword arguments stored in the job row.
 
         Raises ``ConfigValidationError(TASK_ARGS_INVALID)`` when they do not fit the
         function's signature or cannot be passed by keyword.
         """
         bound = bind_or_refuse(self.signature, args, kwargs, f"job {self.name}")
-        stored: dict = {}
+        stored: dict[str, Any] = {}
         for name, value in bound.arguments.items():
             kind = self.signature.parameters[name].kind
             if kind is inspect.Parameter.VAR_KEYWORD:
@@ -220,7 +223,7 @@ class JobHandler(Generic[P, R]):
         return stored
 
 
-def bind_or_refuse(signature: Any, args: tuple | list, kwargs: dict,
+def bind_or_refuse(signature: Any, args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any],
                    what: str) -> inspect.BoundArguments:
     """``signature.bind(*args, **kwargs)``, or ``ConfigValidationError(TASK_ARGS_INVALID)``.
 
@@ -229,7 +232,8 @@ def bind_or_refuse(signature: Any, args: tuple | list, kwargs: dict,
     then ``what`` (``"job billing.send_invoice"``).
     """
     try:
-        return signature.bind(*args, **kwargs)
+        bound: inspect.BoundArguments = signature.bind(*args, **kwargs)
+        return bound
     except TypeError as error:
         raise ConfigValidationError(f"{error} ({what})", code=ErrorCode.TASK_ARGS_INVALID
                                     ) from None
@@ -308,7 +312,8 @@ class ConfiguredJob(Generic[P]):
         return insert_async(prepare(self.request(*args, **kwargs)),
                             write_alias(self.options.using))
 
-    def _enqueue(self, args: tuple, kwargs: dict, stacklevel: int) -> uuid.UUID:
+    def _enqueue(self, args: tuple[Any, ...], kwargs: dict[str, Any], stacklevel: int
+                 ) -> uuid.UUID:
         from .producer.api import insert_prepared, refuse_event_loop, write_alias
         from .producer.commit import warn_if_uncoupled
 
@@ -351,8 +356,9 @@ def job(func: None = None, /, *, name: str | None = None, queue: str | None = No
         ) -> Callable[[Callable[P, R]], JobHandler[P, R]]: ...
 
 
-def job(func: Callable | None = None, *, name: str | None = None, queue: str | None = None,
-        retries: int | None = None, unique: bool = False, atomic: bool = False) -> Any:
+def job(func: Callable[..., Any] | None = None, *, name: str | None = None,
+        queue: str | None = None, retries: int | None = None, unique: bool = False,
+        atomic: bool = False) -> Any:
     """Register a function as a job handler; usable as ``@job``, ``@job()`` or ``@job(name=...)``.
 
     Without ``name=`` the job name is derived from ``module.function`` and a
@@ -370,7 +376,7 @@ def job(func: Callable | None = None, *, name: str | None = None, queue: str | N
     if type(atomic) is not bool:
         raise ImproperlyConfigured("@job(atomic=...) must be True or False")
 
-    def decorate(function: Callable, stacklevel: int = 2) -> JobHandler:
+    def decorate(function: Callable[..., Any], stacklevel: int = 2) -> JobHandler[..., Any]:
         job_name = name
         if job_name is None:
             job_name = f"{function.__module__}.{function.__name__}"

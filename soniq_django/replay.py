@@ -54,6 +54,7 @@ import datetime as dt
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef, Q
@@ -113,7 +114,7 @@ class _Tally:
         )
 
 
-def replay_dead_letters(using: str = DEFAULT_DB_ALIAS, *, ids: Iterable | None = None,
+def replay_dead_letters(using: str = DEFAULT_DB_ALIAS, *, ids: Iterable[Any] | None = None,
                         reason: str | None = None, all: bool = False,  # noqa: A002
                         dry_run: bool = False, now: dt.datetime | None = None,
                         progress: Callable[[int], None] | None = None) -> ReplayReport:
@@ -154,7 +155,7 @@ def replay_dead_letters(using: str = DEFAULT_DB_ALIAS, *, ids: Iterable | None =
     return tally.report(dry_run)
 
 
-def _selection(ids, reason, all_) -> list[uuid.UUID] | Q:
+def _selection(ids: Any, reason: Any, all_: Any) -> list[uuid.UUID] | Q:
     """The chosen ids (deduplicated, in order) or a filter; ValueError unless exactly one."""
     given = (ids is not None) + (reason is not None) + (all_ is True)
     if given != 1 or all_ not in (True, False):
@@ -191,7 +192,7 @@ def _check_reason(using: str, reason: str) -> None:
         raise ValueError(f"reason must be one of the dead-letter reasons: {', '.join(known)}")
 
 
-def _as_uuid(value) -> uuid.UUID:
+def _as_uuid(value: Any) -> uuid.UUID:
     if isinstance(value, uuid.UUID):
         return value
     try:
@@ -301,7 +302,8 @@ SELECT d.id, d.job_name, d.args, NULL, %s, 0, d.max_attempts, d.queue, d.priorit
 """
 
 
-def _insert_requeued(connection, job_id: uuid.UUID, count: int, moment: dt.datetime) -> None:
+def _insert_requeued(connection: Any, job_id: uuid.UUID, count: int, moment: dt.datetime
+                     ) -> None:
     """Insert the dead letter's job into ``soniq_jobs`` as queued; IntegrityError on a clash."""
     ops = connection.ops
     sql = _REQUEUE.format(
@@ -311,20 +313,24 @@ def _insert_requeued(connection, job_id: uuid.UUID, count: int, moment: dt.datet
     pk = Job._meta.pk.get_db_prep_value(job_id, connection)
     with connection.cursor() as cursor:
         cursor.execute(sql, [
-            JobStatus.QUEUED.value, False, when, when, when, count * GENERATION_STRIDE, False, pk,
+            JobStatus.QUEUED.value, False,  # type: ignore[attr-defined]  # TextChoices
+            when, when, when, count * GENERATION_STRIDE, False, pk,
         ])
 
 
-def _clock(connection) -> dt.datetime:
+def _clock(connection: Any) -> dt.datetime:
     """The time now, read after the lock: the database clock on PostgreSQL."""
+    now: dt.datetime
     if connection.vendor != "postgresql":
-        return timezone.now()
+        now = timezone.now()
+        return now
     with connection.cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()")
-        return cursor.fetchone()[0]
+        now = cursor.fetchone()[0]
+        return now
 
 
-def _notify(connection, queue: str) -> None:
+def _notify(connection: Any, queue: str) -> None:
     """Wake idle PostgreSQL workers at commit, as an enqueue does."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:

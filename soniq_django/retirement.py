@@ -9,7 +9,9 @@ operator has reviewed a dry run. Queued and processing rows are never touched.
 """
 
 from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import Q
@@ -36,7 +38,7 @@ class RetirementGroup:
     """False for queued and processing jobs, which retirement never touches."""
 
 
-def _groups(cutoff):
+def _groups(cutoff: datetime) -> tuple[tuple[str, str, Any, Any], ...]:
     """(table, status, model, eligible queryset) for each terminal group."""
     return (
         ("soniq_jobs", JobStatus.DONE, Job,
@@ -48,14 +50,15 @@ def _groups(cutoff):
     )
 
 
-def cutoff_for(older_than: timedelta):
+def cutoff_for(older_than: timedelta) -> datetime:
     """The instant before which a row's last change must lie to be retired."""
     if older_than < timedelta(0):
         raise ValueError("the age must not be negative")
-    return timezone.now() - older_than
+    cutoff: datetime = timezone.now() - older_than
+    return cutoff
 
 
-def count_retirable(cutoff, *, using: str = "default") -> list[RetirementGroup]:
+def count_retirable(cutoff: datetime, *, using: str = "default") -> list[RetirementGroup]:
     """What a retirement at ``cutoff`` would clear, per table and status, plus the live
     protected jobs it never clears (``eligible=False``). Changes nothing."""
     groups = [RetirementGroup(table=table, status=str(status), rows=qs.using(using).count(),
@@ -68,15 +71,17 @@ def count_retirable(cutoff, *, using: str = "default") -> list[RetirementGroup]:
     return groups
 
 
-def retire_submissions(cutoff, *, using: str = "default", batch_size: int = BATCH_SIZE,
-                       progress=None) -> list[RetirementGroup]:
+def retire_submissions(cutoff: datetime, *, using: str = "default",
+                       batch_size: int = BATCH_SIZE,
+                       progress: Callable[[str, str, int, int], object] | None = None,
+                       ) -> list[RetirementGroup]:
     """Clear the submission identity of terminal rows last changed before ``cutoff``.
 
     Works in batches, one transaction each; ``progress(table, status, done, total)``
     is called after each batch. Returns how many rows each group had cleared.
     Database errors propagate (a batch already committed stays retired).
     """
-    retired = []
+    retired: list[RetirementGroup] = []
     for table, status, model, queryset in _groups(cutoff):
         total, done = queryset.using(using).count(), 0
         while True:
@@ -90,7 +95,7 @@ def retire_submissions(cutoff, *, using: str = "default", batch_size: int = BATC
     return retired
 
 
-def _retire_batch(model, queryset, using, batch_size) -> int:
+def _retire_batch(model: Any, queryset: Any, using: str, batch_size: int) -> int:
     """Clear one batch; returns how many rows changed (0 when none is left)."""
     with transaction.atomic(using=using):
         ids = list(queryset.using(using).values_list("pk", flat=True)[:batch_size])
@@ -99,5 +104,5 @@ def _retire_batch(model, queryset, using, batch_size) -> int:
         # The filter is applied again in the UPDATE: a row that changed since
         # it was selected (a replayed dead letter, say) is left alone.
         with fenced_writes(connections[using]):
-            cleared = queryset.using(using).filter(pk__in=ids).update(**_CLEARED)
+            cleared: int = queryset.using(using).filter(pk__in=ids).update(**_CLEARED)
     return cleared

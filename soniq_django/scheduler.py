@@ -13,6 +13,7 @@ import hashlib
 import logging
 import threading
 import uuid
+from typing import Any
 
 from django.db import Error as DatabaseError
 from django.db import IntegrityError, connections, router, transaction
@@ -47,7 +48,8 @@ def _pause(interval: float, failures: int) -> float:
     """Seconds to wait before the next tick: ``interval``, or a doubling backoff after failures."""
     if not failures:
         return interval
-    return min(max(interval, 0.1) * 2 ** min(failures, 10), MAX_BACKOFF_SECONDS)
+    backoff: float = max(interval, 0.1) * 2 ** min(failures, 10)
+    return min(backoff, MAX_BACKOFF_SECONDS)
 
 
 class Scheduler:
@@ -55,7 +57,7 @@ class Scheduler:
 
     def __init__(self, using: str | None = None):
         self.using = using or router.db_for_write(RecurringJob)
-        self._reported: set[tuple] = set()
+        self._reported: set[tuple[Any, ...]] = set()
 
     def sync_code_schedules(self) -> list[str]:
         """Write the ``@periodic`` schedules of this process to the table; return the job names.
@@ -196,7 +198,7 @@ class Scheduler:
                 logger.error("ignoring schedule %s: %s", row.job_name, error)
             return None
 
-    def _save(self, row: RecurringJob, **values) -> None:
+    def _save(self, row: RecurringJob, **values: Any) -> None:
         RecurringJob.objects.using(self.using).filter(pk=row.pk).update(**values)
 
     def _sync_one(self, schedule: PeriodicSchedule, now: dt.datetime) -> None:

@@ -89,7 +89,7 @@ class SoniqTaskBackend(BaseTaskBackend):
     supports_get_result = True
     supports_async_task = True
 
-    def __init__(self, alias: str, params: dict) -> None:
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         options = self.options
         unknown = set(options) - _OPTIONS
@@ -113,7 +113,7 @@ class SoniqTaskBackend(BaseTaskBackend):
             raise ImproperlyConfigured(
                 f"TASKS[{alias!r}]['OPTIONS']['atomic'] must be True or False."
             )
-        self._max_attempts = options.get("max_attempts")
+        self._max_attempts: int | None = options.get("max_attempts")
         if self._max_attempts is not None and (
             type(self._max_attempts) is not int or self._max_attempts < 1
         ):
@@ -125,7 +125,8 @@ class SoniqTaskBackend(BaseTaskBackend):
     def max_attempts(self) -> int:
         """Attempts each task gets before it fails for good."""
         if self._max_attempts is None:
-            return checked("DEFAULT_MAX_ATTEMPTS")
+            default: int = checked("DEFAULT_MAX_ATTEMPTS")
+            return default
         return self._max_attempts
 
     def validate_task(self, task: Task) -> None:
@@ -226,14 +227,16 @@ class SoniqTaskBackend(BaseTaskBackend):
         except ConfigValidationError:
             raise TaskResultDoesNotExist("a task result id is a job id (a UUID)") from None
         task = find_task(info.job_name) if info is not None else None
-        row = _stored_row(info.id, self.database) if task is not None else None
+        # A task is found only for a job that exists (info is not None then).
+        row = (_stored_row(info.id, self.database)  # type: ignore[union-attr]
+               if task is not None else None)
         if row is None:
             raise TaskResultDoesNotExist(
                 "no task result has this id: the job is unknown, expired or not a Django task"
             )
         return self._result(info, row, task)
 
-    def _result(self, info: Any, row: dict, task: Task) -> TaskResult:
+    def _result(self, info: Any, row: dict[str, Any], task: Task) -> TaskResult:
         stored = row["args"] if isinstance(row["args"], dict) else {}
         status = _STATUSES[info.status]
         finished = info.status in ("done", "cancelled", "dead_letter")
@@ -260,7 +263,7 @@ class SoniqTaskBackend(BaseTaskBackend):
         return result
 
 
-def _check_call(task: Task, args: list, kwargs: dict) -> None:
+def _check_call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> None:
     from .registry import bind_or_refuse
 
     leading = [None] if task.takes_context else []
@@ -268,17 +271,18 @@ def _check_call(task: Task, args: list, kwargs: dict) -> None:
                    f"task {task.module_path}")
 
 
-def _stored_row(job_id: Any, database: str | None) -> dict | None:
+def _stored_row(job_id: Any, database: str | None) -> dict[str, Any] | None:
     """The args, priority and last worker of a job (live or dead-lettered)."""
     from .models import DeadLetterJob, Job
 
     alias = database or router.db_for_read(Job)
-    row = (Job.objects.using(alias).filter(id=job_id)
-           .values("args", "priority", "claim_owner", "worker_id").first())
+    row: dict[str, Any] | None = (Job.objects.using(alias).filter(id=job_id)
+                                  .values("args", "priority", "claim_owner", "worker_id").first())
     if row is not None:
         row["owner"] = row["claim_owner"] or row["worker_id"]
         return row
-    return DeadLetterJob.objects.using(alias).filter(id=job_id).values("args", "priority").first()
+    row = DeadLetterJob.objects.using(alias).filter(id=job_id).values("args", "priority").first()
+    return row
 
 
 def _as_enqueued(task: Task, queue: str, priority: int) -> Task:
@@ -384,18 +388,21 @@ class TaskHandler:
     @property
     def max_attempts(self) -> int:
         """Attempts for rows that store no ``max_attempts`` (NULL)."""
-        return task_backends[self.task.backend].max_attempts
+        attempts: int = task_backends[self.task.backend].max_attempts
+        return attempts
 
     @property
     def atomic(self) -> bool:
         """Whether the task's backend runs its tasks atomically (``OPTIONS["atomic"]``)."""
-        return task_backends[self.task.backend].atomic
+        atomic: bool = task_backends[self.task.backend].atomic
+        return atomic
 
-    def _run(self, args: list | None = None, kwargs: dict | None = None) -> Any:
+    def _run(self, args: list[Any] | None = None, kwargs: dict[str, Any] | None = None) -> Any:
         leading = [TaskContext(task_result=self._running())] if self.task.takes_context else []
         return self.task.func(*leading, *(args or []), **(kwargs or {}))
 
-    async def _arun(self, args: list | None = None, kwargs: dict | None = None) -> Any:
+    async def _arun(self, args: list[Any] | None = None, kwargs: dict[str, Any] | None = None
+                    ) -> Any:
         leading = []
         if self.task.takes_context:
             running = await sync_to_async(self._running_closed, thread_sensitive=False)()

@@ -27,11 +27,16 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
 from .errors import ConfigValidationError, ErrorCode, SoniqError
+
+if TYPE_CHECKING:  # not at run time: this module must not import models (see above)
+    from .owned.types import ClaimedJob
+    from .worker.execution import Outcome
+    from .worker.flight import InFlight
 
 __all__ = ["JobRun", "arun_jobs", "immediate", "run_jobs"]
 
@@ -137,7 +142,8 @@ class _Options:
     raise_exceptions: bool
 
     @classmethod
-    def checked(cls, queues, include_scheduled, now, max_jobs, raise_exceptions) -> "_Options":
+    def checked(cls, queues: Any, include_scheduled: Any, now: Any, max_jobs: Any,
+                raise_exceptions: Any) -> "_Options":
         if queues is not None:
             if isinstance(queues, str) or not all(type(q) is str and q for q in queues):
                 raise ConfigValidationError("queues must be a list of queue names, or None")
@@ -216,14 +222,14 @@ class _Runner:
                              budget=Budget(None), throughput=ThroughputCounter(),
                              stop=threading.Event())
 
-    def claim(self):
+    def claim(self) -> "ClaimedJob | None":
         """The next due job, claimed with a fresh nonce; None when none is due."""
         claimed = self.source.claim_many_owned(
             WORKER_ID, claim_tokens=[secrets.token_hex(16)], queues=self.queues,
             pid=os.getpid())
         return claimed[0] if claimed else None
 
-    def run(self, claimed) -> tuple[JobRun, BaseException | None]:
+    def run(self, claimed: "ClaimedJob") -> tuple[JobRun, BaseException | None]:
         """Run one claimed job and write its outcome; return the run and what to raise, if any."""
         from .models import DeadLetterReason
         from .worker.execution import Outcome, OutcomeKind, execute
@@ -261,7 +267,7 @@ class _Runner:
             ErrorCode.JOB_FAILED,
             f"job {claimed.job_name} was dead-lettered ({outcome.reason}); see JobRun.error")
 
-    def _execute(self, execute: Callable, flight):
+    def _execute(self, execute: Callable[..., "Outcome"], flight: "InFlight") -> "Outcome":
         """``execute()`` the handler, in a savepoint when a transaction is open.
 
         A handler whose query failed inside the caller's transaction leaves
@@ -282,20 +288,22 @@ class _Runner:
         return outcome
 
 
-def _aborted(connection) -> bool:
+def _aborted(connection: Any) -> bool:
     """Whether the connection's transaction is aborted by a failed statement (PostgreSQL)."""
     if connection.vendor != "postgresql" or connection.connection is None:
         return False
     from psycopg.pq import TransactionStatus
 
-    return connection.connection.info.transaction_status == TransactionStatus.INERROR
+    aborted: bool = connection.connection.info.transaction_status == TransactionStatus.INERROR
+    return aborted
 
 
 def _status(alias: str, job_id: uuid.UUID) -> str | None:
     """The job's status now: its row's, ``dead_letter`` once moved there, else None."""
     from .models import DeadLetterJob, Job
 
-    status = Job.objects.using(alias).filter(id=job_id).values_list("status", flat=True).first()
+    status: str | None = Job.objects.using(alias).filter(id=job_id).values_list(
+        "status", flat=True).first()
     if status is not None:
         return status
     return "dead_letter" if DeadLetterJob.objects.using(alias).filter(id=job_id).exists() else None
@@ -308,24 +316,24 @@ def _status(alias: str, job_id: uuid.UUID) -> str | None:
 try:
     import pytest
 except ImportError:  # pragma: no cover - pytest is not a dependency of the package
-    pytest = None
+    pytest = None  # type: ignore[assignment]
 
 if pytest is not None:
     try:
         import pytest_django  # noqa: F401
     except ImportError:  # pragma: no cover
-        pytest_django = None
+        pytest_django = None  # type: ignore[assignment]
 
     if pytest_django is not None:
         # A static dependency: pytest-django sets the database up for fixtures
         # a test depends on when it is collected, not for getfixturevalue().
         @pytest.fixture
-        def soniq_run_jobs(db) -> Callable[..., list[JobRun]]:
+        def soniq_run_jobs(db: None) -> Callable[..., list[JobRun]]:
             """``run_jobs``, with database access for the test (pytest-django's ``db``)."""
             return run_jobs
 
         @pytest.fixture
-        def soniq_immediate(db) -> Iterator[list[JobRun]]:
+        def soniq_immediate(db: None) -> Iterator[list[JobRun]]:
             """Immediate mode for the whole test; yields the list of runs as jobs run."""
             with immediate() as runs:
                 yield runs

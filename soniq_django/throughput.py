@@ -19,8 +19,8 @@ def minute_of(moment: dt.datetime) -> dt.datetime:
 class ThroughputCounter:
     """Counts outcomes in memory; ``flush`` adds them to ``soniq_throughput``."""
 
-    def __init__(self):
-        self._counts: Counter = Counter()
+    def __init__(self) -> None:
+        self._counts: Counter[tuple[dt.datetime, str, str]] = Counter()
         self._lock = threading.Lock()
 
     def add(self, queue: str, kind: str, when: dt.datetime | None = None) -> None:
@@ -33,7 +33,7 @@ class ThroughputCounter:
         """Add the counts to the table (one upsert per minute and queue); keep them on failure."""
         with self._lock:
             counts, self._counts = self._counts, Counter()
-        rows: dict = {}
+        rows: dict[tuple[dt.datetime, str], dict[str, int]] = {}
         for (minute, queue, kind), number in counts.items():
             rows.setdefault((minute, queue), dict.fromkeys(KINDS, 0))[kind] += number
         try:
@@ -46,7 +46,7 @@ class ThroughputCounter:
             raise
 
 
-def _add(using: str, minute: dt.datetime, queue: str, numbers: dict) -> None:
+def _add(using: str, minute: dt.datetime, queue: str, numbers: dict[str, int]) -> None:
     connection = connections[using]
     table = ThroughputMinute._meta.db_table
     columns = ", ".join(KINDS)
@@ -64,7 +64,7 @@ def _add(using: str, minute: dt.datetime, queue: str, numbers: dict) -> None:
 
 def per_minute(using: str, since: dt.datetime) -> dict[dt.datetime, dict[str, int]]:
     """Totals over all queues per minute since ``since``: {minute: {kind: count}}."""
-    totals: dict = {}
+    totals: dict[dt.datetime, dict[str, int]] = {}
     for row in ThroughputMinute.objects.using(using).filter(minute__gte=minute_of(since)):
         bucket = totals.setdefault(row.minute, dict.fromkeys(KINDS, 0))
         for kind in KINDS:

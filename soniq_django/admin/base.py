@@ -1,5 +1,7 @@
 """What every soniq admin shares: offered lookups only, read-only rows, listed columns only."""
 
+from typing import Any
+
 from django.contrib import admin
 from django.contrib.admin import FieldListFilter, ListFilter, SimpleListFilter
 from django.contrib.admin.utils import get_fields_from_path
@@ -7,6 +9,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.db import router
 from django.db.models import QuerySet
 from django.db.models.constants import LOOKUP_SEP
+from django.http import HttpRequest
 
 FENCE_COLUMNS = frozenset({
     "claim_token", "claim_owner", "claim_generation", "submission_id", "submission_fingerprint",
@@ -29,21 +32,29 @@ class OfferedLookupsOnly:
     reach ``search_fields`` and the listed columns.
     """
 
-    def lookup_allowed(self, lookup, value, request=None):
+    # What the ModelAdmin this mixin goes with provides (for type checkers).
+    date_hierarchy: Any
+    list_filter: Any
+    model: Any
+    get_list_filter: Any
+
+    def lookup_allowed(self, lookup: str, value: Any, request: HttpRequest | None = None
+                       ) -> bool:
         if FENCE_COLUMNS & set(lookup.split(LOOKUP_SEP)):
             return False
         return lookup in self.offered_lookups(request)
 
-    def offered_lookups(self, request) -> frozenset[str]:
+    def offered_lookups(self, request: HttpRequest | None) -> frozenset[str]:
         """The query-string parameters this admin's filters and date drill-down produce."""
-        offered = set()
+        offered: set[str] = set()
         if self.date_hierarchy:
             offered |= {f"{self.date_hierarchy}{LOOKUP_SEP}{part}"
                         for part in ("year", "month", "day")}
         list_filter = self.get_list_filter(request) if request is not None else self.list_filter
         for item in list_filter:
             if isinstance(item, type) and issubclass(item, SimpleListFilter):
-                offered.add(item.parameter_name)  # without running its lookups()
+                # Its parameter_name, without running its lookups():
+                offered.add(item.parameter_name)  # type: ignore[attr-defined]
             elif isinstance(item, type) and issubclass(item, ListFilter):
                 offered.update(item(request, {}, self.model, self).expected_parameters())
             else:
@@ -58,20 +69,20 @@ class OfferedLookupsOnly:
 class ReadOnlyAdmin(OfferedLookupsOnly, admin.ModelAdmin):
     """Rows are shown, never added, edited or deleted through the admin."""
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
 class OnlyListedColumns(ChangeList):
     """A changelist that loads just the columns its rows show (``list_columns``)."""
 
-    def get_queryset(self, request, exclude_parameters=None):
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
         queryset = super().get_queryset(request, exclude_parameters)
         return queryset.only(*self.model_admin.list_columns)
 

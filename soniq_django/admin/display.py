@@ -1,7 +1,9 @@
 """Small renderers shared by the soniq admin pages."""
 
+import datetime as dt
 import json
 import uuid
+from typing import Any
 
 from django.utils import timezone
 from django.utils.html import format_html
@@ -15,7 +17,7 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def pre(text: str | None):
+def pre(text: str | None) -> str:
     """``text`` escaped in a <pre> block, cut at SHOWN_CHARACTERS."""
     if text is None:
         return "-"
@@ -34,7 +36,7 @@ def sentence(*parts: str) -> str:
     return f"{text[:1].upper()}{text[1:]}."
 
 
-def when(value):
+def when(value: dt.datetime | None) -> str:
     """A compact local time for list columns, kept on one line."""
     if value is None:
         return "-"
@@ -42,7 +44,7 @@ def when(value):
     return format_html('<span style="white-space: nowrap">{}</span>', shown)
 
 
-def pretty_json(value):
+def pretty_json(value: Any) -> str:
     """``value`` as indented JSON, escaped, in a <pre> block."""
     return pre(None if value is None else json.dumps(value, indent=2, ensure_ascii=False))
 

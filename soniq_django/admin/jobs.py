@@ -2,10 +2,13 @@
 
 import re
 from collections import Counter
+from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.auth import get_permission_codename
 from django.db import router
+from django.db.models import QuerySet
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.translation import ngettext
@@ -27,14 +30,15 @@ class _JobRowAdmin(ReadOnlyAdmin):
     show_full_result_count = False  # no COUNT(*) over the whole table on every filter
     search_help_text = "A job id (whole, or its first 8 characters) or part of a job name."
 
-    def get_changelist(self, request, **kwargs):
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[OnlyListedColumns]:
         return OnlyListedColumns
 
-    def _has_model_permission(self, request, action: str) -> bool:
+    def _has_model_permission(self, request: HttpRequest, action: str) -> bool:
         codename = get_permission_codename(action, self.opts)
         return request.user.has_perm(f"{self.opts.app_label}.{codename}")
 
-    def get_search_results(self, request, queryset, search_term):
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str
+                           ) -> tuple[QuerySet, bool]:
         job_id = parse_uuid(search_term)
         if job_id is not None:
             return queryset.filter(id=job_id), False
@@ -45,19 +49,19 @@ class _JobRowAdmin(ReadOnlyAdmin):
         return results, may_have_duplicates
 
     @admin.display(description="id", ordering="id")
-    def short_id(self, obj):
+    def short_id(self, obj: Job | DeadLetterJob) -> str:
         return format_html('<span title="{}">{}</span>', obj.id, operations.short_id(obj.id))
 
     @admin.display(description="attempts")
-    def attempts_of_max(self, obj):
+    def attempts_of_max(self, obj: Job | DeadLetterJob) -> str:
         return f"{obj.attempts}/{'-' if obj.max_attempts is None else obj.max_attempts}"
 
     @admin.display(description="args")
-    def args_pretty(self, obj):
+    def args_pretty(self, obj: Job | DeadLetterJob) -> str:
         return pretty_json(obj.args)
 
     @admin.display(description="last error")
-    def last_error_pre(self, obj):
+    def last_error_pre(self, obj: Job | DeadLetterJob) -> str:
         return pre(obj.last_error)
 
 
@@ -123,47 +127,47 @@ class JobAdmin(_JobRowAdmin):
     )
     readonly_fields = tuple(f for _, options in fieldsets for f in options["fields"])
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).defer("claim_token")
 
     @admin.display(description="status", ordering="status")
-    def status_shown(self, obj):
+    def status_shown(self, obj: Job) -> str:
         if obj.status == "processing" and obj.cancel_requested:
             return "processing (cancel requested)"
         return obj.get_status_display()
 
     @admin.display(description="scheduled for", ordering="scheduled_at")
-    def scheduled(self, obj):
+    def scheduled(self, obj: Job) -> str:
         return when(obj.scheduled_at)
 
     @admin.display(description="updated", ordering="updated_at")
-    def updated(self, obj):
+    def updated(self, obj: Job) -> str:
         return when(obj.updated_at)
 
     @admin.display(description="result")
-    def result_pretty(self, obj):
+    def result_pretty(self, obj: Job) -> str:
         return pretty_json(obj.result)
 
     @admin.display(description="dead letter")
-    def dead_letter_link(self, obj):
+    def dead_letter_link(self, obj: Job) -> str:
         if not DeadLetterJob.objects.using(self._using(obj)).filter(id=obj.id).exists():
             return "-"
         url = reverse("admin:soniq_django_deadletterjob_change", args=[obj.id])
         return format_html('<a href="{}">this job failed before: its dead letter</a>', url)
 
     @staticmethod
-    def _using(obj) -> str:
+    def _using(obj: Job) -> str:
         return obj._state.db or router.db_for_read(type(obj))
 
-    def has_operate_permission(self, request):
+    def has_operate_permission(self, request: HttpRequest) -> bool:
         return self._has_model_permission(request, "change")
 
-    def has_purge_permission(self, request):
+    def has_purge_permission(self, request: HttpRequest) -> bool:
         return self._has_model_permission(request, "delete")
 
     @admin.action(description="Cancel selected jobs (running ones are asked to stop)",
                   permissions=["operate"])
-    def cancel_selected(self, request, queryset):
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         using = write_alias(queryset)
         # The states before and after are both read where the cancel writes:
         # a replica the list came from may lag behind it.
@@ -183,7 +187,7 @@ class JobAdmin(_JobRowAdmin):
                 self.message_user(request, _CANCEL_MESSAGES[outcome](outcomes[outcome]), level)
 
     @admin.action(description="Retry selected jobs now (skip the wait)", permissions=["operate"])
-    def retry_selected_now(self, request, queryset):
+    def retry_selected_now(self, request: HttpRequest, queryset: QuerySet) -> None:
         ids = list(queryset.values_list("id", flat=True))
         changed = operations.retry_now(ids, using=write_alias(queryset))
         self.message_user(request, sentence(
@@ -193,7 +197,7 @@ class JobAdmin(_JobRowAdmin):
 
     @admin.action(description="Delete selected finished jobs (done or cancelled)",
                   permissions=["purge"])
-    def delete_selected_finished(self, request, queryset):
+    def delete_selected_finished(self, request: HttpRequest, queryset: QuerySet) -> None:
         ids = list(queryset.values_list("id", flat=True))
         deleted = operations.delete_finished(ids, using=write_alias(queryset))
         self.message_user(request, sentence(
@@ -225,31 +229,31 @@ class DeadLetterJobAdmin(_JobRowAdmin):
     readonly_fields = tuple(f for _, options in fieldsets for f in options["fields"])
 
     @admin.display(description="replays", ordering="resurrection_count")
-    def replays(self, obj):
+    def replays(self, obj: DeadLetterJob) -> int:
         return obj.resurrection_count
 
     @admin.display(description="dead-lettered", ordering="moved_to_dead_letter_at")
-    def moved(self, obj):
+    def moved(self, obj: DeadLetterJob) -> str:
         return when(obj.moved_to_dead_letter_at)
 
     @admin.display(description="tags")
-    def tags_pretty(self, obj):
+    def tags_pretty(self, obj: DeadLetterJob) -> str:
         return pretty_json(obj.tags)
 
     @admin.display(description="job in the queue")
-    def job_link(self, obj):
+    def job_link(self, obj: DeadLetterJob) -> str:
         using = obj._state.db or router.db_for_read(Job)
         if not Job.objects.using(using).filter(id=obj.id).exists():
             return "-"
         url = reverse("admin:soniq_django_job_change", args=[obj.id])
         return format_html('<a href="{}">replayed: the job is in soniq_jobs again</a>', url)
 
-    def has_replay_permission(self, request):
+    def has_replay_permission(self, request: HttpRequest) -> bool:
         return self._has_model_permission(request, "change")
 
     @admin.action(description="Replay selected dead letters (queue them again)",
                   permissions=["replay"])
-    def replay_selected(self, request, queryset):
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         try:
             report = replay.replay_dead_letters(
                 write_alias(queryset), ids=list(queryset.values_list("id", flat=True)))

@@ -1,7 +1,11 @@
 """Admin for ``soniq_recurring_jobs``: the one soniq table edited through a form."""
 
+from typing import Any
+
 from django import forms
 from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from .. import operations
 from ..errors import ErrorCode, SoniqError
@@ -33,7 +37,7 @@ class RecurringJobForm(forms.ModelForm):
         ErrorCode.INVALID_MAX_ATTEMPTS: "max_attempts",
     }
 
-    def clean(self):
+    def clean(self) -> dict[str, Any]:
         data = super().clean()
         kind, value = data.get("schedule_type"), data.get("schedule_value")
         if kind and value is not None:
@@ -63,24 +67,24 @@ class RecurringJobAdmin(OfferedLookupsOnly, admin.ModelAdmin):
     actions = ("pause_selected", "resume_selected")
 
     @admin.display(description="schedule")
-    def schedule(self, obj):
+    def schedule(self, obj: RecurringJob) -> str:
         if obj.schedule_type == "interval":
             return f"every {obj.schedule_value} s"
         return f"cron {obj.schedule_value}"
 
     @admin.display(description="next run", ordering="next_run")
-    def next_run_at(self, obj):
+    def next_run_at(self, obj: RecurringJob) -> str:
         return when(obj.next_run)
 
     @admin.display(description="last run", ordering="last_run")
-    def last_run_at(self, obj):
+    def last_run_at(self, obj: RecurringJob) -> str:
         return when(obj.last_run)
 
     @admin.display(description="in code", boolean=True)
-    def defined_in_code(self, obj):
+    def defined_in_code(self, obj: RecurringJob) -> bool:
         return obj.job_name in code_schedules()
 
-    def save_model(self, request, obj, form, change):
+    def save_model(self, request: HttpRequest, obj: RecurringJob, form: Any, change: bool) -> None:
         if not change:
             obj.save()
         else:
@@ -99,14 +103,14 @@ class RecurringJobAdmin(OfferedLookupsOnly, admin.ModelAdmin):
             ), messages.WARNING)
 
     @admin.action(description="Pause selected schedules", permissions=["change"])
-    def pause_selected(self, request, queryset):
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         self._set_status(request, queryset, "paused")
 
     @admin.action(description="Resume selected schedules", permissions=["change"])
-    def resume_selected(self, request, queryset):
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         self._set_status(request, queryset, "active")
 
-    def _set_status(self, request, queryset, status: str):
+    def _set_status(self, request: HttpRequest, queryset: QuerySet, status: str) -> None:
         ids = list(queryset.values_list("id", flat=True))
         changed = operations.set_schedule_status(ids, status, using=write_alias(queryset))
         verb = "paused" if status == "paused" else "resumed"

@@ -11,9 +11,11 @@ puts it on a site.
 """
 
 import json
+from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import quote
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -30,7 +32,7 @@ def registration_url(registration: TaskRegistration, site_name: str = "admin") -
 
 
 class _RegistryChangeList(OnlyListedColumns):
-    def url_for_result(self, result):
+    def url_for_result(self, result: TaskRegistration) -> str:
         # Django's own version quotes ``result.pk``, a tuple here.
         return registration_url(result, self.model_admin.admin_site.name)
 
@@ -53,23 +55,23 @@ class TaskRegistrationAdmin(ReadOnlyAdmin):
               "last_seen", "args_model_repr_pre")
     readonly_fields = fields
 
-    def get_changelist(self, request, **kwargs):
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[_RegistryChangeList]:
         return _RegistryChangeList
 
     @admin.display(description="queue", ordering="queue")
-    def queue_shown(self, obj):
+    def queue_shown(self, obj: TaskRegistration) -> str:
         return obj.queue or "-"  # Soniq's own workers leave it NULL
 
     @admin.display(description="max attempts", ordering="max_attempts")
-    def max_attempts_shown(self, obj):
+    def max_attempts_shown(self, obj: TaskRegistration) -> str | int:
         return "-" if obj.max_attempts is None else obj.max_attempts
 
     @admin.display(description="last registered", ordering="last_seen_at")
-    def last_seen(self, obj):
+    def last_seen(self, obj: TaskRegistration) -> str:
         return when(obj.last_seen_at)
 
     @admin.display(description="worker")
-    def worker(self, obj):
+    def worker(self, obj: TaskRegistration) -> object:
         """The worker id, linked to its page when it names a row of soniq_workers."""
         worker_id = parse_uuid(obj.worker_id)
         if worker_id is None or not Worker.objects.using(obj._state.db).filter(
@@ -80,7 +82,7 @@ class TaskRegistrationAdmin(ReadOnlyAdmin):
         return format_html('<a href="{}">{}</a>', url, obj.worker_id)
 
     @admin.display(description="args model")
-    def args_model_repr_pre(self, obj):
+    def args_model_repr_pre(self, obj: TaskRegistration) -> str:
         return pre(obj.args_model_repr)
 
 

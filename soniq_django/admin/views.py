@@ -1,8 +1,11 @@
 """The dashboard page, and the URL that serves it on an admin site."""
 
+from typing import Any
+
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db import router
+from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils import timezone
@@ -11,7 +14,7 @@ from .. import overview
 from ..models import Job
 
 
-def dashboard_view(request, site: admin.AdminSite):
+def dashboard_view(request: HttpRequest, site: admin.AdminSite) -> TemplateResponse:
     """Queues, workers and the last hour's throughput; needs the "view job" permission."""
     if not request.user.has_perm("soniq_django.view_job"):
         raise PermissionDenied
@@ -41,8 +44,8 @@ def add_dashboard(site: admin.AdminSite) -> None:
         return
     site_urls = site.get_urls
 
-    def get_urls():
-        def view(request):
+    def get_urls() -> list[Any]:
+        def view(request: HttpRequest) -> TemplateResponse:
             return dashboard_view(request, site)
 
         return [path("soniq_django/dashboard/", site.admin_view(view),

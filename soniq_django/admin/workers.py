@@ -1,7 +1,10 @@
 """Read-only admin for ``soniq_workers``; each worker's page lists the job names it registered."""
 
+from typing import Any
+
 from django.contrib import admin
-from django.db.models import Q
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html_join
 
@@ -18,10 +21,10 @@ class _EveryQueueFilter(admin.SimpleListFilter):
     title = "queues"
     parameter_name = "serves"
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [("all", "every queue"), ("some", "named queues")]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         every = Q(queues__isnull=True) | Q(queues=[])
         if self.value() == "all":
             return queryset.filter(every)
@@ -42,28 +45,28 @@ class WorkerAdmin(ReadOnlyAdmin):
     readonly_fields = fields
 
     @admin.display(description="live", boolean=True)
-    def alive(self, obj):
+    def alive(self, obj: Worker) -> bool:
         recent = obj.last_heartbeat >= timezone.now() - overview.live_window()
         return obj.status != WorkerState.STOPPED and recent
 
     @admin.display(description="started", ordering="started_at")
-    def started(self, obj):
+    def started(self, obj: Worker) -> str:
         return when(obj.started_at)
 
     @admin.display(description="last heartbeat", ordering="last_heartbeat")
-    def heartbeat(self, obj):
+    def heartbeat(self, obj: Worker) -> str:
         return when(obj.last_heartbeat)
 
     @admin.display(description="queues")
-    def queues_shown(self, obj):
+    def queues_shown(self, obj: Worker) -> str:
         return ", ".join(obj.queues) if obj.queues else "all"
 
     @admin.display(description="metadata")
-    def metadata_shown(self, obj):
+    def metadata_shown(self, obj: Worker) -> str:
         return pretty_json(obj.metadata)
 
     @admin.display(description="handles")
-    def handles(self, obj):
+    def handles(self, obj: Worker) -> str:
         """The job names this worker registered in soniq_task_registry, each linked to its row."""
         rows = TaskRegistration.objects.using(obj._state.db).filter(
             worker_id=str(obj.id)).order_by("task_name").only("task_name", "worker_id", "queue")

@@ -21,6 +21,7 @@ are not on that path; Python's last-resort handler is no configuration.
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 LOGGER = "soniq_django"
 #: ``--verbosity`` → the level of the ``soniq_django`` logger (2 and 3: DEBUG).
@@ -56,7 +57,7 @@ class CommandHandler(logging.Handler):
     (``--no-color`` turns them off); elsewhere lines are plain text.
     """
 
-    def __init__(self, output, style):
+    def __init__(self, output: Any, style: Any) -> None:
         super().__init__()
         self.output = output
         colour = output.isatty()
@@ -81,7 +82,7 @@ def _plain(text: str) -> str:
 
 
 @contextmanager
-def command_log(command, verbosity: int) -> Iterator[bool]:
+def command_log(command: Any, verbosity: int) -> Iterator[bool]:
     """While the block runs: ``command``'s own log on its stderr, unless logging is configured.
 
     Yields whether it installed one. The ``soniq_django`` logger's level is

@@ -6,9 +6,11 @@ router, see docs/deployment.md) runs ``soniq_worker`` and the rest without
 naming it, as it runs ``manage.py shell`` without naming ``default``.
 """
 
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
@@ -16,7 +18,7 @@ from ..errors import MigrationsNotApplied, translate
 from ..producer.api import read_alias, write_alias
 
 
-def add_database_argument(parser, *, reads: bool = False) -> None:
+def add_database_argument(parser: CommandParser, *, reads: bool = False) -> None:
     """Add ``--database ALIAS``; its default is the routers' write (or ``reads``: read) alias."""
     which = "read" if reads else "write"
     parser.add_argument(
@@ -25,7 +27,7 @@ def add_database_argument(parser, *, reads: bool = False) -> None:
              "jobs; 'default' without routers).")
 
 
-def database_alias(options: dict, *, reads: bool = False) -> str:
+def database_alias(options: dict[str, Any], *, reads: bool = False) -> str:
     """The alias a command runs on: ``--database``, else the routers' choice.
 
     Raises ``CommandError`` when the alias is not in ``DATABASES``.
@@ -38,7 +40,7 @@ def database_alias(options: dict, *, reads: bool = False) -> str:
 
 
 @contextmanager
-def migrations_required(alias: str):
+def migrations_required(alias: str) -> Iterator[None]:
     """Run a command's work; soniq's tables or functions missing on ``alias`` is a ``CommandError``.
 
     Its text is the ``MigrationsNotApplied`` that ``enqueue()`` raises (which

@@ -16,6 +16,12 @@ this package) never loads the models before the app registry is ready.
 """
 
 from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers
+    from ..producer.request import JobRequest
+    from .source import OwnedJobSource
+    from .types import ClaimedJob, OwnedJobState, QueueClaimFence
 
 __all__ = ["ClaimedJob", "JobRequest", "OwnedJobSource", "OwnedJobState", "QueueClaimFence"]
 
@@ -28,11 +34,11 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _HOMES:
         return getattr(import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'soniq_django.owned' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)

@@ -16,6 +16,7 @@ import json
 import logging
 import random
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -53,7 +54,8 @@ def retry_backoff(attempt: int, base: float, cap: float) -> float:
     The SQLite twin uses it, and so does the worker, which passes the delay
     it chose to ``fail_owned`` so that its log line can say it.
     """
-    return min(cap, base * 2 ** min(max(attempt - 1, 0), 60)) * (0.5 + 0.5 * random.random())
+    doubled: float = base * 2 ** min(max(attempt - 1, 0), 60)
+    return min(cap, doubled) * (0.5 + 0.5 * random.random())
 
 
 def persistence_failed(reason: str = "unavailable") -> SoniqError:
@@ -65,7 +67,7 @@ def claim_conflict(reason: str) -> SoniqError:
 
 
 @contextmanager
-def guarded(alias: str, *, atomic: bool):
+def guarded(alias: str, *, atomic: bool) -> Iterator[Any]:
     """Run owned database work; any database failure becomes a package error.
 
     With ``atomic`` the work is one transaction (a savepoint inside an
@@ -93,45 +95,46 @@ class PostgresClaims:
     def __init__(self, alias: str):
         self.alias = alias
 
-    def _rows(self, sql: str, params: list) -> list[tuple]:
+    def _rows(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
         with guarded(self.alias, atomic=False) as connection, connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchall()
+            rows: list[tuple[Any, ...]] = cursor.fetchall()
+            return rows
 
-    def _claim_row(self, sql: str, params: list) -> dict | None:
+    def _claim_row(self, sql: str, params: list[Any]) -> dict[str, Any] | None:
         rows = self._rows(sql, params)
         return self._claim_dict(rows[0]) if rows else None
 
     @staticmethod
-    def _claim_dict(values: tuple) -> dict:
+    def _claim_dict(values: tuple[Any, ...]) -> dict[str, Any]:
         row = dict(zip(CLAIM_COLUMNS, values))
         if isinstance(row["args"], str):  # Django's psycopg setup leaves jsonb as text
             row["args"] = json.loads(row["args"])
         return row
 
     @staticmethod
-    def _fence(f: QueueClaimFence) -> list:
+    def _fence(f: QueueClaimFence) -> list[Any]:
         return [f.job_id, f.worker_id, f.generation, f.claim_token, f.queue]
 
     def claim(self, owner: str, token: str, queues: list[str] | None, lease: float,
-              ttl: float, pid: int | None = None) -> dict | None:
+              ttl: float, pid: int | None = None) -> dict[str, Any] | None:
         return self._claim_row(
             "SELECT * FROM soniq_claim(%s, %s, %s::text[], %s, %s, %s)",
             [owner, token, queues, lease, ttl, pid],
         )
 
     def claim_many(self, owner: str, tokens: list[str], queues: list[str] | None,
-                   lease: float, ttl: float, pid: int | None = None) -> list[dict]:
+                   lease: float, ttl: float, pid: int | None = None) -> list[dict[str, Any]]:
         rows = self._rows(
             "SELECT * FROM soniq_claim_many(%s, %s::text[], %s::text[], %s, %s, %s)",
             [owner, tokens, queues, lease, ttl, pid],
         )
         return [self._claim_dict(row) for row in rows]
 
-    def recover(self, owner: str, token: str) -> dict | None:
+    def recover(self, owner: str, token: str) -> dict[str, Any] | None:
         return self._claim_row("SELECT * FROM soniq_recover_claim(%s, %s)", [owner, token])
 
-    def _boolean(self, function: str, f: QueueClaimFence, extra: list) -> bool:
+    def _boolean(self, function: str, f: QueueClaimFence, extra: list[Any]) -> bool:
         placeholders = ", ".join(["%s"] * (5 + len(extra)))
         rows = self._rows(f"SELECT {function}({placeholders})", self._fence(f) + extra)
         return rows[0][0] is True
@@ -148,7 +151,8 @@ class PostgresClaims:
 
     def complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float,
                            owner: str, tokens: list[str], queues: list[str] | None,
-                           lease: float, pid: int | None) -> tuple[list[bool], list[dict]]:
+                           lease: float, pid: int | None
+                           ) -> tuple[list[bool], list[dict[str, Any]]]:
         """Complete ``completions`` (all of ``owner``) and claim one job per token, in one go.
 
         Two statements in one query string run as one implicit transaction
@@ -165,7 +169,8 @@ class PostgresClaims:
                     completions, ttl, owner, [], queues, lease, pid)
                 _, claimed = self.complete_and_claim([], ttl, owner, tokens, queues, lease, pid)
             return completed, claimed
-        statements, params = [], []
+        statements: list[str] = []
+        params: list[Any] = []
         if completions:
             fences = [f for f, _ in completions]
             statements.append("SELECT soniq_complete_many(%s::text[], %s, %s::bigint[], "
@@ -211,13 +216,13 @@ class PostgresClaims:
         return rows[0][0] is True
 
 
-def _binds_on_server(connection) -> bool:
+def _binds_on_server(connection: Any) -> bool:
     """Whether Django sends this connection's queries with server-side binding."""
     return bool(connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"))
 
 
 @contextmanager
-def fenced_writes(connection):
+def fenced_writes(connection: Any) -> Iterator[None]:
     """Let the writes inside through the PostgreSQL protection trigger.
 
     Owned submissions and live owned claims are skipped by the trigger
@@ -240,7 +245,7 @@ def fenced_writes(connection):
                 cursor.execute("SELECT set_config('soniq.fenced_write', 'off', true)")
 
 
-def take_sqlite_write_lock(connection) -> None:
+def take_sqlite_write_lock(connection: Any) -> None:
     """Make the current SQLite transaction a write transaction now.
 
     A no-op UPDATE takes the RESERVED lock (waiting for the busy timeout if
@@ -258,12 +263,12 @@ class SqliteClaims:
         self.alias = alias
 
     @contextmanager
-    def _locked(self):
+    def _locked(self) -> Iterator[dt.datetime]:
         with guarded(self.alias, atomic=True) as connection:
             take_sqlite_write_lock(connection)
             yield timezone.now()  # sampled after the lock
 
-    def _jobs(self):
+    def _jobs(self) -> Any:
         return Job.objects.using(self.alias)
 
     def _reap_lapsed(self, now: dt.datetime, ttl: float, batch: int = 10) -> None:
@@ -327,9 +332,12 @@ class SqliteClaims:
             keys |= Q(dedup_key=row.dedup_key)
         if row.args_hash is not None:
             keys |= Q(job_name=row.job_name, args_hash=row.args_hash)
-        return self._jobs().filter(keys, status=JobStatus.QUEUED).exclude(id=row.id).first()
+        twin: Job | None = self._jobs().filter(
+            keys, status=JobStatus.QUEUED).exclude(id=row.id).first()
+        return twin
 
-    def _move_to_dead_letter(self, job_id, error, reason, dlq_record_id, now) -> None:
+    def _move_to_dead_letter(self, job_id: uuid.UUID, error: str | None, reason: str,
+                             dlq_record_id: str | None, now: dt.datetime) -> None:
         row = self._jobs().get(id=job_id)
         dead = DeadLetterJob.objects.using(self.alias).filter(id=job_id).first()
         values = dict(
@@ -357,7 +365,7 @@ class SqliteClaims:
         self._jobs().filter(id=job_id).delete()
 
     @staticmethod
-    def _claimed(row: Job) -> dict:
+    def _claimed(row: Job) -> dict[str, Any]:
         return {
             "job_id": row.id, "job_name": row.job_name, "args": row.args, "queue": row.queue,
             "priority": row.priority, "attempts": row.attempts,
@@ -367,12 +375,12 @@ class SqliteClaims:
         }
 
     def claim(self, owner: str, token: str, queues: list[str] | None, lease: float,
-              ttl: float, pid: int | None = None) -> dict | None:
+              ttl: float, pid: int | None = None) -> dict[str, Any] | None:
         rows = self.claim_many(owner, [token], queues, lease, ttl, pid)
         return rows[0] if rows else None
 
     def claim_many(self, owner: str, tokens: list[str], queues: list[str] | None,
-                   lease: float, ttl: float, pid: int | None = None) -> list[dict]:
+                   lease: float, ttl: float, pid: int | None = None) -> list[dict[str, Any]]:
         with self._locked() as now:
             if len(set(tokens)) != len(tokens) or self._jobs().filter(
                 claim_token__in=tokens
@@ -383,7 +391,7 @@ class SqliteClaims:
             if any(generation >= INT64_MAX for _, generation in found):
                 raise claim_conflict("generation_exhausted")
             worker_uuid = _registered_worker(self.alias, owner) if found else None
-            claimed = []
+            claimed: list[dict[str, Any]] = []
             for (job_id, generation), token in zip(found, tokens):
                 self._jobs().filter(id=job_id).update(
                     status=JobStatus.PROCESSING, attempts=models_F("attempts") + 1,
@@ -454,7 +462,7 @@ class SqliteClaims:
             budget = min(budget, count - starts.count())
         return max(budget, 0)
 
-    def recover(self, owner: str, token: str) -> dict | None:
+    def recover(self, owner: str, token: str) -> dict[str, Any] | None:
         with self._locked() as now:
             row = self._jobs().filter(claim_token=token).first()
             if (
@@ -467,7 +475,7 @@ class SqliteClaims:
 
     def _owned_row(self, f: QueueClaimFence, now: dt.datetime) -> Job | None:
         """The row the fence still owns, compared exactly; None when it does not."""
-        row = self._jobs().filter(id=uuid.UUID(f.job_id)).first()
+        row: Job | None = self._jobs().filter(id=uuid.UUID(f.job_id)).first()
         if (
             row is None or str(row.id) != f.job_id or row.queue != f.queue
             or row.claim_owner != f.worker_id or row.claim_token != f.claim_token
@@ -477,8 +485,8 @@ class SqliteClaims:
             return None
         return row
 
-    def _update_owned(self, row: Job, now: dt.datetime, **values) -> bool:
-        changed = self._jobs().filter(
+    def _update_owned(self, row: Job, now: dt.datetime, **values: Any) -> bool:
+        changed: int = self._jobs().filter(
             id=row.id, claim_token=row.claim_token, claim_generation=row.claim_generation,
             status=JobStatus.PROCESSING, lease_expires_at__gt=now,
         ).update(updated_at=now, **values)
@@ -510,11 +518,13 @@ class SqliteClaims:
                 status=JobStatus.PROCESSING, lease_expires_at__gt=checked_at,
             ).update(status=JobStatus.DONE, result=result, lease_expires_at=None, pid=None,
                      expires_at=now + dt.timedelta(seconds=ttl), updated_at=now)
-            return changed == 1
+            done: bool = changed == 1
+            return done
 
     def complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float,
                            owner: str, tokens: list[str], queues: list[str] | None,
-                           lease: float, pid: int | None) -> tuple[list[bool], list[dict]]:
+                           lease: float, pid: int | None
+                           ) -> tuple[list[bool], list[dict[str, Any]]]:
         with guarded(self.alias, atomic=True) as connection:
             take_sqlite_write_lock(connection)
             completed = [self.complete(f, result, ttl) for f, result in completions]
@@ -601,10 +611,11 @@ def default_max_attempts(alias: str, job_name: str) -> int:
     """
     declared = TaskRegistration.objects.using(alias).filter(
         task_name=job_name, max_attempts__gte=1).aggregate(Max("max_attempts"))
-    return declared["max_attempts__max"] or DEFAULT_MAX_ATTEMPTS
+    limit: int = declared["max_attempts__max"] or DEFAULT_MAX_ATTEMPTS
+    return limit
 
 
-def superseded_error(twin_id, key: str, error: str) -> str:
+def superseded_error(twin_id: uuid.UUID, key: str, error: str) -> str:
     """``last_error`` of a retry finished as superseded (the text soniq_requeue_v1 writes)."""
     return (f"superseded: not queued again because queued job {twin_id} holds the same {key}; "
             f"this attempt ended with: {error}")

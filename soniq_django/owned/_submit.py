@@ -11,6 +11,7 @@ import datetime as dt
 import hashlib
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -49,7 +50,7 @@ def _utc_text(value: dt.datetime | None) -> str | None:
     return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def fingerprint(request: JobRequest, submission_id: str, args: dict | None) -> str:
+def fingerprint(request: JobRequest, submission_id: str, args: dict[str, Any] | None) -> str:
     """The versioned SHA-256 fingerprint of an owned submission.
 
     It covers the table, the submission id and every authored field as
@@ -63,7 +64,8 @@ def fingerprint(request: JobRequest, submission_id: str, args: dict | None) -> s
         "args": args,
         "queue": request.queue,
         "priority": request.priority,
-        "run_at": _utc_text(request.run_at),
+        # A datetime or None: snapshot() refused a countdown (a timedelta) before.
+        "run_at": _utc_text(request.run_at),  # type: ignore[arg-type]
         "max_attempts": request.max_attempts,
         "unique_job": request.unique_job,
         "dedup_key": request.dedup_key,
@@ -85,7 +87,7 @@ def snapshot(request: object, submission_id: object, force: object) -> OwnedSubm
     """Validate and freeze an owned submission; raises ConfigValidationError (CONFIG)."""
     if type(request) is not JobRequest:
         raise ConfigValidationError("submit_owned expects a JobRequest")
-    identity(submission_id, "submission_id")
+    submission_id = identity(submission_id, "submission_id")
     if type(force) is not bool:
         raise ConfigValidationError("force must be True or False")
     positive_int(request.max_attempts, "max_attempts", INT32_MAX)
@@ -126,7 +128,8 @@ def _replayed(alias: str, submission: OwnedSubmission) -> uuid.UUID | None:
             continue
         if found[2] != submission.fingerprint:
             raise conflict("submission_mismatch")
-        return found[0]
+        job_id: uuid.UUID = found[0]
+        return job_id
     return None
 
 
@@ -142,7 +145,8 @@ def _row(submission: OwnedSubmission) -> Job:
     )
 
 
-def _displace_predecessor(alias, connection, submission, now) -> uuid.UUID | None:
+def _displace_predecessor(alias: str, connection: Any, submission: OwnedSubmission,
+                          now: dt.datetime) -> uuid.UUID | None:
     """Cancel a live job holding the same active key (``force``), or refuse.
 
     Returns the original id when, under the predecessor's lock, this turns

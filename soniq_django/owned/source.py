@@ -16,7 +16,7 @@ handing the database work to a thread.
 
 import uuid
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, overload
 
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS
@@ -26,7 +26,7 @@ from ..encoding import normalize_json
 from ..errors import ConfigValidationError
 from ..producer.request import JobRequest, coerce_job_id
 from ..models import DeadLetterReason
-from ._store import claims_for
+from ._store import PostgresClaims, SqliteClaims, claims_for
 from ._submit import OwnedSubmission, snapshot, submit
 from .types import (
     INT32_MAX,
@@ -50,7 +50,15 @@ _FAIL_REASONS = {
 }
 
 
-def _claimed(row: dict | None) -> ClaimedJob | None:
+@overload
+def _claimed(row: dict[str, Any]) -> ClaimedJob: ...
+@overload
+def _claimed(row: None) -> None: ...
+@overload
+def _claimed(row: dict[str, Any] | None) -> ClaimedJob | None: ...
+
+
+def _claimed(row: dict[str, Any] | None) -> ClaimedJob | None:
     if row is None:
         return None
     return ClaimedJob(
@@ -106,7 +114,7 @@ class OwnedJobSource:
         return f"<OwnedJobSource using={self.using!r}>"
 
     @property
-    def _claims(self):
+    def _claims(self) -> PostgresClaims | SqliteClaims:
         return claims_for(self.using)
 
     # Submission -------------------------------------------------------
@@ -154,7 +162,7 @@ class OwnedJobSource:
         return self._claim(*_claim_args(worker_id, claim_token, queues, pid))
 
     def _claim(self, worker_id: str, claim_token: str, queues: list[str] | None,
-               pid: int | None):
+               pid: int | None) -> ClaimedJob | None:
         row = self._claims.claim(
             worker_id, claim_token, queues, _lease(), _result_ttl(), pid)
         return _claimed(row)
@@ -293,7 +301,9 @@ class OwnedJobSource:
         args = _complete_and_claim_args(completions, claim_tokens, queues, pid)
         return await sync_to_async(self._complete_and_claim)(*args)
 
-    def _complete_and_claim(self, completions, worker, tokens, queues, pid):
+    def _complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], worker: str,
+                            tokens: list[str], queues: list[str] | None, pid: int | None
+                            ) -> tuple[list[bool], list[ClaimedJob]]:
         completed, rows = self._claims.complete_and_claim(
             completions, _result_ttl(), worker, tokens, queues,
             _lease(), pid,
@@ -319,7 +329,8 @@ class OwnedJobSource:
                         default_max_attempts)
         return self._fail(*args)
 
-    def _fail(self, fence, error, retry, dlq_record_id, reason, delay, default_max) -> bool:
+    def _fail(self, fence: QueueClaimFence, error: str, retry: bool, dlq_record_id: str | None,
+              reason: str, delay: float | None, default_max: int) -> bool:
         config = get_settings()
         return self._claims.fail(
             fence, error, retry, delay, reason, dlq_record_id, default_max,
@@ -405,7 +416,7 @@ class OwnedJobSource:
         return await sync_to_async(self._request_cancel)(coerce_job_id(job_id))
 
 
-def _completions(completions) -> tuple[str, list[tuple[QueueClaimFence, Any]]]:
+def _completions(completions: Any) -> tuple[str, list[tuple[QueueClaimFence, Any]]]:
     """Checked ``(fence, result)`` pairs, and the one worker id they share."""
     if not isinstance(completions, (list, tuple)):
         raise ConfigValidationError("completions must be a list of (fence, result) pairs")
@@ -422,13 +433,16 @@ def _completions(completions) -> tuple[str, list[tuple[QueueClaimFence, Any]]]:
     return workers.pop(), checked
 
 
-def _complete_and_claim_args(completions, claim_tokens, queues, pid) -> tuple:
+def _complete_and_claim_args(
+    completions: Any, claim_tokens: Any, queues: Any, pid: Any,
+) -> tuple[list[tuple[QueueClaimFence, Any]], str, list[str], list[str] | None, int | None]:
     worker, checked = _completions(completions)
     worker, tokens, names, pid = _claim_many_args(worker, claim_tokens, queues, pid)
     return checked, worker, tokens, names, pid
 
 
-def _claim_many_args(worker_id, claim_tokens, queues, pid) -> tuple:
+def _claim_many_args(worker_id: Any, claim_tokens: Any, queues: Any, pid: Any
+                     ) -> tuple[str, list[str], list[str] | None, int | None]:
     if isinstance(claim_tokens, (str, bytes)) or not isinstance(claim_tokens, (list, tuple)):
         raise ConfigValidationError("claim_tokens must be a list of nonces")
     if not 1 <= len(claim_tokens) <= MAX_CLAIM_BATCH:
@@ -438,7 +452,8 @@ def _claim_many_args(worker_id, claim_tokens, queues, pid) -> tuple:
     return worker, tokens, names, pid
 
 
-def _claim_args(worker_id, claim_token, queues, pid) -> tuple:
+def _claim_args(worker_id: Any, claim_token: Any, queues: Any, pid: Any
+                ) -> tuple[str, str, list[str] | None, int | None]:
     return (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"),
             _queues(queues), None if pid is None else positive_int(pid, "pid", INT32_MAX))
 
@@ -450,7 +465,9 @@ def _result(result: Any) -> Any:
         raise ConfigValidationError("result must be finite standard JSON") from None
 
 
-def _failure(fence, error, retry, dlq_record_id, reason, delay, default_max):
+def _failure(fence: Any, error: Any, retry: Any, dlq_record_id: Any, reason: Any, delay: Any,
+             default_max: Any
+             ) -> tuple[QueueClaimFence, str, bool, str | None, str, float | None, int]:
     fence = checked_fence(fence)
     if type(error) is not str:
         raise ConfigValidationError("error must be a string")
@@ -474,7 +491,7 @@ def _failure(fence, error, retry, dlq_record_id, reason, delay, default_max):
     return fence, error.replace("\x00", "\\x00"), retry, dlq_record_id, str(reason), delay, default_max
 
 
-def _deferral(fence, error, delay) -> tuple:
+def _deferral(fence: Any, error: Any, delay: Any) -> tuple[QueueClaimFence, str, float]:
     fence = checked_fence(fence)
     if type(error) is not str:
         raise ConfigValidationError("error must be a string")

@@ -42,7 +42,7 @@ class ClaimedJob:
 
     job_id: uuid.UUID
     job_name: str
-    args: dict
+    args: dict[str, Any]
     queue: str
     priority: int
     attempts: int

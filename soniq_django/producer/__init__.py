@@ -11,6 +11,12 @@ Names are imported lazily (see ``soniq_django/__init__.py``).
 """
 
 from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers
+    from .aio import abulk_enqueue, aenqueue, aget_job
+    from .api import JobInfo, bulk_enqueue, enqueue, get_job
+    from .request import JobRequest
 
 __all__ = [
     "JobInfo", "JobRequest", "abulk_enqueue", "aenqueue", "aget_job", "bulk_enqueue", "enqueue",
@@ -29,11 +35,11 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _HOMES:
         return getattr(import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'soniq_django.producer' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)

@@ -31,7 +31,9 @@ import json
 import logging
 import uuid
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from typing import Any, cast
 
 import psycopg
 from django.db import transaction
@@ -62,7 +64,7 @@ _PREPARE_THRESHOLD = 5
 _NOT_OURS = frozenset({"26000", "42P05", "08P01"})
 
 # psycopg connections that prepare nothing more, and the aliases warned about.
-_unprepared: "weakref.WeakSet" = weakref.WeakSet()
+_unprepared: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _warned: set[str] = set()
 
 GET_JOB = (
@@ -75,7 +77,7 @@ _json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=Fa
 
 
 @contextmanager
-def _translated(connection, alias: str):
+def _translated(connection: Any, alias: str) -> Iterator[None]:
     """Run a call so that its failure leaves an enclosing transaction usable.
 
     Inside ``atomic()`` the call gets a savepoint; in autocommit mode the
@@ -87,7 +89,7 @@ def _translated(connection, alias: str):
         yield
 
 
-def prepares_statements(connection) -> bool:
+def prepares_statements(connection: Any) -> bool:
     """Whether soniq's enqueue statements are prepared on ``connection`` (connected, psycopg).
 
     Raises the driver's error if finding out whether a pooler is in between fails.
@@ -101,7 +103,7 @@ def prepares_statements(connection) -> bool:
     return wanted
 
 
-def _stop_preparing(connection, alias: str, sqlstate: str) -> None:
+def _stop_preparing(connection: Any, alias: str, sqlstate: str) -> None:
     """Prepare nothing more on this connection, and have psycopg forget what it prepared.
 
     Forgetting sends nothing to the server. psycopg would send DEALLOCATE ALL
@@ -124,17 +126,20 @@ def _stop_preparing(connection, alias: str, sqlstate: str) -> None:
             "(docs/deployment.md).", alias, sqlstate)
 
 
-def _fetchone(connection, alias: str, sql: str, params: list) -> tuple | None:
+def _fetchone(connection: Any, alias: str, sql: str, params: list[Any]
+              ) -> tuple[Any, ...] | None:
     """Run one statement on Django's connection and return its one row.
 
     None when a prepared call failed on a statement that is not ours
     (``_NOT_OURS``): nothing ran, the connection prepares nothing more, and
     inside ``atomic()`` the savepoint ``_translated`` made is marked for rollback.
     """
+    row: tuple[Any, ...] | None
     if connection.queries_logged or connection.execute_wrappers:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchone()
+            row = cursor.fetchone()
+            return row
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     connection.validate_thread_sharing()
@@ -143,7 +148,8 @@ def _fetchone(connection, alias: str, sql: str, params: list) -> tuple | None:
     if not isinstance(raw, psycopg.Connection):  # pragma: no cover - psycopg 2
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchone()
+            row = cursor.fetchone()
+            return row
     with connection.wrap_database_errors:
         prepare = prepares_statements(connection)
     # psycopg prepares nothing while prepare_threshold is None (Django's
@@ -169,7 +175,7 @@ def _fetchone(connection, alias: str, sql: str, params: list) -> tuple | None:
             raw.prepare_threshold = None
 
 
-def _call(connection, alias: str, sql: str, params: list) -> tuple:
+def _call(connection: Any, alias: str, sql: str, params: list[Any]) -> tuple[Any, ...]:
     """The one row of ``sql``; a prepared call that met a statement not ours is sent again.
 
     The failed attempt ran nothing (``_NOT_OURS``) and its savepoint is rolled
@@ -180,26 +186,27 @@ def _call(connection, alias: str, sql: str, params: list) -> tuple:
     if row is None:  # this connection now prepares nothing: the second call cannot be None
         with _translated(connection, alias):
             row = _fetchone(connection, alias, sql, params)
-    return row
+    return cast("tuple[Any, ...]", row)
 
 
-def enqueue(job: PreparedJob, connection, alias: str) -> uuid.UUID:
+def enqueue(job: PreparedJob, connection: Any, alias: str) -> uuid.UUID:
     """Call ``soniq_enqueue`` for one validated job; return the id it gives."""
     params = [
         job.job_name, job.args_json, job.queue, job.priority, job.scheduled_at,
         job.max_attempts, job.unique_job, job.dedup_key, job.producer_id, job.job_id,
     ]
+    job_id: uuid.UUID
     (job_id,) = _call(connection, alias, _ENQUEUE, params)
     return job_id
 
 
-def enqueue_many(jobs: list[PreparedJob], connection, alias: str) -> list[uuid.UUID]:
+def enqueue_many(jobs: list[PreparedJob], connection: Any, alias: str) -> list[uuid.UUID]:
     """Call ``soniq_enqueue_many`` once for all jobs; ids in input order.
 
     Optional keys that are unset are left out, and so is a job_id
     ``prepare`` generated (the server makes one).
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     append = rows.append
     for job in jobs:
         row = {"job_name": job.job_name, "args": job.args, "queue": job.queue,
@@ -215,12 +222,14 @@ def enqueue_many(jobs: list[PreparedJob], connection, alias: str) -> list[uuid.U
         if not job.job_id_generated:
             row["job_id"] = str(job.job_id)
         append(row)
+    ids: list[uuid.UUID]
     (ids,) = _call(connection, alias, _ENQUEUE_MANY, [_json(rows)])
     return ids
 
 
-def get_job_row(job_id: uuid.UUID, connection) -> tuple | None:
+def get_job_row(job_id: uuid.UUID, connection: Any) -> tuple[Any, ...] | None:
     """The ``soniq_get_job`` row for ``job_id``, or None."""
+    row: tuple[Any, ...] | None
     with translating(connection.alias), connection.cursor() as cursor:
         cursor.execute(GET_JOB, [job_id])
         row = cursor.fetchone()

@@ -13,6 +13,7 @@ that transaction.
 import datetime as dt
 import uuid
 from collections.abc import Awaitable, Iterable
+from typing import Any
 
 from asgiref.sync import sync_to_async
 
@@ -26,7 +27,7 @@ from .request import JobRequest, PreparedJob, coerce_job_id, prepare, prepare_al
 
 def aenqueue(
     job_name: str,
-    args: dict | None = None,
+    args: dict[str, Any] | None = None,
     *,
     queue: str | None = None,
     priority: int | None = None,

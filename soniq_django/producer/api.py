@@ -19,7 +19,6 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from . import _pg
 from .commit import warn_if_uncoupled
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
@@ -88,7 +87,7 @@ def read_alias(using: str | None) -> str:
 
 def enqueue(
     job_name: str,
-    args: dict | None = None,
+    args: dict[str, Any] | None = None,
     *,
     queue: str | None = None,
     priority: int | None = None,
@@ -163,6 +162,8 @@ def insert_many_prepared(prepared: list[PreparedJob], alias: str) -> list[uuid.U
     connection = connections[alias]
     prepared = _due(prepared, connection)
     if connection.vendor == "postgresql":
+        from . import _pg  # here, not at the top: psycopg is needed on PostgreSQL alone
+
         ids = _pg.enqueue_many(prepared, connection, alias)
     else:
         ids = _insert_many_portable(prepared, alias)
@@ -194,6 +195,8 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
     connection = connections[alias]
     job = _due([job], connection)[0]
     if connection.vendor == "postgresql":
+        from . import _pg  # psycopg: PostgreSQL alone (as in insert_many_prepared)
+
         job_id = _pg.enqueue(job, connection, alias)
     else:
         with translating(alias):
@@ -202,20 +205,23 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
     return job_id
 
 
-def database_now(connection) -> dt.datetime:
+def database_now(connection: Any) -> dt.datetime:
     """The time by the clock workers compare ``scheduled_at`` with.
 
     PostgreSQL's ``clock_timestamp()`` (claims read it after their lock); on
     SQLite, whose claims take this process's time, ``timezone.now()``.
     """
+    now: dt.datetime
     if connection.vendor != "postgresql":
-        return timezone.now()
+        now = timezone.now()
+        return now
     with translating(connection.alias), connection.cursor() as cursor:
         cursor.execute("SELECT pg_catalog.clock_timestamp()")
-        return cursor.fetchone()[0]
+        now = cursor.fetchone()[0]
+        return now
 
 
-def _due(prepared: list[PreparedJob], connection) -> list[PreparedJob]:
+def _due(prepared: list[PreparedJob], connection: Any) -> list[PreparedJob]:
     """The jobs with their countdowns counted from one reading of the database's clock."""
     if all(job.delay is None for job in prepared):
         return prepared
@@ -284,15 +290,17 @@ def _row(job: PreparedJob) -> Job:
 def _queued_duplicate(job: PreparedJob, alias: str) -> uuid.UUID | None:
     queued = Job.objects.using(alias).filter(status=JobStatus.QUEUED)
     if job.dedup_key is not None:
-        found = queued.filter(dedup_key=job.dedup_key).values_list("id", flat=True).first()
+        found: uuid.UUID | None = queued.filter(
+            dedup_key=job.dedup_key).values_list("id", flat=True).first()
         if found is not None:
             return found
     if job.unique_job:
-        return (
+        found = (
             queued.filter(job_name=job.job_name, args_hash=job.args_hash)
             .values_list("id", flat=True)
             .first()
         )
+        return found
     return None
 
 
@@ -323,6 +331,8 @@ def get_coerced(job_id: uuid.UUID, alias: str) -> JobInfo | None:
     """``get_job`` of a checked id on ``alias``."""
     connection = connections[alias]
     if connection.vendor == "postgresql":
+        from . import _pg  # psycopg: PostgreSQL alone (as in insert_many_prepared)
+
         row = _pg.get_job_row(job_id, connection)
         return None if row is None else JobInfo(**dict(zip(_PG_FIELDS, row)))
     with translating(alias):

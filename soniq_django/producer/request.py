@@ -26,7 +26,7 @@ import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from ..conf import DEFAULT_MAX_ATTEMPTS, checked, current_problems, get_settings
 from ..encoding import hash_normalized_args, normalize_args
@@ -49,7 +49,7 @@ class JobRequest:
     """
 
     job_name: str
-    args: dict | None = None
+    args: dict[str, Any] | None = None
     _: KW_ONLY
     queue: str | None = None
     priority: int | None = None
@@ -74,7 +74,7 @@ class PreparedJob:
     job_id: uuid.UUID
     job_id_generated: bool
     job_name: str
-    args: dict
+    args: dict[str, Any]
     args_hash: str | None
     queue: str
     priority: int
@@ -110,7 +110,7 @@ def _kind(value: Any) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled(pattern: str) -> re.Pattern:
+def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
@@ -118,7 +118,7 @@ def _compiled(pattern: str) -> re.Pattern:
 encode_args = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
-def _encoded(args: dict) -> str:
+def _encoded(args: dict[str, Any]) -> str:
     """``args`` as compact JSON; raise ``PayloadTooLarge`` over ``MAX_PAYLOAD_BYTES``."""
     text = encode_args(args)
     limit = get_settings().MAX_PAYLOAD_BYTES
@@ -163,6 +163,12 @@ def validate_max_attempts(value: Any) -> int | None:
             code=ErrorCode.INVALID_MAX_ATTEMPTS,
         )
     return value
+
+
+@overload
+def _label(value: Any, name: str, *, required: Literal[True]) -> str: ...
+@overload
+def _label(value: Any, name: str, *, required: bool) -> str | None: ...
 
 
 def _label(value: Any, name: str, *, required: bool) -> str | None:

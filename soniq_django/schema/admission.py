@@ -11,13 +11,16 @@ the rule broken (ids below, explained in docs/schema-admission.md).
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
 from ..errors import SchemaAdmissionError
 from . import catalog
+from .catalog import ColumnFacts, IndexFacts
 from .owned_metadata import (
-    OWNED_COLUMNS, OWNED_HELPERS, PG_OWNED_HELPERS, UNIQUE_IDENTITIES, owned_schema_applied,
+    OWNED_COLUMNS, OWNED_HELPERS, PG_OWNED_HELPERS, UNIQUE_IDENTITIES, OwnedColumn,
+    owned_schema_applied,
 )
 
 #: Rule id -> what the rule demands.
@@ -65,7 +68,7 @@ class Problem:
     message: str
 
 
-def _problem(table, name, rule, detail=""):
+def _problem(table: str, name: str, rule: str, detail: str = "") -> Problem:
     where = f"{table}.{name}" if name else table
     text = f"{where}: {RULES[rule]}" + (f" ({detail})" if detail else "") + f" [rule {rule}]"
     return Problem(table=table, name=name, rule=rule, message=text)
@@ -75,7 +78,7 @@ def _problem(table, name, rule, detail=""):
 # Entry points
 
 
-def check_owned_schema(connection, *, applied: bool | None = None) -> list[Problem]:
+def check_owned_schema(connection: Any, *, applied: bool | None = None) -> list[Problem]:
     """Every problem with the owned schema on ``connection``; empty when admissible.
 
     ``applied`` says whether migration 0003 is in place (default: ask Django's
@@ -93,14 +96,14 @@ def check_owned_schema(connection, *, applied: bool | None = None) -> list[Probl
     return problems
 
 
-def admit_owned_schema(connection, *, applied: bool | None = None) -> None:
+def admit_owned_schema(connection: Any, *, applied: bool | None = None) -> None:
     """Raise ``SchemaAdmissionError`` listing every problem; return None when admissible."""
     problems = check_owned_schema(connection, applied=applied)
     if problems:
         raise SchemaAdmissionError(problems)
 
 
-def check_report(connection) -> tuple[list[str], list[Problem]]:
+def check_report(connection: Any) -> tuple[list[str], list[Problem]]:
     """What ``soniq_check_schema`` prints: (ok lines, problems)."""
     applied = owned_schema_applied(connection)
     problems = check_owned_schema(connection, applied=applied)
@@ -122,7 +125,7 @@ def check_report(connection) -> tuple[list[str], list[Problem]]:
 # The database as a whole
 
 
-def _database_problems(connection) -> list[Problem]:
+def _database_problems(connection: Any) -> list[Problem]:
     if connection.vendor == "postgresql":
         if not catalog.pg_default_collation_deterministic(connection):
             return [_problem("database", "", "database-collation")]
@@ -132,7 +135,7 @@ def _database_problems(connection) -> list[Problem]:
     return []
 
 
-def sqlite_binary_probe(connection) -> bool:
+def sqlite_binary_probe(connection: Any) -> bool:
     """Whether SQLite, on this connection, compares the identity columns byte for byte.
 
     Creates a temporary table declared as 0003 declares the identity columns,
@@ -151,7 +154,7 @@ def sqlite_binary_probe(connection) -> bool:
             transaction.set_rollback(True, using=connection.alias)
 
 
-def _run_probe(cursor, columns) -> bool:
+def _run_probe(cursor: Any, columns: list[OwnedColumn]) -> bool:
     values = ("a", "A", "a ")
     cursor.execute(f'CREATE TEMP TABLE "{_PROBE_TABLE}" '
                    f'({", ".join(column.ddl("sqlite") for column in columns)})')
@@ -182,7 +185,8 @@ def _run_probe(cursor, columns) -> bool:
 # Columns
 
 
-def _owned_column_problems(connection, column, applied) -> list[Problem]:
+def _owned_column_problems(connection: Any, column: OwnedColumn, applied: bool
+                           ) -> list[Problem]:
     facts = catalog.column_facts(connection, column.table, column.name)
     if facts is None:
         return [_problem(column.table, column.name, "column-missing")] if applied else []
@@ -194,7 +198,8 @@ def _owned_column_problems(connection, column, applied) -> list[Problem]:
     return problems
 
 
-def column_rules(column, facts, vendor) -> list[tuple[str, str]]:
+def column_rules(column: OwnedColumn, facts: ColumnFacts, vendor: str
+                 ) -> list[tuple[str, str]]:
     """(rule, detail) for every rule ``facts`` breaks for the owned ``column``."""
     broken = _type_rules(column, facts, vendor)
     if facts.not_null != (column.not_null_default is not None):
@@ -222,7 +227,7 @@ _PG_TYPES = {
 _SQLITE_TYPES = {"boolean": {"bool", "boolean"}, "timestamp": {"datetime", "timestamp"}}
 
 
-def _type_rules(column, facts, vendor):
+def _type_rules(column: OwnedColumn, facts: ColumnFacts, vendor: str) -> list[tuple[str, str]]:
     if column.kind == "varchar":
         match = re.fullmatch(r"(?:varchar|character varying)\s*(?:\(\s*(\d+)\s*\))?", facts.type)
         if match is None:
@@ -241,7 +246,7 @@ def _type_rules(column, facts, vendor):
     return [] if accepted else [("column-type", f"found {facts.type or 'no type'}")]
 
 
-def _default_rule(column, default, vendor) -> str | None:
+def _default_rule(column: OwnedColumn, default: str | None, vendor: str) -> str | None:
     """The default rule ``default`` breaks for ``column``, or None."""
     bare = re.sub(r"[()\s]", "", default or "").lower()
     if column.kind == "varchar":
@@ -260,12 +265,12 @@ def _default_rule(column, default, vendor) -> str | None:
     return "column-default" if default is not None else None
 
 
-def _shorten(text, limit=60):
+def _shorten(text: str | None, limit: int = 60) -> str:
     text = "none" if text is None else text
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _holds_values(connection, column) -> bool:
+def _holds_values(connection: Any, column: OwnedColumn) -> bool:
     """Whether any existing row has a value other than a genuine old row's in ``column``."""
     name = connection.ops.quote_name(column.name)
     if column.kind == "boolean":
@@ -285,7 +290,8 @@ def _holds_values(connection, column) -> bool:
 # Indexes
 
 
-def _identity_index_problems(connection, table, column_name, applied) -> list[Problem]:
+def _identity_index_problems(connection: Any, table: str, column_name: str, applied: bool
+                             ) -> list[Problem]:
     facts = catalog.column_facts(connection, table, column_name)
     if facts is None:
         return []  # reported (or not) with the column
@@ -297,7 +303,7 @@ def _identity_index_problems(connection, table, column_name, applied) -> list[Pr
     return problems
 
 
-def index_rules(index, column_facts, vendor) -> list[str]:
+def index_rules(index: IndexFacts, column_facts: ColumnFacts, vendor: str) -> list[str]:
     """Every rule ``index`` breaks as the exact full unique index of its identity column."""
     broken = []
     checks = (
@@ -318,7 +324,7 @@ def index_rules(index, column_facts, vendor) -> list[str]:
     return broken
 
 
-def _helper_problems(connection, applied) -> list[Problem]:
+def _helper_problems(connection: Any, applied: bool) -> list[Problem]:
     helpers = OWNED_HELPERS + (PG_OWNED_HELPERS if connection.vendor == "postgresql" else ())
     problems = []
     for table, name in helpers:

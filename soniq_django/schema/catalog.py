@@ -7,6 +7,7 @@ is missing and to drop what uses an owned column. Nothing here writes.
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,21 +49,21 @@ class IndexFacts:
 # Entry points
 
 
-def column_facts(connection, table: str, column: str) -> ColumnFacts | None:
+def column_facts(connection: Any, table: str, column: str) -> ColumnFacts | None:
     """The facts of ``table.column``, or None when the column does not exist."""
     if connection.vendor == "postgresql":
         return _pg_column(connection, table, column)
     return _sqlite_column(connection, table, column)
 
 
-def indexes_on(connection, table: str, column: str) -> list[IndexFacts]:
+def indexes_on(connection: Any, table: str, column: str) -> list[IndexFacts]:
     """Every index of ``table`` whose entries use ``column`` (as a key or in an expression)."""
     if connection.vendor == "postgresql":
         return _pg_indexes(connection, table, column)
     return _sqlite_indexes(connection, table, column)
 
 
-def name_taken(connection, table: str, name: str) -> bool:
+def name_taken(connection: Any, table: str, name: str) -> bool:
     """Whether an index, constraint or other schema object is already called ``name``."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -78,8 +79,9 @@ def name_taken(connection, table: str, name: str) -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def _quoted(connection, name: str) -> str:
-    return connection.ops.quote_name(name)
+def _quoted(connection: Any, name: str) -> str:
+    quoted: str = connection.ops.quote_name(name)
+    return quoted
 
 
 # --------------------------------------------------------------------------
@@ -98,7 +100,7 @@ WHERE a.attrelid = to_regclass(%s) AND a.attname = %s AND a.attnum > 0 AND NOT a
 """
 
 
-def _pg_column(connection, table, column):
+def _pg_column(connection: Any, table: str, column: str) -> ColumnFacts | None:
     with connection.cursor() as cursor:
         cursor.execute(_PG_COLUMN, [_quoted(connection, table), column])
         row = cursor.fetchone()
@@ -135,7 +137,7 @@ ORDER BY ic.relname
 """
 
 
-def _pg_indexes(connection, table, column):
+def _pg_indexes(connection: Any, table: str, column: str) -> list[IndexFacts]:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT attnum FROM pg_catalog.pg_attribute WHERE attrelid = to_regclass(%s) "
@@ -163,7 +165,7 @@ def _pg_indexes(connection, table, column):
     return indexes
 
 
-def pg_default_collation_deterministic(connection) -> bool:
+def pg_default_collation_deterministic(connection: Any) -> bool:
     """Whether the database's default collation tells distinct strings apart.
 
     Reads the catalog flag of the ``default`` collation and also asks the
@@ -183,7 +185,7 @@ def pg_default_collation_deterministic(connection) -> bool:
 # SQLite
 
 
-def _sqlite_column(connection, table, column):
+def _sqlite_column(connection: Any, table: str, column: str) -> ColumnFacts | None:
     with connection.cursor() as cursor:
         cursor.execute(f"PRAGMA table_xinfo({_quoted(connection, table)})")
         rows = [row for row in cursor.fetchall() if row[1] == column]
@@ -234,7 +236,7 @@ def _unquote(identifier: str) -> str:
     return identifier
 
 
-def _sqlite_indexes(connection, table, column):
+def _sqlite_indexes(connection: Any, table: str, column: str) -> list[IndexFacts]:
     with connection.cursor() as cursor:
         cursor.execute(f"PRAGMA index_list({_quoted(connection, table)})")
         listed = cursor.fetchall()
@@ -250,7 +252,8 @@ def _sqlite_indexes(connection, table, column):
     return indexes
 
 
-def _sqlite_index(name, unique, partial, entries, sql, column):
+def _sqlite_index(name: str, unique: int, partial: int, entries: list[tuple[Any, ...]],
+                  sql: str | None, column: str) -> IndexFacts | None:
     """IndexFacts for one SQLite index if it uses ``column``, else None."""
     # index_xinfo rows: (seqno, cid, name, desc, collation, key); cid -2 is an expression.
     expression = any(cid == -2 for _s, cid, *_rest in entries)

@@ -10,6 +10,7 @@ downgrade: lock, then refuse while anything is still protected, then drop.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.core.management import call_command
 from django.db import connections, transaction
@@ -87,7 +88,7 @@ OWNED_MIGRATION = ("soniq_django", "0003_owned_queue")
 PROTECTED_TABLES = ("soniq_jobs", "soniq_dead_letter_jobs")
 
 
-def owned_schema_applied(connection) -> bool:
+def owned_schema_applied(connection: Any) -> bool:
     """Whether Django records migration 0003 as applied on ``connection``."""
     recorder = MigrationRecorder(connection)
     return recorder.has_table() and OWNED_MIGRATION in recorder.applied_migrations()
@@ -97,7 +98,7 @@ def owned_schema_applied(connection) -> bool:
 # Forwards
 
 
-def add_owned_schema(connection) -> None:
+def add_owned_schema(connection: Any) -> None:
     """Add the owned columns, unique indexes, partial indexes and checks that are missing.
 
     A column or an identity index that already exists is adopted as it is:
@@ -132,7 +133,7 @@ def add_owned_schema(connection) -> None:
             )
 
 
-def migrate_forward(apps, schema_editor) -> None:
+def migrate_forward(apps: Any, schema_editor: Any) -> None:
     """Migration 0003 forwards: admit what exists, then add the owned metadata.
 
     Raises ``SchemaAdmissionError`` before any change when what exists is
@@ -161,7 +162,7 @@ class Retained:
         return bool(self.protected_jobs or self.protected_dead_letters or self.active_claims)
 
 
-def lock_owned_tables(connection) -> None:
+def lock_owned_tables(connection: Any) -> None:
     """Keep every other writer out of the job tables until the transaction ends.
 
     Call inside a transaction. PostgreSQL: an ACCESS EXCLUSIVE table lock.
@@ -175,7 +176,7 @@ def lock_owned_tables(connection) -> None:
             cursor.execute('UPDATE "soniq_jobs" SET "id" = "id" WHERE 0')
 
 
-def retained_protection(connection) -> Retained:
+def retained_protection(connection: Any) -> Retained:
     """Count protected submissions (both tables) and live claims that hold a token."""
     with connection.cursor() as cursor:
         counts = []
@@ -190,7 +191,7 @@ def retained_protection(connection) -> Retained:
     return Retained(*counts)
 
 
-def lock_and_refuse_if_protected(connection) -> None:
+def lock_and_refuse_if_protected(connection: Any) -> None:
     """Lock the job tables, then raise ``DowngradeRefused`` if anything is protected."""
     lock_owned_tables(connection)  # first: a writer racing the check must finish before it
     retained = retained_protection(connection)
@@ -198,7 +199,7 @@ def lock_and_refuse_if_protected(connection) -> None:
         raise DowngradeRefused(retained)
 
 
-def controlled_downgrade(connection) -> None:
+def controlled_downgrade(connection: Any) -> None:
     """Remove the owned metadata, leaving the format-1 schema; the reverse of 0003.
 
     Raises ``DowngradeRefused`` (and changes nothing) while a protected
@@ -209,12 +210,12 @@ def controlled_downgrade(connection) -> None:
         drop_owned_schema(connection)
 
 
-def migrate_backward(apps, schema_editor) -> None:
+def migrate_backward(apps: Any, schema_editor: Any) -> None:
     """Migration 0003 backwards: the controlled downgrade."""
     controlled_downgrade(schema_editor.connection)
 
 
-def drop_owned_schema(connection) -> None:
+def drop_owned_schema(connection: Any) -> None:
     """Drop every owned column that exists, with every index that uses one."""
     quote = connection.ops.quote_name
     with connection.cursor() as cursor:

@@ -31,6 +31,8 @@ migrations with ``soniq_downgrade`` hands a shared database back to Soniq
 intact.
 """
 
+from typing import Any
+
 from django.db import migrations
 
 from ..errors import TablesShapeError
@@ -50,7 +52,7 @@ SONIQ_INDEXES = (
 REGISTRY_EXTRAS = (("queue", "text"), ("max_attempts", "integer"), ("unique_job", "boolean"))
 
 
-def columns(connection, table: str) -> set[str]:
+def columns(connection: Any, table: str) -> set[str]:
     """The column names of ``table`` (empty when it does not exist)."""
     with connection.cursor() as cursor:
         if table not in connection.introspection.table_names(cursor):
@@ -59,7 +61,7 @@ def columns(connection, table: str) -> set[str]:
                 connection.introspection.get_table_description(cursor, table)}
 
 
-def shape(connection) -> tuple[str, str]:
+def shape(connection: Any) -> tuple[str, str]:
     """("soniq_django" | "soniq", "soniq_django" | "soniq"): whose design each table has now.
 
     soniq_workers first, then soniq_task_registry.
@@ -173,7 +175,7 @@ def _indexes_sql() -> str:
                    for name, table, column in SONIQ_INDEXES)
 
 
-def postgresql_forward(apps, schema_editor) -> None:
+def postgresql_forward(apps: Any, schema_editor: Any) -> None:
     connection = schema_editor.connection
     worker_shape, registry_shape = shape(connection)
     with connection.cursor() as cursor:
@@ -188,13 +190,13 @@ def postgresql_forward(apps, schema_editor) -> None:
         cursor.execute(_indexes_sql())
 
 
-def soniq_owns_the_tables(connection) -> bool:
+def soniq_owns_the_tables(connection: Any) -> bool:
     """Whether Soniq's own migration ledger is in this database (its tables are Soniq's)."""
     with connection.cursor() as cursor:
         return "soniq_migrations" in connection.introspection.table_names(cursor)
 
 
-def postgresql_backward(apps, schema_editor) -> None:
+def postgresql_backward(apps: Any, schema_editor: Any) -> None:
     connection = schema_editor.connection
     with connection.cursor() as cursor:
         if soniq_owns_the_tables(connection):
@@ -208,7 +210,7 @@ def postgresql_backward(apps, schema_editor) -> None:
 
 # -- SQLite: data steps around Django's own operations ----------------------
 
-def sqlite_before(apps, schema_editor) -> None:
+def sqlite_before(apps: Any, schema_editor: Any) -> None:
     """Keep one row per process (the latest) and use Soniq's state names."""
     with schema_editor.connection.cursor() as cursor:
         cursor.execute(
@@ -220,7 +222,7 @@ def sqlite_before(apps, schema_editor) -> None:
         cursor.execute("UPDATE soniq_workers SET status = 'active' WHERE status = 'running'")
 
 
-def sqlite_after_backward(apps, schema_editor) -> None:
+def sqlite_after_backward(apps: Any, schema_editor: Any) -> None:
     """Back to soniq_django's 0001 words: ``running``; ``stopped_at`` from the last heartbeat."""
     with schema_editor.connection.cursor() as cursor:
         cursor.execute("UPDATE soniq_workers SET status = 'running' WHERE status = 'active'")
@@ -228,13 +230,13 @@ def sqlite_after_backward(apps, schema_editor) -> None:
                        "WHERE status = 'stopped'")
 
 
-def create_soniq_indexes(apps, schema_editor) -> None:
+def create_soniq_indexes(apps: Any, schema_editor: Any) -> None:
     with schema_editor.connection.cursor() as cursor:
         for name, table, column in SONIQ_INDEXES:
             cursor.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {table} ({column})")
 
 
-def drop_soniq_indexes(apps, schema_editor) -> None:
+def drop_soniq_indexes(apps: Any, schema_editor: Any) -> None:
     with schema_editor.connection.cursor() as cursor:
         for name, _table, _column in SONIQ_INDEXES:
             cursor.execute(f"DROP INDEX IF EXISTS {name}")
@@ -246,28 +248,32 @@ class ForVendors(migrations.SeparateDatabaseAndState):
     """``operations`` change the state everywhere and the database on every vendor but
     PostgreSQL, where ``postgresql`` runs instead."""
 
-    def __init__(self, operations, postgresql):
+    def __init__(self, operations: list[Any], postgresql: list[Any]) -> None:
         super().__init__(database_operations=operations, state_operations=operations)
         self.postgresql = postgresql
 
-    def deconstruct(self):
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
         return (self.__class__.__qualname__, [],
                 {"operations": self.state_operations, "postgresql": self.postgresql})
 
-    def describe(self):
+    def describe(self) -> str:
         return "Soniq's own soniq_workers and soniq_task_registry"
 
-    def _database_operations(self, connection):
-        return self.postgresql if connection.vendor == "postgresql" else self.state_operations
+    def _database_operations(self, connection: Any) -> list[Any]:
+        chosen: list[Any] = (self.postgresql if connection.vendor == "postgresql"
+                             else self.state_operations)
+        return chosen
 
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+    def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
+                          to_state: Any) -> None:
         for operation in self._database_operations(schema_editor.connection):
             to_state = from_state.clone()
             operation.state_forwards(app_label, to_state)
             operation.database_forwards(app_label, schema_editor, from_state, to_state)
             from_state = to_state
 
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+    def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any,
+                           to_state: Any) -> None:
         operations = self._database_operations(schema_editor.connection)
         to_states = {}
         for operation in operations:

@@ -7,6 +7,8 @@ migration loads the file.
 
 import re
 from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 SQL_DIR = Path(__file__).resolve().parent
 
@@ -17,8 +19,9 @@ _DEFINITION = re.compile(
 _CREATE = re.compile(r"^CREATE (?:OR REPLACE )?")
 
 
-def table_schema(connection) -> str:
+def table_schema(connection: Any) -> str:
     """The schema the soniq tables live in: the connection's current schema."""
+    schema: str | None
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_schema()")
         (schema,) = cursor.fetchone()
@@ -27,12 +30,12 @@ def table_schema(connection) -> str:
     return schema
 
 
-def render(name: str, connection) -> str:
+def render(name: str, connection: Any) -> str:
     """The text of ``sql/<name>`` with ``{schema}`` filled in for ``connection``."""
     return _fill((SQL_DIR / name).read_text(encoding="utf-8"), connection)
 
 
-def _fill(text: str, connection) -> str:
+def _fill(text: str, connection: Any) -> str:
     return text.replace("{schema}", connection.ops.quote_name(table_schema(connection)))
 
 
@@ -70,7 +73,7 @@ def released_function(name: str, function: str) -> str:
 
 
 def run_file(name: str, *, restore: tuple[tuple[str, str], ...] = (),
-             adopt: tuple[str, ...] = ()):
+             adopt: tuple[str, ...] = ()) -> Callable[[Any, Any], None]:
     """A ``RunPython`` callable that executes ``sql/<name>`` on PostgreSQL only.
 
     ``restore`` names ``(released file, function)`` pairs whose released
@@ -83,7 +86,7 @@ def run_file(name: str, *, restore: tuple[tuple[str, str], ...] = (),
     of failing. SQLite has no SQL functions; there the step does nothing.
     """
 
-    def apply(apps, schema_editor):
+    def apply(apps: Any, schema_editor: Any) -> None:
         connection = schema_editor.connection
         if connection.vendor != "postgresql":
             return
@@ -99,5 +102,5 @@ def run_file(name: str, *, restore: tuple[tuple[str, str], ...] = (),
             for released, function in restore:
                 cursor.execute(_fill(released_function(released, function), connection))
 
-    apply.sql_file = name  # lets the tests map files to migrations
+    apply.sql_file = name  # type: ignore[attr-defined]  # lets the tests map files to migrations
     return apply

@@ -10,6 +10,7 @@ it; tests/sql/test_sql_migrations.py fails while it is out of date.
 
 import importlib
 import sys
+from typing import Any
 
 from . import SQL_DIR, definitions
 
@@ -24,7 +25,7 @@ def forward_files() -> list[str]:
     names = sorted(path.stem for path in SQL_DIR.parent.joinpath("migrations").glob("0*.py"))
     files = []
 
-    def walk(operations):
+    def walk(operations: Any) -> None:
         for operation in operations:
             if isinstance(operation, SeparateDatabaseAndState):
                 walk(operation.database_operations)

@@ -35,9 +35,10 @@ one of each job name and alias logs a warning.
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 from django.db.transaction import TransactionManagementError
@@ -102,7 +103,8 @@ class AtomicRunner:
         """
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
         try:
-            outcome = retrying(lambda: self._transaction(flight, timeout), deadline, self.stop)
+            outcome: Outcome | None = retrying(lambda: self._transaction(flight, timeout),
+                                               deadline, self.stop)
         except SoniqError as error:  # refused at BEGIN: trying again cannot help
             return Outcome(OutcomeKind.RETRY, error=(
                 f"the atomic run's transaction could not begin ({error.code.value}: "
@@ -202,7 +204,9 @@ class AtomicRunner:
             if held_since is None:
                 applied = claims.complete(fence, outcome.result, ttl)
             else:
-                applied = claims.complete(fence, outcome.result, ttl, held_since=held_since)
+                # held_since is set on SQLite alone: claims is a SqliteClaims here.
+                applied = claims.complete(  # type: ignore[call-arg]
+                    fence, outcome.result, ttl, held_since=held_since)
         except (SoniqError, TransactionManagementError) as error:
             raise RunRolledBack(Outcome(OutcomeKind.RETRY, error=_completion_error(error))) from None
         if not applied:
@@ -211,7 +215,7 @@ class AtomicRunner:
         return replace(outcome, written=True, applied=True)
 
 
-def _completion_error(error: Exception) -> str:
+def _completion_error(error: SoniqError | TransactionManagementError) -> str:
     if isinstance(error, TransactionManagementError):
         return ("the atomic run's transaction was broken: a query of the handler failed and "
                 "the error was caught without a savepoint (transaction.atomic) around it; "
@@ -234,8 +238,9 @@ def _other_aliases_watched(using: str, job_name: str) -> Iterator[None]:
         yield
 
 
-def _warning_on_write(job_name: str, alias: str, using: str):
-    def execute(run, sql, params, many, context):
+def _warning_on_write(job_name: str, alias: str, using: str) -> Callable[..., Any]:
+    def execute(run: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any
+                ) -> Any:
         if _writes(sql):
             _warn_once(job_name, alias, using)
         return run(sql, params, many, context)
@@ -243,7 +248,7 @@ def _warning_on_write(job_name: str, alias: str, using: str):
     return execute
 
 
-def _writes(sql) -> bool:
+def _writes(sql: object) -> bool:
     """Whether a statement writes, by its first word (no verb is longer than 8 letters)."""
     if not isinstance(sql, str):
         return False

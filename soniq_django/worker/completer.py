@@ -119,7 +119,7 @@ class Completer:
 
     # The heartbeat thread ---------------------------------------------
 
-    def time_out(self, flight: InFlight, timeout) -> None:
+    def time_out(self, flight: InFlight, timeout: object) -> None:
         """Take the final write of a job past its timeout (a failure, retried) for the main loop.
 
         Never blocks: if the job thread is writing its own outcome, that

@@ -26,8 +26,9 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from typing import Any, TypeVar, cast
 
 from django.db import DatabaseError, connections
 
@@ -35,13 +36,15 @@ from ..errors import translate
 
 logger = logging.getLogger("soniq_django.worker")
 
+T = TypeVar("T")
+
 #: The first pause after a refused connection; it doubles up to MAX_RETRY_SECONDS.
 FIRST_RETRY_SECONDS = 0.1
 #: The longest pause between two connection attempts (each pause is jittered: half to all of it).
 MAX_RETRY_SECONDS = 5.0
 
 
-def connect_patiently(wrapper, stop: threading.Event | None = None) -> None:
+def connect_patiently(wrapper: Any, stop: threading.Event | None = None) -> None:
     """Open ``wrapper``'s connection; while the server refuses, wait and try again.
 
     The pauses double from FIRST_RETRY_SECONDS to MAX_RETRY_SECONDS, each
@@ -79,7 +82,7 @@ def wait_for_database(using: str) -> None:
     connect_patiently(connections[using])
 
 
-def keep_healthy(conn) -> None:
+def keep_healthy(conn: Any) -> None:
     """Between uses: close ``conn`` if it is broken or too old, else keep it open.
 
     Django's ``close_old_connections()`` treats each use like a web
@@ -114,7 +117,7 @@ class SharedConnection:
         self.using = using
         self._stopping = stopping
         self._lock = threading.RLock()
-        self._wrapper = None
+        self._wrapper: Any = None
         self.connecting = False
         """A turn is opening the connection (the server may be refusing it)."""
 
@@ -170,9 +173,9 @@ class SharedConnection:
         finally:
             self._lock.release()
 
-    def turns(self, target) -> "Turns":
-        """``target`` with every method call made in a turn of its own."""
-        return Turns(target, self)
+    def turns(self, target: T) -> T:
+        """``target`` with every method call made in a turn of its own (a ``Turns``)."""
+        return cast(T, Turns(target, self))
 
     def close(self) -> None:
         """Close the shared connection (a next turn would open it again)."""
@@ -180,7 +183,7 @@ class SharedConnection:
             if self._wrapper is not None:
                 self._wrapper.close()
 
-    def _install(self):
+    def _install(self) -> Any:
         """Make the shared connection this thread's ``connections[using]``; return what was."""
         wrapper = self._connected()
         previous = next((conn for conn in connections.all(initialized_only=True)
@@ -188,14 +191,14 @@ class SharedConnection:
         connections[self.using] = wrapper
         return previous
 
-    def _uninstall(self, previous) -> None:
+    def _uninstall(self, previous: Any) -> None:
         keep_healthy(self._wrapper)
         if previous is None:
             del connections[self.using]
         else:
             connections[self.using] = previous
 
-    def _connected(self):
+    def _connected(self) -> Any:
         if self._wrapper is None:
             self._wrapper = connections.create_connection(self.using)
             self._wrapper.inc_thread_sharing()
@@ -215,16 +218,16 @@ class Turns:
     object afterwards is the one called.
     """
 
-    def __init__(self, target, shared: SharedConnection):
+    def __init__(self, target: Any, shared: SharedConnection):
         self._target = target
         self._shared = shared
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         value = getattr(self._target, name)
         if not callable(value):
             return value
 
-        def in_a_turn(*args, **kwargs):
+        def in_a_turn(*args: Any, **kwargs: Any) -> Any:
             with self._shared.turn():
                 return value(*args, **kwargs)
 
@@ -259,8 +262,9 @@ def handler_connections() -> Iterator[None]:
             keep_healthy(conn)
 
 
-def _noting(used: set[str], alias: str):
-    def execute(run, sql, params, many, context):
+def _noting(used: set[str], alias: str) -> Callable[..., Any]:
+    def execute(run: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+                ) -> Any:
         used.add(alias)
         return run(sql, params, many, context)
 
@@ -282,6 +286,6 @@ class CallersConnection:
     def turn(self) -> Iterator[None]:
         yield
 
-    def turns(self, target):
+    def turns(self, target: T) -> T:
         return target
 

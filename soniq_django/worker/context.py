@@ -55,9 +55,9 @@ def current_job() -> JobContext | None:
     return _current.get()
 
 
-def bind(context: JobContext) -> contextvars.Token:
+def bind(context: JobContext) -> "contextvars.Token[JobContext | None]":
     return _current.set(context)
 
 
-def unbind(token: contextvars.Token) -> None:
+def unbind(token: "contextvars.Token[JobContext | None]") -> None:
     _current.reset(token)

@@ -61,7 +61,8 @@ def _error_text(error: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "\n[truncated]"
 
 
-async def _run_async(handler: JobHandler, args: dict, context: JobContext, timeout: float | None):
+async def _run_async(handler: JobHandler[..., Any], args: dict[str, Any], context: JobContext,
+                     timeout: float | None) -> Any:
     token = bind(context)  # each asyncio.run has its own context: bind inside it
     try:
         return await asyncio.wait_for(handler.func(**args), timeout)

@@ -49,7 +49,7 @@ class Flights:
     settle.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._emptied = threading.Condition(self._lock)
         self._by_claim: dict[tuple[str, int], InFlight] = {}

@@ -89,8 +89,9 @@ class Heartbeat:
             return
         aside = False
         try:
-            for step in [self.beat_worker,
-                         *(partial(self._beat_one, flight) for flight in flights)]:
+            steps: list[Callable[[], object]] = [
+                self.beat_worker, *(partial(self._beat_one, flight) for flight in flights)]
+            for step in steps:
                 with self.shared.try_turn(beat_interval() / 2) as turn:
                     if not turn and self.shared.connecting:
                         return  # no connection to be had; the waiting turn said so

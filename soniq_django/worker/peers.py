@@ -50,8 +50,9 @@ def knowers(using: str, job_name: str, queue: str, *, exclude: str) -> int:
                    if str(worker) != exclude and (not queues or queue in queues)]
         if not serving:
             return 0
-        return TaskRegistration.objects.using(using).filter(
+        count: int = TaskRegistration.objects.using(using).filter(
             task_name=job_name, worker_id__in=serving).count()
+        return count
 
 
 def held(using: str, worker_id: str, queues: list[str] | None) -> Held:

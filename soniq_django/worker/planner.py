@@ -101,7 +101,8 @@ Plan = Claim | Wait | Stop
 
 def backoff(unknown_streak: int) -> float:
     """Seconds to wait after ``unknown_streak`` unknown rounds in a row: 0.1 s, doubling to 2."""
-    return min(0.05 * 2 ** min(unknown_streak, 6), 2.0)
+    pause: float = 0.05 * 2 ** min(unknown_streak, 6)
+    return min(pause, 2.0)
 
 
 def plan(s: Snapshot) -> Plan:

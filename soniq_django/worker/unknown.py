@@ -46,7 +46,7 @@ def decide(*, age: float | None, knowers: int, grace: float) -> bool:
     return knowers > 0 or age is None or age < grace
 
 
-def resolve(using: str, worker_id: str, claimed: ClaimedJob, error: str) -> Outcome:
+def resolve(using: str, worker_id: str, claimed: ClaimedJob, error: str | None) -> Outcome:
     """The outcome for ``claimed``, whose name has no handler here: DEFERRED or DEAD.
 
     Reads the job's age and its peers; never raises.

@@ -29,10 +29,14 @@ import logging
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections
 
 from ..conf import get_settings
+
+if TYPE_CHECKING:
+    from psycopg import Connection, Notify
 
 logger = logging.getLogger("soniq_django.worker")
 
@@ -94,20 +98,20 @@ class Listener(threading.Thread):
 
     # Connections ------------------------------------------------------
 
-    def _new_connection(self, alias: str):
+    def _new_connection(self, alias: str) -> "Connection[Any]":
         wrapper = connections[alias]
-        raw = wrapper.get_new_connection(wrapper.get_connection_params())
+        raw: Connection[Any] = wrapper.get_new_connection(wrapper.get_connection_params())
         raw.autocommit = True
         return raw
 
-    def _connect(self):
+    def _connect(self) -> "tuple[Connection[Any], int]":
         """A connection LISTENing on both channels, and the server session that holds them."""
         raw = self._new_connection(self.listen_alias)
         try:
             with raw.transaction():  # one transaction: one server session, even when pooled
                 raw.execute(f"LISTEN {CHANNEL}")
                 raw.execute(f"LISTEN {PROBE_CHANNEL}")
-                (session,) = raw.execute("SELECT pg_backend_pid()").fetchone()
+                (session,) = cast("tuple[int]", raw.execute("SELECT pg_backend_pid()").fetchone())
         except Exception:
             _close(raw)
             raise
@@ -115,7 +119,7 @@ class Listener(threading.Thread):
 
     # The self-test ----------------------------------------------------
 
-    def _heard(self, raw) -> bool:
+    def _heard(self, raw: "Connection[Any]") -> bool:
         """Whether a NOTIFY sent on the worker's database reaches ``raw`` within PROBE_SECONDS."""
         token = uuid.uuid4().hex
         sender = self._new_connection(self.using)
@@ -135,7 +139,7 @@ class Listener(threading.Thread):
             raw.execute(f"UNLISTEN {PROBE_CHANNEL}")
         return heard
 
-    def _give_up(self, raw, session: int) -> None:
+    def _give_up(self, raw: "Connection[Any]", session: int) -> None:
         interval = min(FALLBACK_POLL_SECONDS, float(get_settings().POLL_INTERVAL))
         logger.warning(
             "the listener on database %r does not hear NOTIFY (a transaction pooler in "
@@ -151,7 +155,7 @@ class Listener(threading.Thread):
                         "the pooler closes it")
         self.deaf.set()
 
-    def _unlisten(self, raw, session: int) -> bool:
+    def _unlisten(self, raw: "Connection[Any]", session: int) -> bool:
         """Take both LISTENs off server session ``session``, if ``raw`` reaches it; whether it did.
 
         Behind a transaction pooler each transaction may get another server
@@ -159,7 +163,7 @@ class Listener(threading.Thread):
         """
         for _ in range(_UNLISTEN_TRIES):
             with raw.transaction():
-                (here,) = raw.execute("SELECT pg_backend_pid()").fetchone()
+                (here,) = cast("tuple[int]", raw.execute("SELECT pg_backend_pid()").fetchone())
                 if here == session:
                     raw.execute(f"UNLISTEN {CHANNEL}")
                     raw.execute(f"UNLISTEN {PROBE_CHANNEL}")
@@ -169,12 +173,12 @@ class Listener(threading.Thread):
 
     # Waking the worker ------------------------------------------------
 
-    def _note(self, note) -> None:
+    def _note(self, note: "Notify") -> None:
         if note.channel == CHANNEL and (self.queues is None or note.payload in self.queues):
             logger.debug("notified of a new job in queue %r", note.payload)
             self.wake.set()
 
-    def _listen(self, raw) -> None:
+    def _listen(self, raw: "Connection[Any]") -> None:
         while not self.stop.is_set():
             for note in raw.notifies(timeout=0.5):
                 self._note(note)
@@ -186,7 +190,7 @@ class Listener(threading.Thread):
             self.wake.set()
 
 
-def _close(raw) -> None:
+def _close(raw: "Connection[Any] | None") -> None:
     if raw is not None:
         try:
             raw.close()

@@ -15,20 +15,21 @@ import secrets
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
 from ..models import Job
 from ..owned import OwnedJobSource
 from ..owned._store import guarded, retry_backoff
-from ..owned.types import ClaimedJob
+from ..owned.types import ClaimedJob, QueueClaimFence
 from ..registry import get_handler
 from ..throughput import ThroughputCounter
 from . import unknown
 from .capacity import Budget
-from .connection import SharedConnection
+from .connection import CallersConnection, SharedConnection
 from .execution import Outcome, OutcomeKind
 from .flight import InFlight
 
@@ -64,7 +65,7 @@ NOT_RECORDED = "not recorded"
 MAX_LOGGED_ERROR = 300
 
 
-def retrying(call, deadline: float, stop: threading.Event):
+def retrying(call: Callable[..., Any], deadline: float, stop: threading.Event) -> Any:
     """Call ``call()`` until it stops raising QUEUE_PERSISTENCE_FAILED or ``deadline`` passes.
 
     Returns its value, or None when the deadline passed without an answer.
@@ -114,7 +115,8 @@ class Writes:
     whichever thread makes it.
     """
 
-    def __init__(self, *, source: OwnedJobSource, shared: SharedConnection, worker_id: str,
+    def __init__(self, *, source: OwnedJobSource, shared: SharedConnection | CallersConnection,
+                 worker_id: str,
                  queues: list[str] | None, budget: Budget, throughput: ThroughputCounter,
                  stop: threading.Event):
         self.source = shared.turns(source)
@@ -140,7 +142,10 @@ class Writes:
         """
         asked = self.budget.reserve(wanted)
         tokens = [secrets.token_hex(16) for _ in range(asked)]  # kept: recovery asks with them
-        completions = [(flight.claimed.claim_fence, flight.outcome.result) for flight in batch]
+        # A batched flight carries its outcome (completer.py).
+        completions = [(flight.claimed.claim_fence,
+                        flight.outcome.result)  # type: ignore[union-attr]
+                       for flight in batch]
         if not completions and not tokens:
             return Answer([], 0)
         jobs: list[ClaimedJob] = []
@@ -151,7 +156,7 @@ class Writes:
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
         for flight, applied in zip(batch, completed):
             try:
-                self._report(flight, flight.outcome, applied, deadline)
+                self._report(flight, flight.outcome, applied, deadline)  # type: ignore[arg-type]
             except Exception:
                 logger.exception("worker error while recording %s", flight.claimed.job_name)
         if asked and logger.isEnabledFor(logging.DEBUG):
@@ -161,7 +166,8 @@ class Writes:
                 logger.debug("claimed nothing: no job is due")
         return Answer(jobs, asked, unknown)
 
-    def _call(self, completions, tokens) -> tuple[list, list[ClaimedJob], bool]:
+    def _call(self, completions: list[tuple[QueueClaimFence, Any]], tokens: list[str]
+              ) -> tuple[Sequence[bool | None], list[ClaimedJob], bool]:
         """(completion answers, claimed jobs, whether the claim stayed unknown)."""
         try:
             if completions and tokens:
@@ -184,7 +190,8 @@ class Writes:
                          error.code.value, error.reason)
             return [], [], True
 
-    def _recover(self, completions, tokens):
+    def _recover(self, completions: list[tuple[QueueClaimFence, Any]], tokens: list[str]
+                 ) -> tuple[Sequence[bool | None], list[ClaimedJob], bool]:
         """After a call whose outcome is unknown: what was completed, and what was claimed.
 
         The call was one transaction that handed out its nonces in order, so
@@ -194,7 +201,7 @@ class Writes:
         """
         logger.warning("outcome unknown (database unavailable); recovering")
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
-        claimed = []
+        claimed: list[ClaimedJob] = []
         for token in tokens:
             job = retrying(lambda token=token: self.source.recover_owned_claim(
                 self.worker_id, claim_token=token), deadline, self.stop)
@@ -209,18 +216,20 @@ class Writes:
         # Nothing recovered proves nothing about the queue: the claim stays unknown.
         return completed, claimed, bool(tokens) and not claimed
 
-    def _complete_alone(self, completions) -> list[bool | None]:
+    def _complete_alone(self, completions: list[tuple[QueueClaimFence, Any]]
+                        ) -> list[bool | None]:
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
         return [retrying(lambda fence=fence, result=result: self.source.complete_owned(
             fence, result), deadline, self.stop) for fence, result in completions]
 
-    def _completed(self, fence) -> bool:
+    def _completed(self, fence: QueueClaimFence) -> bool:
         """Whether this claim's completion is in the database (it was written unseen)."""
         with self.shared.turn(), guarded(self.using, atomic=False):
-            return Job.objects.using(self.using).filter(
+            found: bool = Job.objects.using(self.using).filter(
                 id=fence.job_id, status="done", claim_token=fence.claim_token,
                 claim_generation=fence.generation,
             ).exists()
+            return found
 
     # Atomic jobs (worker/atomic.py) ---------------------------------------
 
@@ -306,6 +315,8 @@ class Writes:
         fence = claimed.claim_fence
         if outcome.kind is OutcomeKind.UNKNOWN:  # deferred or dead: unknown.py's rule
             outcome = unknown.resolve(self.using, self.worker_id, claimed, outcome.error)
+        # Each kind of Outcome carries its error (and DEAD its reason, DEFERRED
+        # its delay): execution.py and unknown.py set them; the types cannot say so.
         if outcome.kind is OutcomeKind.DONE:
             write = lambda: self.source.complete_owned(fence, outcome.result)  # noqa: E731
         elif outcome.kind is OutcomeKind.RETRY:
@@ -316,14 +327,16 @@ class Writes:
                     claimed.attempts, float(config.RETRY_BASE_SECONDS),
                     float(config.RETRY_MAX_SECONDS))))
             write = lambda: self.source.fail_owned(  # noqa: E731
-                fence, outcome.error, retry=True, retry_delay=outcome.delay,
+                fence, outcome.error, retry=True,  # type: ignore[arg-type]
+                retry_delay=outcome.delay,
                 default_max_attempts=_default_max_attempts(claimed.job_name))
         elif outcome.kind is OutcomeKind.DEAD:
             write = lambda: self.source.fail_owned(  # noqa: E731
-                fence, outcome.error, retry=False, dead_letter_reason=outcome.reason)
+                fence, outcome.error, retry=False,  # type: ignore[arg-type]
+                dead_letter_reason=outcome.reason)  # type: ignore[arg-type]
         elif outcome.kind is OutcomeKind.DEFERRED:
             write = lambda: self.source.defer_owned(  # noqa: E731
-                fence, outcome.error, delay=outcome.delay)
+                fence, outcome.error, delay=outcome.delay)  # type: ignore[arg-type]
         else:
             write = lambda: self.source.acknowledge_cancel_owned(fence)  # noqa: E731
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
@@ -369,7 +382,7 @@ class Writes:
         with self._tally_lock:
             self.tally[tally] += 1
 
-    def _cancel_pending(self, fence) -> bool:
+    def _cancel_pending(self, fence: QueueClaimFence) -> bool:
         try:
             state = self.source.get_owned_state(fence)
         except SoniqError:

@@ -1,6 +1,7 @@
 import uuid
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django import operations
@@ -22,7 +23,7 @@ class Command(BaseCommand):
         "it cancels (id, name, queue; never arguments). Exits non-zero when nothing matched."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("ids", nargs="*", metavar="ID",
                             help="Job ids to cancel, whole or their first 8+ hex digits.")
         parser.add_argument("--queue", help="Only jobs in this queue (alone: all its jobs).")
@@ -32,7 +33,7 @@ class Command(BaseCommand):
                             help="Say what would be cancelled, change nothing.")
         add_database_argument(parser)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         if not (options["ids"] or options["queue"] or options["job_name"]):
             raise CommandError("Say which jobs to cancel: ids, --queue or --name (or several).")
         alias = database_alias(options)
@@ -52,7 +53,8 @@ class Command(BaseCommand):
                                if not options["dry_run"] else
                                "Nothing queued or running matched: no job would be cancelled.")
 
-    def _chosen(self, alias: str, options: dict) -> dict[uuid.UUID, tuple[str, str, str]]:
+    def _chosen(self, alias: str, options: dict[str, Any]
+                ) -> dict[uuid.UUID, tuple[str, str, str]]:
         """The chosen jobs in order: id -> (job name, queue, status before)."""
         rows = Job.objects.using(alias)
         if options["queue"]:
@@ -72,7 +74,8 @@ class Command(BaseCommand):
         order = ids if ids is not None else list(found)
         return {job_id: found[job_id] for job_id in order if job_id in found}
 
-    def _report(self, jobs, outcomes, dry_run: bool) -> int:
+    def _report(self, jobs: dict[uuid.UUID, tuple[str, str, str]],
+                outcomes: list[tuple[uuid.UUID, str]], dry_run: bool) -> int:
         """Write one line per job and the totals; returns how many were (or would be) stopped."""
         counts = {operations.CANCELLED: 0, operations.REQUESTED: 0, operations.SKIPPED: 0}
         for job_id, outcome in outcomes:
@@ -97,7 +100,7 @@ class Command(BaseCommand):
         return stopped
 
 
-def _within(options: dict) -> str:
+def _within(options: dict[str, Any]) -> str:
     parts = [f"in queue {options['queue']!r}" if options["queue"] else "",
              f"named {options['job_name']!r}" if options["job_name"] else ""]
     shown = " ".join(part for part in parts if part)

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from soniq_django.management.database import add_database_argument, database_alias
@@ -11,10 +13,10 @@ class Command(BaseCommand):
         "0003, what already exists; after it, that everything is exactly as required."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         add_database_argument(parser)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         lines, problems = check_report(connections[database_alias(options)])
         for line in lines:
             self.stdout.write(line)

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from soniq_django.errors import SoniqError
 from soniq_django.management.database import add_database_argument, database_alias
@@ -11,10 +13,10 @@ class Command(BaseCommand):
         "schema. Refuses while protected submissions or active owned claims remain."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         add_database_argument(parser)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         try:
             done = downgrade_to_format1(database_alias(options))
         except SoniqError as error:

@@ -1,7 +1,8 @@
 import datetime as dt
 import json
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from soniq_django.conf import DEFAULT_MAX_ATTEMPTS
 from soniq_django.errors import SoniqError
@@ -27,7 +28,7 @@ class Command(BaseCommand):
         "need a handler in this project. Prints the job's id."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("job_name", help="The job's name, e.g. billing.send_invoice.")
         parser.add_argument("--args", dest="job_args", default="{}",
                             help='Keyword arguments as a JSON object, e.g. \'{"order_id": 1}\'.')
@@ -44,7 +45,7 @@ class Command(BaseCommand):
         parser.add_argument("--dedup-key", help="Return the queued job with this key, if any.")
         add_database_argument(parser)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         try:
             job_args = json.loads(options["job_args"])
         except json.JSONDecodeError:

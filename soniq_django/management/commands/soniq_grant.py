@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from soniq_django.grants import grant_producer
@@ -13,11 +15,11 @@ class Command(BaseCommand):
         "and soniq_args_hash, without any access to the soniq tables themselves."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("role", help="The PostgreSQL role to grant the producer functions to.")
         add_database_argument(parser)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         alias = database_alias(options)
         try:
             with migrations_required(alias):

@@ -1,6 +1,7 @@
 import datetime as dt
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django.errors import SoniqError
@@ -16,13 +17,13 @@ class Command(BaseCommand):
         "optionally also dead letters older than a number of days."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         add_database_argument(parser)
         parser.add_argument("--batch", type=int, default=1000, help="Rows per transaction.")
         parser.add_argument("--dead-letters-older-than", type=float, metavar="DAYS",
                             help="Also delete unprotected dead letters older than DAYS.")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         using, days = database_alias(options), options["dead_letters_older_than"]
         try:
             with migrations_required(using):

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django.errors import SoniqError
@@ -17,7 +19,7 @@ class Command(BaseCommand):
         "dead-letter reason, or all. Prints counts, never job arguments."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("ids", nargs="*", metavar="ID",
                             help="Job ids to replay, whole or their first 8+ hex digits.")
         parser.add_argument("--reason", help=(
@@ -27,7 +29,7 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="Count, change nothing.")
         add_database_argument(parser)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         alias = database_alias(options)
         ids = None
         try:

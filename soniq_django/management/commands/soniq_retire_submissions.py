@@ -1,6 +1,7 @@
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from soniq_django.management.database import (
     add_database_argument, database_alias, migrations_required,
@@ -14,14 +15,14 @@ class Command(BaseCommand):
         "dead letters) last changed more than DAYS ago. A dry run unless --confirm is given."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--older-than", type=int, required=True, metavar="DAYS",
                             help="Only rows last changed more than DAYS days ago.")
         parser.add_argument("--confirm", action="store_true",
                             help="Retire them; without it, only count what would be retired.")
         add_database_argument(parser)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         try:
             cutoff = cutoff_for(timedelta(days=options["older_than"]))
         except ValueError as error:
@@ -30,7 +31,7 @@ class Command(BaseCommand):
         with migrations_required(using):
             self._retire(cutoff, using, confirm=options["confirm"])
 
-    def _retire(self, cutoff, using: str, *, confirm: bool) -> None:
+    def _retire(self, cutoff: datetime, using: str, *, confirm: bool) -> None:
         self.stdout.write(f"cut-off: last changed before {cutoff:%Y-%m-%d %H:%M:%S} UTC")
         if not confirm:
             for group in count_retirable(cutoff, using=using):
@@ -41,7 +42,7 @@ class Command(BaseCommand):
         for group in retire_submissions(cutoff, using=using, progress=self._progress):
             self.stdout.write(f"{group.table} {group.status}: {group.rows} retired")
 
-    def _progress(self, table, status, done, total):
+    def _progress(self, table: str, status: str, done: int, total: int) -> None:
         # A terminal gets one line rewritten in place; a pipe or file gets plain lines.
         if self.stdout.isatty():
             self.stdout.write(f"\r{table} {status}: {done}/{total}", ending="")

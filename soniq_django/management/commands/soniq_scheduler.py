@@ -1,8 +1,9 @@
 import logging
 import signal
 import threading
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from soniq_django.management.console import command_log
 from soniq_django.management.database import (
@@ -19,7 +20,7 @@ class Command(BaseCommand):
         "fall due. Any number may run at once: each tick is enqueued exactly once."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         add_database_argument(parser)
         parser.add_argument(
             "--once", action="store_true", help="Write code schedules, run one tick and exit."
@@ -29,7 +30,7 @@ class Command(BaseCommand):
             help="Seconds between ticks (default: %(default)s).",
         )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         if not options["interval"] > 0:
             raise CommandError("--interval must be a positive number of seconds")
         alias = database_alias(options)
@@ -54,9 +55,9 @@ class _stop_on_signals:
 
     def __init__(self, stop: threading.Event):
         self.stop = stop
-        self.previous = {}
+        self.previous: dict[int, Any] = {}
 
-    def __enter__(self):
+    def __enter__(self) -> "_stop_on_signals":
         # Handlers can only be installed from the main thread (call_command
         # may run elsewhere, e.g. in tests); there, signals keep their default.
         if threading.current_thread() is threading.main_thread():
@@ -64,10 +65,10 @@ class _stop_on_signals:
                 self.previous[number] = signal.signal(number, self.received)
         return self
 
-    def received(self, signum, frame) -> None:
+    def received(self, signum: int, frame: object) -> None:
         logger.info("%s received: stopping after the current tick", signal.Signals(signum).name)
         self.stop.set()
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         for number, handler in self.previous.items():
             signal.signal(number, handler)

@@ -1,6 +1,7 @@
 import json
+from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from soniq_django.management.database import (
     add_database_argument, database_alias, migrations_required,
@@ -11,11 +12,11 @@ from soniq_django.overview import STATUSES, queue_summary
 class Command(BaseCommand):
     help = "Show how many jobs each queue holds in each state, and the live workers."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="Print JSON, for machines.")
         add_database_argument(parser, reads=True)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         alias = database_alias(options, reads=True)
         with migrations_required(alias):
             summary = queue_summary(alias)

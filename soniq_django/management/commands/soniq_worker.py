@@ -3,8 +3,9 @@ import os
 import signal
 import threading
 import uuid
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from soniq_django import flow
 from soniq_django.conf import get_settings
@@ -56,7 +57,7 @@ class Command(BaseCommand):
         "errors, -v 1 a line per job, -v 2 claims, heartbeats and wake-ups too."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queues", help="Comma-separated queues to serve (default: all).")
         parser.add_argument("--concurrency", type=int, default=1,
                             help="Jobs run at once, in threads (default: 1).")
@@ -75,7 +76,7 @@ class Command(BaseCommand):
                             help="Seconds running jobs get to finish after a stop signal.")
         add_database_argument(parser)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         if options["concurrency"] < 1:
             raise CommandError("--concurrency must be at least 1")
         if options["max_jobs"] is not None and options["max_jobs"] < 1:
@@ -94,7 +95,7 @@ class Command(BaseCommand):
         if code:
             raise SystemExit(code)
 
-    def _run(self, options) -> int:
+    def _run(self, options: Any) -> int:
         using = database_alias(options)  # the routers' write alias for jobs, by default
         wait_for_database(using)  # a refusing server is waited for, never fatal
         require_migrated(using)
@@ -125,19 +126,19 @@ class _Signals:
     def __init__(self, worker: Worker):
         self.worker = worker
         self.count = 0
-        self.previous: dict = {}
+        self.previous: dict[int, Any] = {}
 
-    def __enter__(self):
+    def __enter__(self) -> "_Signals":
         if threading.current_thread() is threading.main_thread():
             for number in self.SIGNALS:
                 self.previous[number] = signal.signal(number, self.received)
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         for number, handler in self.previous.items():
             signal.signal(number, handler)
 
-    def received(self, signum, frame) -> None:
+    def received(self, signum: int, frame: object) -> None:
         self.count += 1
         name = signal.Signals(signum).name
         running = len(self.worker.flights)
