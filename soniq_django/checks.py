@@ -197,8 +197,8 @@ def _pattern_messages(alias: str) -> list[checks.CheckMessage]:
         id="soniq.W003")]
 
 
-@checks.register()
-def check_queues(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+@checks.register()  # type: ignore[untyped-decorator]  # Django's, untyped here
+def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """soniq.E011 for each problem of SONIQ['QUEUES'] (flow control, docs/settings.md)."""
     config = get_settings()
     return flow.settings_messages(config.QUEUES) if config.is_dict else []

@@ -125,7 +125,7 @@ def configured_limits() -> dict[str, Limits]:
     return found
 
 
-def _models():
+def _models() -> Any:
     from .models import QueueSetting
 
     return QueueSetting
@@ -145,7 +145,7 @@ def _name(value: Any) -> str:
     return value
 
 
-def _configured(row) -> Limits:
+def _configured(row: Any) -> Limits:
     return Limits(row.configured_concurrency, row.configured_rate_limit,
                   row.configured_rate_period)
 

@@ -480,7 +480,9 @@ class QueueSetting(models.Model):
     @property
     def effective_concurrency(self) -> int | None:
         """The limit the claim applies: the override, else the configured one (None: none)."""
-        return self.concurrency if self.concurrency is not None else self.configured_concurrency
+        limit: int | None = (self.concurrency if self.concurrency is not None
+                             else self.configured_concurrency)
+        return limit
 
     @property
     def effective_rate(self) -> tuple[int, int] | None:
@@ -492,7 +494,7 @@ class QueueSetting(models.Model):
         return None
 
     def __str__(self) -> str:
-        return self.queue
+        return str(self.queue)
 
 
 #: The rows of soniq_queue_settings a claim has to look at (the rest change nothing).

@@ -5,6 +5,8 @@ A plain form over the operator's columns. The configured ones are
 never written back by a save (a worker may rewrite them meanwhile).
 """
 
+from typing import Any
+
 from django import forms
 from django.contrib import admin
 from django.utils import timezone
@@ -23,7 +25,7 @@ class QueueSettingForm(forms.ModelForm):
         fields = ("queue", *_EDITED)
         widgets = {"queue": forms.TextInput(attrs={"size": 40})}
 
-    def clean(self):
+    def clean(self) -> dict[str, Any]:
         data = super().clean()
         if (data.get("rate_limit") is None) != (data.get("rate_period") is None):
             self.add_error("rate_period", "Set a rate's count and its period together, or "
@@ -38,7 +40,7 @@ class QueueSettingForm(forms.ModelForm):
         return data
 
 
-def _rate(rate):
+def _rate(rate: tuple[int, int] | None) -> str:
     if rate is None:
         return "-"
     count, period = rate
@@ -56,35 +58,35 @@ class QueueSettingAdmin(OfferedLookupsOnly, admin.ModelAdmin):
     readonly_fields = ("configured", "paused_by", "paused_at", "updated_at")
     actions = ("pause_selected", "resume_selected")
 
-    def get_readonly_fields(self, request, obj=None):
+    def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
         # The queue names the row: set when it is added, never renamed.
         return (*self.readonly_fields, "queue") if obj is not None else self.readonly_fields
 
     @admin.display(description="concurrency")
-    def concurrency_applied(self, obj):
+    def concurrency_applied(self, obj: QueueSetting) -> Any:
         return obj.effective_concurrency if obj.effective_concurrency is not None else "-"
 
     @admin.display(description="rate")
-    def rate_applied(self, obj):
+    def rate_applied(self, obj: QueueSetting) -> Any:
         return _rate(obj.effective_rate)
 
     @admin.display(description="paused since", ordering="paused_at")
-    def paused_since(self, obj):
+    def paused_since(self, obj: QueueSetting) -> Any:
         return when(obj.paused_at)
 
     @admin.display(description="updated", ordering="updated_at")
-    def updated(self, obj):
+    def updated(self, obj: QueueSetting) -> Any:
         return when(obj.updated_at)
 
     @admin.display(description="SONIQ['QUEUES'] (as the workers wrote it)")
-    def configured(self, obj):
+    def configured(self, obj: QueueSetting) -> Any:
         concurrency = obj.configured_concurrency
         rate = (None if obj.configured_rate_limit is None
                 else (obj.configured_rate_limit, obj.configured_rate_period))
         return (f"concurrency {concurrency if concurrency is not None else '-'}; "
                 f"rate {_rate(rate)}")
 
-    def save_model(self, request, obj, form, change):
+    def save_model(self, request: Any, obj: QueueSetting, form: Any, change: bool) -> None:
         now = timezone.now()
         obj.updated_at = now
         fields = [name for name in form.changed_data if name in _EDITED]
@@ -101,16 +103,16 @@ class QueueSettingAdmin(OfferedLookupsOnly, admin.ModelAdmin):
             flow.wake_workers(write_alias(QueueSetting.objects.all()), obj.queue)
 
     @admin.action(description="Pause selected queues", permissions=["change"])
-    def pause_selected(self, request, queryset):
+    def pause_selected(self, request: Any, queryset: Any) -> None:
         self._each(request, queryset, "paused", lambda name, using: flow.pause_queue(
             name, by=request.user.get_username(), using=using))
 
     @admin.action(description="Resume selected queues", permissions=["change"])
-    def resume_selected(self, request, queryset):
+    def resume_selected(self, request: Any, queryset: Any) -> None:
         self._each(request, queryset, "resumed", lambda name, using: flow.resume_queue(
             name, using=using))
 
-    def _each(self, request, queryset, verb: str, call):
+    def _each(self, request: Any, queryset: Any, verb: str, call: Any) -> None:
         using = write_alias(queryset)
         names = list(queryset.values_list("queue", flat=True))
         changed = sum(call(name, using) for name in names)

@@ -428,7 +428,8 @@ class SqliteClaims:
             due = due.filter(queue__in=queues)
             controlled = controlled.filter(queue__in=queues)
         controlled = list(controlled.order_by("queue"))
-        order, columns = ("priority", "created_at"), ("id", "claim_generation")
+        order: tuple[str, ...] = ("priority", "created_at")
+        columns: tuple[str, ...] = ("id", "claim_generation")
         if not controlled:
             return list(due.order_by(*order).values_list(*columns)[:wanted]), set()
         columns += order

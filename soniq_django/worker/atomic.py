@@ -132,7 +132,8 @@ class AtomicRunner:
                     raise
                 run.committing = True
         except RunRolledBack as undo:  # rolled back
-            return undo.outcome
+            undone: Outcome = undo.outcome
+            return undone
         except Exception as error:
             if not run.began:
                 if isinstance(error, DatabaseError):

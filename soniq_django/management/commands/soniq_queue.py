@@ -1,4 +1,5 @@
 import getpass
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.connection import ConnectionDoesNotExist
@@ -23,7 +24,7 @@ class Command(BaseCommand):
         "when it starts)."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: Any) -> None:
         actions = parser.add_subparsers(dest="action", required=True)
         pause = actions.add_parser("pause", help="Stop every worker from claiming the queue's "
                                                  "jobs; running jobs finish.")
@@ -37,7 +38,7 @@ class Command(BaseCommand):
         for sub in actions.choices.values():
             add_database_argument(sub)
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         try:
             using = database_alias(options)
             action = options["action"]
@@ -51,8 +52,8 @@ class Command(BaseCommand):
                 self.stdout.write(f"Resumed {options['queue']}." if changed
                                   else f"{options['queue']} was not paused.")
             elif action == "sync":
-                changed = flow.sync_configured(using)
-                self.stdout.write(f"Wrote SONIQ['QUEUES'] for: {', '.join(changed)}." if changed
+                written = flow.sync_configured(using)
+                self.stdout.write(f"Wrote SONIQ['QUEUES'] for: {', '.join(written)}." if written
                                   else "soniq_queue_settings already holds SONIQ['QUEUES'].")
             else:
                 self._status(flow.queue_states(using))
