@@ -8,6 +8,7 @@ are in tests/testapp/jobs.py (``tests.timeouts.*``): ``short`` has
 """
 
 import logging
+import re
 import threading
 import time
 
@@ -73,8 +74,10 @@ def test_a_plain_function_past_its_limit_is_failed_at_its_deadline(run_log, capl
         assert letter.dead_letter_reason == "max_retries_exceeded"
         assert letter.last_error == "timed out after 1 s (@job(timeout=1))"
         assert (letter.moved_to_dead_letter_at.timestamp() - start) <= 1.0 + TOLERANCE
-        # The handler cannot be stopped: its thread runs on, in its slot.
+        # The handler cannot be stopped: its thread runs on, in its slot. One
+        # deadline thread serves every slot.
         assert _job_threads() <= concurrency
+        assert [t.name for t in threading.enumerate()].count("soniq-deadlines") == 1
         run_log.wait_for("end", job_id, timeout=10)
         wait_until(lambda: not len(worker.flights), 10, "the late handler's return")
         # What it returned was discarded: the row is the failure's.
@@ -85,8 +88,9 @@ def test_a_plain_function_past_its_limit_is_failed_at_its_deadline(run_log, capl
     assert [t.name for t in threading.enumerate()].count("soniq-deadlines") == 0
     lines = [r.getMessage() for r in caplog.records if str(job_id) in r.getMessage()]
     # The job's line says what happened (the dead letter as for any failure) ...
-    assert any("failed after 1.0" in line and "dead-lettered (max_retries_exceeded): timed out "
-               "after 1 s (@job(timeout=1))" in line for line in lines), lines
+    assert any(re.search(r"failed after 1\.\d{3}s \(attempt 1 of 1\) and has no attempts "
+                         r"left: dead-lettered \(max_retries_exceeded\): timed out after 1 s "
+                         r"\(@job\(timeout=1\)\)$", line) for line in lines), lines
     # ... then that its handler was still running, and when it came back.
     assert any("still running" in line and "slot" in line for line in lines), lines
     assert any("returned" in line and "after its timeout" in line for line in lines), lines
@@ -111,11 +115,12 @@ def test_the_settings_limit_is_enforced_at_the_deadline_too(settings, run_log):
         assert running.stop() == 0
 
 
-def test_a_timed_out_runs_late_result_is_refused_by_the_fence(run_log):
+def test_a_timed_out_runs_late_result_is_refused_by_the_fence(run_log, caplog):
     # Attempt 1 sleeps 3 s; at 1 s it is failed and retried at once in the
     # other slot, whose attempt 2 completes. Attempt 1 then returns: its
     # result must not replace attempt 2's, neither through the worker nor
     # through its own fence.
+    caplog.set_level(logging.INFO, logger="soniq_django.worker")
     job_id = enqueue("tests.timeouts.short", {"seconds": 3, "first_attempt_only": True},
                      max_attempts=2)
     worker = Worker(concurrency=2)
@@ -134,6 +139,10 @@ def test_a_timed_out_runs_late_result_is_refused_by_the_fence(run_log):
     after = Job.objects.get(id=job_id)
     assert (after.status, after.attempts, after.result, after.updated_at) == (
         "done", 2, done.result, done.updated_at)
+    # The first run's line: a failure with its retry delay, as for any failure.
+    assert any(re.search(r"failed after 1\.\d{3}s \(attempt 1 of 2\), will retry in 0\.0s: "
+                         r"timed out after 1 s \(@job\(timeout=1\)\)$", r.getMessage())
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
 def test_a_per_job_limit_overrides_the_setting_both_ways(settings, run_log):
