@@ -18,6 +18,7 @@ from ..errors import SoniqError
 from ..models import DeadLetterJob, Job, JobStatus
 from .base import OnlyListedColumns, ReadOnlyAdmin, write_alias
 from .matching import AllMatching, MatchingOperation
+from .timeline import dead_letter_events, job_events, job_url, render_timeline
 from .display import parse_uuid, plural, pre, pretty_json, sentence, when
 
 _SHORT_ID = re.compile(rf"[0-9a-f]{{{operations.SHORT_ID_LENGTH}}}")
@@ -161,6 +162,7 @@ class JobAdmin(AllMatching, _JobRowAdmin):
         (None, {"fields": ("id", "job_name", "status_shown", "queue", "priority",
                            "attempts_of_max", "scheduled_at", "created_at", "updated_at",
                            "expires_at", "dead_letter_link")}),
+        ("Timeline", {"fields": ("timeline",)}),
         ("Arguments and outcome", {"fields": ("args_pretty", "result_pretty", "last_error_pre")}),
         ("Producer and deduplication", {"fields": ("producer_id", "unique_job", "args_hash",
                                                    "dedup_key")}),
@@ -200,6 +202,11 @@ class JobAdmin(AllMatching, _JobRowAdmin):
             return "-"
         url = reverse("admin:soniq_django_deadletterjob_change", args=[obj.id])
         return format_html('<a href="{}">this job failed before: its dead letter</a>', url)
+
+    @admin.display(description="timeline")
+    def timeline(self, obj: Job) -> str:
+        dead = DeadLetterJob.objects.using(self._using(obj)).filter(id=obj.id).first()
+        return render_timeline(job_events(obj, dead))
 
     @staticmethod
     def _using(obj: Job) -> str:
@@ -265,6 +272,7 @@ class DeadLetterJobAdmin(AllMatching, _JobRowAdmin):
         (None, {"fields": ("id", "job_name", "dead_letter_reason", "queue", "priority",
                            "attempts_of_max", "original_created_at", "moved_to_dead_letter_at",
                            "resurrection_count", "last_resurrection_at", "job_link")}),
+        ("Timeline", {"fields": ("timeline",)}),
         ("Arguments and error", {"fields": ("args_pretty", "tags_pretty", "last_error_pre")}),
         ("Owned submission", {"fields": ("fence_required", "submission_id",
                                          "submission_fingerprint"), "classes": ("collapse",)}),
@@ -290,6 +298,13 @@ class DeadLetterJobAdmin(AllMatching, _JobRowAdmin):
             return "-"
         url = reverse("admin:soniq_django_job_change", args=[obj.id])
         return format_html('<a href="{}">replayed: the job is in soniq_jobs again</a>', url)
+
+    @admin.display(description="timeline")
+    def timeline(self, obj: DeadLetterJob) -> str:
+        using = obj._state.db or router.db_for_read(Job)
+        live = Job.objects.using(using).filter(id=obj.id).exists()
+        return render_timeline(dead_letter_events(obj, live),
+                               job_url(obj.id) if live else None)
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return self._has_model_permission(request, "change")
