@@ -493,7 +493,7 @@ def _add_registrations(count: int, start: int) -> None:
 def test_dead_letter_worker_registry_and_dashboard_queries_do_not_grow_with_rows(
         admin_client, django_assert_max_num_queries):
     urls = [_changelist("deadletterjob"), _changelist("worker"), _changelist("taskregistration"),
-            reverse("admin:soniq_django_dashboard")]
+            reverse("admin:soniq_django_dashboard"), reverse("admin:soniq_django_dashboard_live")]
     _add_dead_letters(10)
     _add_jobs(10, 0)
     _add_registrations(10, 0)
