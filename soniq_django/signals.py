@@ -68,8 +68,8 @@ def started(flight: "InFlight", worker_id: str, using: str) -> None:
 
 
 def finished(flight: "InFlight", outcome: str, *, worker_id: str, using: str, duration: float,
-             error: str | None = None, dead_letter_reason: str | None = None,
-             retry_in: float | None = None) -> None:
+             error: str | None = None, exception: BaseException | None = None,
+             dead_letter_reason: str | None = None, retry_in: float | None = None) -> None:
     """Send ``job_finished``: ``outcome`` is one of ``OUTCOMES``."""
     if not job_finished.receivers:
         return
@@ -77,7 +77,7 @@ def finished(flight: "InFlight", outcome: str, *, worker_id: str, using: str, du
     job_finished.send_robust(sender=claimed.job_name, job_id=claimed.job_id,
                              job_name=claimed.job_name, queue=claimed.queue, outcome=outcome,
                              attempt=claimed.attempts, max_attempts=claimed.max_attempts,
-                             duration=duration, error=error,
+                             duration=duration, error=error, exception=exception,
                              dead_letter_reason=dead_letter_reason, retry_in=retry_in,
                              worker_id=worker_id, using=using)
 

@@ -41,8 +41,8 @@ ARGUMENTS = {
     signals.job_started: {"job_id", "job_name", "queue", "attempt", "max_attempts", "worker_id",
                           "using"},
     signals.job_finished: {"job_id", "job_name", "queue", "outcome", "attempt", "max_attempts",
-                           "duration", "error", "dead_letter_reason", "retry_in", "worker_id",
-                           "using"},
+                           "duration", "error", "exception", "dead_letter_reason", "retry_in",
+                           "worker_id", "using"},
     signals.job_refused: {"job_id", "job_name", "queue", "outcome", "attempt", "generation",
                           "duration", "worker_id", "using"},
     signals.lease_lost: {"job_id", "job_name", "queue", "attempt", "generation", "worker_id",
@@ -171,6 +171,7 @@ def test_a_job_that_returns_sends_started_then_finished_done(heard, concurrency)
     [end] = heard.of(signals.job_finished, job_id)
     assert end["outcome"] == "done" and end["attempt"] == 1 and end["max_attempts"] == 4
     assert end["error"] is None and end["dead_letter_reason"] is None and end["retry_in"] is None
+    assert end["exception"] is None
     assert end["worker_id"] == worker.worker_id and end["sender"] == "tests.worker.ok"
     assert 0 <= end["duration"] < 30
     assert heard.of(signals.job_refused) == []
@@ -188,6 +189,7 @@ def test_a_failing_job_sends_retry_each_time_then_dead_with_max_retries_exceeded
     # The exception's type and message, one line -- never the args (the message is the
     # handler's own text).
     assert {e["error"] for e in ends} == {"ValueError: out of paper"}
+    assert {type(e["exception"]) for e in ends} == {ValueError}  # for Sentry's traceback
     assert len(heard.of(signals.job_started, job_id)) == 3
 
 
@@ -318,22 +320,29 @@ def test_jobs_run_the_same_with_no_receiver_at_all():
     assert Job.objects.get(id=job_id).status == "done"
 
 
-def _per_call(function, calls: int = 200_000) -> float:
-    """Seconds per call of ``function()``: the best of five runs (timeit's rule)."""
+def _per_call(function, *args, calls: int = 100_000) -> float:
+    """Seconds per call of ``function(*args)``: the best of five runs (timeit's rule)."""
     best = float("inf")
     for _ in range(5):
         started = time.perf_counter()
         for _ in range(calls):
-            function()
+            function(*args)
         best = min(best, (time.perf_counter() - started) / calls)
     return best
 
 
-def test_a_send_site_without_receivers_costs_well_under_a_microsecond():
-    # The measurement docs/metrics.md quotes: a send site while nobody listens is a
-    # function call and an empty-list check -- against a job's run of a millisecond
-    # or more, nothing measurable. A threshold 10x above what it costs on this machine.
+def _empty(flight, worker_id, using) -> None:
+    """The baseline: a call of the same shape that does nothing."""
+
+
+def test_a_send_site_without_receivers_costs_about_an_empty_function_call():
+    # What docs/metrics.md quotes: with nobody listening, a send site is a function call
+    # and an empty-list check (about 60 ns here, against 36 ns for an empty call; ~1 us
+    # when it builds its arguments and calls send_robust anyway). Measured against the
+    # empty call in the same run, so a loaded machine slows both alike.
     flight = Untouchable()
     with no_receivers():
-        cost = _per_call(lambda: signals.started(flight, "w", "default"))
-    assert cost < 1e-6, f"{cost * 1e9:.0f} ns per send site with no receiver"
+        baseline = min(_per_call(_empty, flight, "w", "default") for _ in range(3))
+        cost = min(_per_call(signals.started, flight, "w", "default") for _ in range(3))
+    assert cost < 5 * baseline, (f"{cost * 1e9:.0f} ns per send site with no receiver, "
+                                 f"{baseline * 1e9:.0f} ns per empty call")

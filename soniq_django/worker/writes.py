@@ -397,6 +397,7 @@ class Writes:
         signals.finished(
             flight, "dead" if exhausted else kind.value, worker_id=self.worker_id,
             using=self.using, duration=elapsed, error=_why(outcome) if failed else None,
+            exception=outcome.exception if failed else None,
             dead_letter_reason=(str(DeadLetterReason.MAX_RETRIES_EXCEEDED) if exhausted
                                 else str(outcome.reason) if kind is OutcomeKind.DEAD
                                 and outcome.reason is not None else None),
