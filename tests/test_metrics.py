@@ -268,7 +268,8 @@ def test_a_running_worker_serves_the_documented_series_with_their_values(childre
     assert value(families, "soniq_job_duration_seconds_bucket", queue="default",
                  le="+Inf") == 7
     assert value(families, "soniq_worker_concurrency", worker_id=worker_id) == 2
-    assert value(families, "soniq_worker_heartbeats_total", worker_id=worker_id) >= 1
+    wait_until(lambda: value(_scrape(port), "soniq_worker_heartbeats_total",
+                             worker_id=worker_id), 10, "a heartbeat to be counted")
     assert value(families, "soniq_jobs_enqueued_total", queue="default") is None  # not its own
     # The queue-level series, from the database (--metrics-queues).
     assert value(families, "soniq_queue_metrics_up") == 1
@@ -307,3 +308,18 @@ def test_the_command_refuses_metrics_options_without_a_port():
         call_command("soniq_worker", burst=True, metrics_queues=True)
     with pytest.raises(CommandError, match="from 0 to 65535"):
         call_command("soniq_worker", burst=True, metrics_port=70000)
+
+
+def test_the_command_refuses_a_port_it_cannot_listen_on():
+    import socket
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"--metrics-port {port}: cannot listen"):
+            call_command("soniq_worker", burst=True, metrics_port=port,
+                         metrics_addr="127.0.0.1")

@@ -3,7 +3,7 @@ import os
 import signal
 import threading
 import uuid
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -122,7 +122,13 @@ class Command(BaseCommand):
             with_scheduler=options["with_scheduler"], grace_seconds=options["grace"],
             wait_for_leases=options["wait_for_leases"],
         )
-        with _metrics(worker, options), _Signals(worker):
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(_metrics(worker, options))
+            except OSError as error:  # the port is taken, the address is not this host's
+                raise CommandError(f"--metrics-port {options['metrics_port']}: cannot listen on "
+                                   f"{options['metrics_addr']} ({error.strerror})") from None
+            stack.enter_context(_Signals(worker))
             return worker.run()
 
 
