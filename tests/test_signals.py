@@ -6,6 +6,7 @@ connected here hear them. docs/metrics.md lists the arguments these tests check.
 """
 
 import datetime as dt
+import gc
 import logging
 import threading
 import time
@@ -24,7 +25,7 @@ from soniq_django.owned import OwnedJobSource
 from soniq_django.producer.request import JobRequest
 from soniq_django.registry import get_handler
 from soniq_django.worker import Worker
-from tests.support.owned import rewrite
+from tests.support.owned import nonce, rewrite
 from tests.support.workers import RunLog, WorkerThread, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -231,6 +232,41 @@ def test_a_completion_the_fence_refuses_sends_job_refused_and_no_job_finished(he
     assert refused["attempt"] == 1 and refused["duration"] >= 1.0
     assert heard.of(signals.job_finished, job_id) == []
     assert Job.objects.get(id=job_id).result is None  # the stale write was stopped
+
+
+def test_an_atomic_job_sends_finished_once_its_transaction_committed(heard, run_log):
+    job_id = enqueue("tests.atomic.effect", {"fail_times": 1})
+    burst()
+    ends = heard.of(signals.job_finished, job_id)
+    assert [(e["outcome"], e["attempt"]) for e in ends] == [("retry", 1), ("done", 2)]
+    assert len(heard.of(signals.job_started, job_id)) == 2
+
+
+@pytest.mark.postgresql_only  # SQLite's write lock keeps anyone from re-claiming mid-run
+def test_an_atomic_completion_the_fence_refuses_sends_job_refused(heard, run_log, settings,
+                                                                  tmp_path):
+    # As tests/worker/test_atomic.py provokes it: another worker re-claims the job while
+    # the run waits for a gate file, and heartbeats are too far apart to notice.
+    settings.SONIQ = {**FAST, "LEASE_SECONDS": 30, "HEARTBEAT_SECONDS": 10}
+    gate = tmp_path / "gate"
+    job_id = enqueue("tests.atomic.effect", {"gate": str(gate)})
+    with WorkerThread(Worker(max_jobs=1)) as running:
+        run_log.wait_for("start", job_id)
+        rewrite(job_id, lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+        other = OwnedJobSource().claim_next_owned("another-worker", claim_token=nonce())
+        assert other is not None and other.claim_fence.generation == 2
+        gate.touch()
+        wait_until(lambda: heard.of(signals.job_refused, job_id), 10, "job_refused")
+        assert running.stop() == 0
+    [refused] = heard.of(signals.job_refused, job_id)
+    assert (refused["outcome"], refused["generation"]) == ("done", 1)
+    assert heard.of(signals.job_finished, job_id) == []
+    # The stale run wrote nothing: the new owner's completion is the one that applies.
+    assert OwnedJobSource().complete_owned(other.claim_fence, {"by": "the new owner"}) is True
+    # The refused run's job-thread connection is closed only when a reference cycle around
+    # it is collected (its thread is gone): collect now, or the test database's teardown
+    # may find that session still open.
+    gc.collect()
 
 
 def test_a_lapsed_lease_sends_lease_lost_once(heard, run_log):
