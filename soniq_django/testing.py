@@ -236,7 +236,10 @@ class _Runner:
         from .worker.atomic import AtomicRunner, is_atomic
         from .worker.timeouts import limit_for
 
+        from . import signals
+
         flight = self.flights.track(claimed)
+        signals.started(flight, WORKER_ID, self.alias)  # finished: sent by self.writes
         limit = limit_for(claimed.job_name)
         try:
             if is_atomic(claimed.job_name):  # its writes and completion: one savepoint here

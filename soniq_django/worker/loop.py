@@ -74,7 +74,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections, connections
 
-from .. import flow, pooling
+from .. import flow, pooling, signals
 from ..conf import get_settings
 from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
@@ -379,6 +379,7 @@ class Worker:
         """Run the job and settle it; then each next job its (inline) completion claimed."""
         while flight is not None:
             try:
+                signals.started(flight, self.worker_id, self.using)
                 limit = limit_for(flight.claimed.job_name)
                 self.deadlines.watch(flight, limit)  # timed out there when it is up
                 with handler_connections():  # the job thread's own: its handlers' use only
