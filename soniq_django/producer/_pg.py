@@ -143,21 +143,35 @@ def _fetchone(connection: Any, alias: str, sql: str, params: list[Any]
         lifted = prepare and raw.prepare_threshold is None
         if lifted:
             raw.prepare_threshold = _PREPARE_THRESHOLD
+        cursor = _cursor(connection, raw)
         try:
-            with psycopg.Cursor(raw) as cursor:
-                try:
-                    cursor.execute(sql, params, prepare=prepare)
-                except psycopg.Error as error:
-                    if not (prepare and error.sqlstate in _NOT_OURS):
-                        raise
-                    if connection.in_atomic_block:
-                        transaction.set_rollback(True, using=alias)
-                    _stop_preparing(connection, alias, error.sqlstate)
-                    return None
-                return cursor.fetchone()
+            try:
+                cursor.execute(sql, params, prepare=prepare)
+            except psycopg.Error as error:
+                if not (prepare and error.sqlstate in _NOT_OURS):
+                    raise
+                if connection.in_atomic_block:
+                    transaction.set_rollback(True, using=alias)
+                _stop_preparing(connection, alias, error.sqlstate)
+                return None
+            return cursor.fetchone()
         finally:
             if lifted:
                 raw.prepare_threshold = None
+
+
+def _cursor(connection: Any, raw: "psycopg.Connection[Any]") -> "psycopg.Cursor[Any]":
+    """soniq's own psycopg cursor on ``raw``, kept on Django's ``connection`` while ``raw`` lives.
+
+    A plain (server-binding) cursor: made once per psycopg connection rather
+    than once per call. It is closed with its connection.
+    """
+    kept: tuple[Any, psycopg.Cursor[Any]] | None = getattr(connection, "_soniq_cursor", None)
+    if kept is not None and kept[0] is raw:
+        return kept[1]
+    cursor = psycopg.Cursor(raw)
+    connection._soniq_cursor = (raw, cursor)
+    return cursor
 
 
 def _call(connection: Any, alias: str, sql: str, params: list[Any]) -> tuple[Any, ...]:

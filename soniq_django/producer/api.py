@@ -62,11 +62,9 @@ def refuse_event_loop(what: str, twin: str) -> None:
     says which awaitable to use instead. ``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts
     both checks, as it lifts Django's.
     """
-    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
-        return
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    # asyncio's own test, without the RuntimeError get_running_loop() raises
+    # (and the environment lookup) in the usual case, where no loop runs.
+    if asyncio._get_running_loop() is None or os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
         return
     raise SoniqError(
         ErrorCode.ASYNC_CONTEXT,
