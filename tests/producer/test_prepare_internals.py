@@ -46,3 +46,15 @@ def test_a_batch_draws_fresh_version_4_ids(monkeypatch):
     given_id = uuid.uuid4()
     (job,) = prepare_all([JobRequest("a.b", job_id=given_id)])
     assert job.job_id == given_id and not job.job_id_generated
+
+
+def test_a_batch_checks_each_new_name_and_every_name_that_is_not_text():
+    from soniq_django.errors import ConfigValidationError, ErrorCode
+
+    for bad in ("Bad.name", "a.b\n", 7, None):
+        try:
+            prepare_all([JobRequest("a.b"), JobRequest("a.b"), JobRequest(bad)])
+        except ConfigValidationError as error:
+            assert error.code is ErrorCode.INVALID_TASK_NAME
+        else:
+            raise AssertionError(f"{bad!r} was accepted")
