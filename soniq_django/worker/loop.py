@@ -71,7 +71,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections, connections
 
-from .. import flow, pooling
+from .. import flow, pooling, signals
 from ..conf import get_settings
 from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
@@ -370,6 +370,7 @@ class Worker:
         """Run the job and settle it; then each next job its (inline) completion claimed."""
         while flight is not None:
             try:
+                signals.started(flight, self.worker_id, self.using)
                 with handler_connections():  # the job thread's own: its handlers' use only
                     timeout = get_settings().JOB_TIMEOUT_SECONDS
                     if is_atomic(flight.claimed.job_name):  # completed in its own transaction
