@@ -68,8 +68,14 @@ def test_a_job_thread_holds_no_connection_while_its_handlers_touch_no_database(c
 
 
 @BOTH_PATHS
-def test_every_call_the_worker_makes_for_itself_goes_through_one_connection(concurrency):
-    enqueue("tests.worker.sleep", {"seconds": 0.5})  # long enough for heartbeats
+def test_every_call_the_worker_makes_for_itself_goes_through_one_connection(settings,
+                                                                            tmp_path,
+                                                                            concurrency):
+    # Beats a second apart: a turn that a loaded machine makes slow must last half a
+    # beat before a beat goes aside, on a second connection (the slow-call tests below).
+    settings.SONIQ = {**FAST, "HEARTBEAT_SECONDS": 1}
+    beaten = tmp_path / "beaten"
+    enqueue("tests.worker.wait_for_file", {"path": str(beaten)})  # runs until a lease renewal
     for n in range(4):
         enqueue("tests.worker.ok", {"n": n})
     enqueue("tests.worker.permanent")
@@ -77,9 +83,11 @@ def test_every_call_the_worker_makes_for_itself_goes_through_one_connection(conc
     used: set[tuple[int, str]] = set()
     for name in ("claim_many_owned", "complete_many_and_claim_owned", "complete_many_owned",
                  "fail_owned", "heartbeat_owned", "get_owned_state"):
-        def recording(*args, _method=getattr(worker.source, name), **kwargs):
+        def recording(*args, _method=getattr(worker.source, name), _name=name, **kwargs):
             thread = threading.current_thread().name
             used.add((id(connections[worker.using]), thread.rstrip("_0123456789")))
+            if _name == "heartbeat_owned":
+                beaten.touch()
             return _method(*args, **kwargs)
         setattr(worker.source, name, recording)
     assert WorkerThread(worker).start().join() == 0
