@@ -134,7 +134,8 @@ class Run:
 
     def env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_")}
-        env.update(PYTHONPATH=str(ROOT), BENCH_DB_NAME=DB, PYTHONUNBUFFERED="1",
+        path = str(ROOT) if not self.opts.source else f"{self.opts.source}{os.pathsep}{ROOT}"
+        env.update(PYTHONPATH=path, BENCH_DB_NAME=DB, PYTHONUNBUFFERED="1",
                    BENCH_DATABASE_URL=self.cluster.url("postgres"),
                    DJANGO_SETTINGS_MODULE="bench.soak_settings",
                    SOAK_RESULT_TTL=str(self.opts.result_ttl),
@@ -143,14 +144,19 @@ class Run:
 
     def migrate(self) -> None:
         subprocess.run([str(PROJECT_PY), "-m", "django", "migrate", "--skip-checks",
-                        "--verbosity", "0"], cwd=ROOT, env=self.env(), check=True)
+                        "--verbosity", "0"], cwd=self.cwd, env=self.env(), check=True)
+
+    @property
+    def cwd(self) -> Path:
+        """Where the workers run: ``python -m`` puts it first on sys.path, ahead of PYTHONPATH."""
+        return self.opts.source or ROOT
 
     def start_workers(self, tag: str) -> None:
         cmd = [str(PROJECT_PY), "-m", "django", "soniq_worker", "--concurrency",
                str(self.opts.concurrency), "--verbosity", "0"]
         for index in range(self.opts.workers):
             log = open(self.log_dir / f"worker-{tag}-{index}.log", "w")
-            self.workers.append(subprocess.Popen(cmd, cwd=ROOT, env=self.env(), stdout=log,
+            self.workers.append(subprocess.Popen(cmd, cwd=self.cwd, env=self.env(), stdout=log,
                                                  stderr=subprocess.STDOUT))
             log.close()
 
@@ -241,15 +247,22 @@ def produce(rate: float, out: Path) -> None:
             conn.execute(ENQUEUE, [JOB, '{"t": %.6f}' % time.time()], prepare=True)
             sent += 1
         if now - last_report >= 1.0:
-            out.write_text(str(sent))
+            report(out, sent)
             last_report = now
         if rate:
             pause = started + sent / rate - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
     conn.close()
-    out.write_text(str(sent))
+    report(out, sent)
     print(sent, flush=True)
+
+
+def report(out: Path, sent: int) -> None:
+    """Write the count whole (a reader never sees a half-written file)."""
+    part = out.with_suffix(".part")
+    part.write_text(str(sent))
+    part.replace(out)
 
 
 # Measurements ------------------------------------------------------------------
@@ -355,8 +368,10 @@ def measure_max(run: Run, conn, seconds: float, say) -> float:
 def verdicts(rows: list[dict], rate: float) -> list[tuple[str, str, str, str]]:
     """(figure, value, target, verdict) for each target of the soak.
 
-    Windows: the first ``WINDOW`` minutes against the last ``WINDOW`` (on a run
-    shorter than two windows, each half). Latency p50/p99 over every job
+    Windows: minutes 2 to WINDOW+1 against the last ``WINDOW`` (minute 1 is
+    warm-up: new connections, cold caches, the first autovacuum of an empty
+    table; on a run shorter than 2 x WINDOW + 1 minutes, each half of the
+    minutes after the first). Latency p50/p99 over every job
     started in a window; CPU per job = CPU of the window / jobs of the window.
     Size: ``soniq_jobs`` heap + indexes (pg_total_relation_size); the first
     purge cycle is the first minute in which rows were deleted; bounded means
@@ -366,11 +381,13 @@ def verdicts(rows: list[dict], rate: float) -> list[tuple[str, str, str, str]]:
     under 10 s of enqueueing.
     """
     n = len(rows)
-    w = min(WINDOW, n // 2)
+    warm = 1 if n >= 3 else 0
+    w = min(WINDOW, (n - warm) // 2)
     out = []
     if w < 1:
         return [("(run too short for verdicts)", "", "", "n/a")]
-    first, last = rows[:w], rows[-w:]
+    first, last = rows[warm:warm + w], rows[-w:]
+    span = f"minutes {warm + 1}-{warm + w} -> last {w}"
 
     def joined(window, key):
         return sorted(x for row in window for x in row[key])
@@ -381,13 +398,13 @@ def verdicts(rows: list[dict], rate: float) -> list[tuple[str, str, str, str]]:
                     "met" if ratio <= FLAT else "MISSED"))
 
     for q, name in ((0.50, "p50"), (0.99, "p99")):
-        flat(f"start latency {name} ms, minutes 1-{w} -> last {w}",
+        flat(f"start latency {name} ms, {span}",
              percentile(joined(first, "_latencies"), q), percentile(joined(last, "_latencies"), q))
     for key, name in (("worker_cpu_ms_per_job", "worker"), ("server_cpu_ms_per_job", "server")):
         def per_job(window):
             jobs = sum(r["started_per_s"] for r in window)
             return sum(r[key] * r["started_per_s"] for r in window) / jobs if jobs else math.nan
-        flat(f"{name} CPU ms/job, minutes 1-{w} -> last {w}", per_job(first), per_job(last))
+        flat(f"{name} CPU ms/job, {span}", per_job(first), per_job(last))
 
     purged = [i for i, row in enumerate(rows) if row["deleted"] > 0]
     if not purged or purged[0] + 1 + WINDOW > n - WINDOW:
@@ -482,7 +499,9 @@ def plot(csv_path: Path, png: Path, title: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", fontsize=8)
     dead.legend(loc="upper right", fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    import textwrap
+
+    fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=90)
 
@@ -504,6 +523,12 @@ def parse_args(argv):
                         help="directory of the CSV, the text report and the plot")
     parser.add_argument("--name", help="file name stem (default soak-<UTC time>)")
     parser.add_argument("--plot", type=Path, help="where the PNG goes (default next to the CSV)")
+    parser.add_argument("--preload-done", type=int, default=0, metavar="N",
+                        help="start with N finished rows that expire only after the run: "
+                             "a big soniq_jobs (results kept long, or a history) under the same load")
+    parser.add_argument("--source", type=Path,
+                        help="a directory whose soniq_django package the run uses instead of "
+                             "this tree's (e.g. `git archive main soniq_django | tar -x -C DIR`)")
     parser.add_argument("--produce", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--plot-only", nargs=3, metavar=("CSV", "PNG", "TITLE"),
                         help=argparse.SUPPRESS)
@@ -519,17 +544,27 @@ def header(opts, rate: float, maximum: float | None) -> str:
             return "?"
 
     dirty = " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    if opts.source:
+        dirty += f", soniq_django from {opts.source}"
     source = f"max {maximum:,.0f} jobs/s measured, x{opts.fraction}" if maximum else "--rate"
     return (f"soniq_django soak — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
             f"HEAD {git('rev-parse', '--short', 'HEAD')}{dirty}; {opts.minutes} min at "
             f"{rate:,.0f} jobs/s ({source}); {opts.workers} worker proc x conc "
-            f"{opts.concurrency}; RESULT_TTL {opts.result_ttl:.0f} s; private PostgreSQL "
+            f"{opts.concurrency}; RESULT_TTL {opts.result_ttl:.0f} s; "
+            + (f"{opts.preload_done:,} finished rows preloaded; " if opts.preload_done else "")
+            + "private PostgreSQL "
             f"cluster, stock settings (autovacuum on); {os.cpu_count()} CPUs shared with "
             f"whatever else runs")
 
 
+def _terminate(signum, frame):
+    raise SystemExit(f"stopped by signal {signum}")  # so that the cluster and workers go too
+
+
 def soak(opts) -> int:
     import psycopg
+
+    signal.signal(signal.SIGTERM, _terminate)
 
     opts.out.mkdir(parents=True, exist_ok=True)
     name = opts.name or time.strftime("soak-%Y%m%d-%H%M", time.gmtime())
@@ -553,6 +588,8 @@ def soak(opts) -> int:
                 if opts.rate is None:
                     maximum = measure_max(run, conn, opts.measure_seconds, print)
                 rate = opts.rate or maximum * opts.fraction
+                if opts.preload_done:
+                    preload_done(conn, opts.preload_done)
                 rows = soak_minutes(run, conn, cluster, opts, rate)
             shutil_copy(cluster.log_path, log_dir / "server.log")
         finally:
@@ -572,7 +609,7 @@ def soak(opts) -> int:
     (opts.out / f"{name}.txt").write_text("\n".join(report_lines) + "\n")
     png = opts.plot or opts.out / f"{name}.png"
     if PLOT_PY.exists():
-        title = report_lines[0][:160]
+        title = report_lines[0]
         subprocess.run([str(PLOT_PY), "-m", "bench.soak", "--plot-only", str(csv_path), str(png),
                         title], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
         print(f"plot: {png}")
@@ -589,6 +626,18 @@ def shutil_copy(src: Path, dst: Path) -> None:
         shutil.copy(src, dst)
     except OSError:
         pass
+
+
+def preload_done(conn, count: int) -> None:
+    """``count`` finished rows, as soniq's completion leaves them, expiring in a day."""
+    conn.execute(
+        "INSERT INTO soniq_jobs (id, job_name, args, status, attempts, max_attempts, queue, "
+        "priority, unique_job, producer_id, created_at, updated_at, expires_at) "
+        "SELECT gen_random_uuid(), %s, jsonb_build_object('t', 0), 'done', 1, 4, 'default', "
+        "100, false, 'soak', now() - interval '1 hour', now(), now() + interval '1 day' "
+        "FROM generate_series(1, %s)", [JOB, count])
+    conn.execute("VACUUM ANALYZE soniq_jobs")
+    conn.execute("SELECT pg_stat_reset()")
 
 
 def soak_minutes(run: Run, conn, cluster, opts, rate: float) -> list[dict]:
@@ -611,7 +660,7 @@ def soak_minutes(run: Run, conn, cluster, opts, rate: float) -> list[dict]:
         after = snapshot(conn, run, postmaster)
         row = minute_row(minute, before, after, stamps)
         print(format_row(row), flush=True)
-        if WINDOW < minute <= opts.minutes - WINDOW:
+        if WINDOW + 1 < minute <= opts.minutes - WINDOW:
             row["_latencies"] = []  # only the first and last windows' are needed
         rows.append(row)
         before = after
