@@ -66,13 +66,13 @@ SELECT * FROM (
     UNION ALL
     SELECT gen_random_uuid(), 'bench.noop', jsonb_build_object('f', g), 'queued', 0, 4,
            'default', 100, false, 'bench', now() + interval '1 day' + g * interval '1 ms',
-           %(t0)s::timestamptz + (g * %(queued)s / %(future)s) * interval '1 microsecond',
+           %(t0)s::timestamptz + (g::bigint * %(queued)s / %(future)s) * interval '1 microsecond',
            now(), 0, NULL, NULL, NULL
       FROM generate_series(1, %(future)s) AS g
     UNION ALL
     SELECT gen_random_uuid(), 'bench.noop', jsonb_build_object('d', g), 'done', 1, 4,
            'default', 100, false, 'bench', NULL,
-           %(t0)s::timestamptz + (g * %(queued)s / %(done)s) * interval '1 microsecond',
+           %(t0)s::timestamptz + (g::bigint * %(queued)s / %(done)s) * interval '1 microsecond',
            now(), 1, 'bench-done', 'bench-done-' || g, now() + interval '1 day'
       FROM generate_series(1, %(done)s) AS g
 ) AS rows ORDER BY 12
