@@ -162,37 +162,66 @@ def _function_time(conn) -> tuple[int, float]:
     return int(row[0]), float(row[1])
 
 
-def claim_cost(db: str, count: int) -> dict:
-    """Per-claim cost over ``count`` soniq_claim() calls on one connection, each followed
-    by its (untimed) completion: client-timed median and p90 with synchronous_commit off,
-    and the server's mean time inside soniq_claim_many (pg_stat_user_functions)."""
+def claim_costs(dbs: list[str], count: int, chunk: int = 20) -> dict[str, dict]:
+    """Per-claim cost in each database: ``count`` soniq_claim() calls on one connection per
+    database, each followed by its (untimed) completion, synchronous_commit off.
+
+    The databases take turns in chunks of ``chunk`` calls, so that all of them see the
+    same machine (it is shared, and its load drifts within minutes). Client-timed median
+    and p90, and the server's mean time inside soniq_claim_many (pg_stat_user_functions).
+    """
     owner = str(uuid.uuid4())
-    samples: list[float] = []
-    with connect(db) as conn, connect(db) as stats:
-        conn.execute("SET synchronous_commit = off")
-        conn.execute("SET track_functions = 'all'")
-        for i in range(count + 5):  # five to prepare and warm up, untimed
-            if i == 5:
-                conn.execute("SELECT pg_stat_force_next_flush()")
-                time.sleep(0.05)
-                before = _function_time(stats)
+    conns = {db: connect(db) for db in dbs}
+    stats = {db: connect(db) for db in dbs}
+    samples: dict[str, list[float]] = {db: [] for db in dbs}
+    before: dict[str, tuple[int, float]] = {}
+    try:
+        for db, conn in conns.items():
+            conn.execute("SET synchronous_commit = off")
+            conn.execute("SET track_functions = 'all'")
+
+        def one(db: str, timed: bool) -> None:
+            conn = conns[db]
             token = secrets.token_hex(16)
             started = time.perf_counter()
             row = conn.execute(CLAIM, [owner, token], prepare=True).fetchone()
             spent = time.perf_counter() - started
             if row is None:
                 raise RuntimeError("the queue ran dry during the claim timing")
-            if i >= 5:
-                samples.append(spent * 1000)
+            if timed:
+                samples[db].append(spent * 1000)
             job_id, queue, generation = row
             conn.execute(raw.SONIQ_COMPLETE, [str(job_id), owner, generation, token, queue],
                          prepare=True)
-        conn.execute("SELECT pg_stat_force_next_flush()")
+
+        for db in dbs:  # five each to prepare and warm up, untimed
+            for _ in range(5):
+                one(db, False)
+            conns[db].execute("SELECT pg_stat_force_next_flush()")
         time.sleep(0.05)
-        calls, total = _function_time(stats)
-    calls -= before[0]
-    return {"median": statistics.median(samples), "p90": percentile(samples, 0.9),
-            "server": (total - before[1]) / calls if calls else float("nan"), "calls": calls}
+        before = {db: _function_time(stats[db]) for db in dbs}
+        done = 0
+        while done < count:
+            n = min(chunk, count - done)
+            for db in dbs:
+                for _ in range(n):
+                    one(db, True)
+            done += n
+        for conn in conns.values():
+            conn.execute("SELECT pg_stat_force_next_flush()")
+        time.sleep(0.05)
+        found = {}
+        for db in dbs:
+            calls, total = _function_time(stats[db])
+            calls -= before[db][0]
+            found[db] = {"median": statistics.median(samples[db]),
+                         "p90": percentile(samples[db], 0.9),
+                         "server": (total - before[db][1]) / calls if calls else float("nan"),
+                         "calls": calls}
+        return found
+    finally:
+        for conn in [*conns.values(), *stats.values()]:
+            conn.close()
 
 
 def throughput(db: str, connections: int, jobs: int) -> float:
@@ -251,25 +280,29 @@ def dead_tuples(db: str) -> int:
                                 "WHERE relname = 'soniq_jobs'").fetchone()[0])
 
 
-def measure_depth(cfg, db: str, depth: int, mixed: bool = True) -> dict:
-    """One depth: fresh, then after a drain without vacuum. ``mixed``: with the scheduled
-    and finished rows (without them: the baseline, fresh only)."""
-    found: dict = {"depth": depth, "mixed": mixed}
-    found["load_s"] = load(db, depth, cfg.future if mixed else 0, cfg.done if mixed else 0)
-    print(f"scale: depth {depth:,}{'' if mixed else ' alone'} loaded in {found['load_s']:.1f} s",
-          flush=True)
-    for phase in ("fresh", "drained") if mixed else ("fresh",):
+def measure_depths(cfg, cases: list[dict]) -> None:
+    """Every case (a database with one depth loaded) fresh, then after a drain without
+    vacuum (the mixed ones): plans, interleaved per-claim costs, throughput."""
+    for case in cases:
+        case["load_s"] = load(case["db"], case["depth"], cfg.future if case["mixed"] else 0,
+                              cfg.done if case["mixed"] else 0)
+        print(f"scale: {case['label']} loaded in {case['load_s']:.1f} s", flush=True)
+    for phase in ("fresh", "drained"):
+        taking = [c for c in cases if phase == "fresh" or c["mixed"]]
         if phase == "drained":
-            found["head_s"] = drain_head(db, cfg.head)
-            found["dead"] = dead_tuples(db)
-        plan, summary = claim_plan(db)
-        cost = claim_cost(db, cfg.claims)
-        rate = throughput(db, cfg.connections, cfg.throughput_jobs)
-        found[phase] = {"plan": plan, "summary": summary, "cost": cost, "rate": rate}
-        print(f"scale:   {phase:<8} claim {cost['median']:.3f} ms (server {cost['server']:.3f}),"
-              f" {rate:,.0f} jobs/s, plan {summary['index']} hit={summary['hit']} "
-              f"removed={summary['removed']}", flush=True)
-    return found
+            for case in taking:
+                case["head_s"] = drain_head(case["db"], cfg.head)
+                case["dead"] = dead_tuples(case["db"])
+        plans = {c["db"]: claim_plan(c["db"]) for c in taking}
+        costs = claim_costs([c["db"] for c in taking], cfg.claims)
+        for case in taking:
+            rate = throughput(case["db"], cfg.connections, cfg.throughput_jobs)
+            plan, summary = plans[case["db"]]
+            cost = costs[case["db"]]
+            case[phase] = {"plan": plan, "summary": summary, "cost": cost, "rate": rate}
+            print(f"scale:   {case['label']:<12} {phase:<8} claim {cost['median']:.3f} ms "
+                  f"(server {cost['server']:.3f}), {rate:,.0f} jobs/s, plan {summary['index']} "
+                  f"hit={summary['hit']} removed={summary['removed']}", flush=True)
 
 
 # Part 2: workers ----------------------------------------------------------------
@@ -567,14 +600,26 @@ def main(argv=None) -> int:
                     RESET_SQL, db=db, log_dir=log_dir)
     ok = False
     created = False
+    copies: list[str] = []
     try:
         print(f"scale: database {db}, logs in {log_dir}", flush=True)
         create_database(db)
         created = True
         system.action("migrate")
         started = time.perf_counter()
-        base = None if cfg.no_depth else measure_depth(cfg, db, min(cfg.depths), mixed=False)
-        depths = [] if cfg.no_depth else [measure_depth(cfg, db, d) for d in cfg.depths]
+        base: dict = {}
+        depths: list[dict] = []
+        if not cfg.no_depth:
+            # One database per depth, copies of the migrated one, so that the per-claim
+            # timings of all depths can take turns.
+            base = {"depth": min(cfg.depths), "mixed": False}
+            depths = [{"depth": d, "mixed": True} for d in cfg.depths]
+            for index, case in enumerate([base, *depths]):
+                case["db"] = f"{db}_{index}"
+                case["label"] = f"{case['depth']:,}" + ("" if case["mixed"] else " alone")
+                create_database(case["db"], template=db)
+                copies.append(case["db"])
+            measure_depths(cfg, [base, *depths])
         workers = []
         if not cfg.no_workers:
             for processes in cfg.processes:
@@ -597,11 +642,11 @@ def main(argv=None) -> int:
         return 130
     finally:
         _stop_children()
-        if created:
+        for name in [*copies, *([db] if created else [])]:
             try:
-                drop_database(db)
+                drop_database(name)
             except Exception as error:
-                print(f"scale: could not drop {db}: {error}", file=sys.stderr)
+                print(f"scale: could not drop {name}: {error}", file=sys.stderr)
         if ok:
             shutil.rmtree(log_dir, ignore_errors=True)
         else:
