@@ -443,6 +443,10 @@ def measure_workers(cfg, system: System, processes: int) -> dict:
         "claim_lock_share": sum(n for what, n in sampler.lock_waits.items()
                                 if what.startswith("claim ")) / claims,
         "any_lock_share": sum(sampler.lock_waits.values()) / active,
+        "page_share": sampler.waits["LWLock:BufferContent"] / active,
+        "counter_share": sampler.kinds["throughput counter"] / active,
+        "counter_lock_share": sum(n for what, n in sampler.lock_waits.items()
+                                  if what.startswith("throughput counter ")) / active,
     }
 
 
@@ -523,6 +527,16 @@ def render_workers(cfg, workers: list[dict]) -> list[str]:
     out.append(f"  claims waiting on a heavyweight lock (tuple, transactionid, relation), worst "
                f"over P: {worst * 100:.1f} % of claim samples  target ≤5 %: "
                f"{_verdict(worst, 0.05)}")
+    page = max(w["page_share"] for w in workers)
+    out.append(f"  waits on a page's content lock (LWLock:BufferContent), worst over P: "
+               f"{page * 100:.1f} % of active samples  target ≤5 %: {_verdict(page, 0.05)}")
+    counter = max(w["counter_share"] for w in workers)
+    counter_lock = max(w["counter_lock_share"] for w in workers)
+    out.append(f"  the throughput counter's upsert (one row per minute and queue), worst over P: "
+               f"running in {counter * 100:.1f} %, waiting on a lock in {counter_lock * 100:.1f} % "
+               f"of active samples  target ≤5 %: {_verdict(counter_lock, 0.05)}")
+    out.append("  the reaper runs inside each claim (its probe finds no lapsed lease in a drain): "
+               "its time and waits are the claims'")
     last_w = workers[-1]
     growth = (last_w["worker_cpu"] + last_w["backend_cpu"]) / base
     out.append(f"  CPU per job at {last_w['processes']} procs ÷ 1 proc: {growth:.2f}×  "
