@@ -493,8 +493,9 @@ def render_depths(cfg, base: dict, depths: list[dict]) -> list[str]:
         out.append(f"  per-claim cost {found['depth']:,} mixed, fresh ÷ {base['depth']:,} alone: "
                    f"{ratio:.2f}× ({client:.2f}×)  target ≤1.50×: {_verdict(ratio, 1.5)}")
     for found in depths:
-        ratio = found["drained"]["cost"]["median"] / found["fresh"]["cost"]["median"]
-        out.append(f"  at {found['depth']:,}: after drain ÷ fresh {ratio:.2f}× "
+        ratio = found["drained"]["cost"]["server"] / found["fresh"]["cost"]["server"]
+        client = found["drained"]["cost"]["median"] / found["fresh"]["cost"]["median"]
+        out.append(f"  at {found['depth']:,}: after drain ÷ fresh {ratio:.2f}× ({client:.2f}×) "
                    f"({found['dead']:,} dead tuples; head drained in {found['head_s']:.1f} s); "
                    f"loaded in {found['load_s']:.1f} s")
     out.append("")
