@@ -2,6 +2,7 @@
 
 import asyncio
 import enum
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from ..models import DeadLetterReason
 from ..owned.types import ClaimedJob
 from ..registry import JobHandler, get_handler
 from .context import JobContext, bind, unbind
+from .timeouts import TimeLimit
 
 MAX_ERROR_TEXT = 64 * 1024
 
@@ -24,7 +26,7 @@ class OutcomeKind(enum.Enum):
     DONE = "done"
     """It returned a JSON value: ``complete_owned``."""
     RETRY = "retry"
-    """It raised (or ran past its timeout): ``fail_owned(retry=True)``."""
+    """It raised (or ran past its deadline): ``fail_owned(retry=True)``."""
     DEAD = "dead"
     """Retrying cannot help: ``fail_owned(retry=False)`` with a dead-letter reason."""
     CANCELLED = "cancelled"
@@ -61,17 +63,36 @@ def _error_text(error: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "\n[truncated]"
 
 
+class _Expired:
+    """What ``_run_async`` returns when the deadline cancelled the coroutine."""
+
+
+_EXPIRED = _Expired()
+
+
 async def _run_async(handler: JobHandler[..., Any], args: dict[str, Any], context: JobContext,
-                     timeout: float | None) -> Any:
+                     seconds: float | None) -> Any:
+    """The coroutine's value, or ``_EXPIRED`` when it was cancelled after ``seconds``.
+
+    A ``TimeoutError`` the handler raises itself (a socket's, a client's)
+    is its own failure, not the job's timeout: only an expired scope is.
+    """
     token = bind(context)  # each asyncio.run has its own context: bind inside it
     try:
-        return await asyncio.wait_for(handler.func(**args), timeout)
+        scope = asyncio.timeout(None if seconds is None else max(seconds, 0.0))
+        try:
+            async with scope:
+                return await handler.func(**args)
+        except TimeoutError:
+            if scope.expired():
+                return _EXPIRED
+            raise
     finally:
         unbind(token)
 
 
-def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None, *,
-            atomic: bool = False) -> Outcome:
+def execute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | None, *,
+            started: float | None = None, atomic: bool = False) -> Outcome:
     """Run the job's handler with its stored keyword arguments; never raises.
 
     ``atomic``: the caller opened the job's transaction on this thread
@@ -86,7 +107,10 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None, *,
     dead (``invalid_arguments``); ``PermanentFailure`` → dead
     (``permanent_failure``); a cancel seen by the handler → cancelled; a
     non-JSON return value → dead (``permanent_failure``); any other
-    exception, or an async handler over ``timeout`` → retry.
+    exception → retry; an async handler still running at its deadline
+    (``started`` plus ``limit``; the whole limit from now when ``started`` is
+    None) is cancelled → retry, as "timed out". A plain function cannot be
+    stopped: the deadline thread times it out (deadlines.py).
     """
     handler = get_handler(claimed.job_name)
     if handler is None:
@@ -97,11 +121,12 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None, *,
     except TypeError as error:
         return Outcome(OutcomeKind.DEAD, error=f"args do not fit {claimed.job_name}: {error}",
                        reason=DeadLetterReason.INVALID_ARGUMENTS)
+    seconds = None if limit is None else limit.remaining(started, time.monotonic())
     try:
         if handler.is_async and atomic:
-            result = async_to_sync(_run_async)(handler, claimed.args, context, timeout)
+            result = async_to_sync(_run_async)(handler, claimed.args, context, seconds)
         elif handler.is_async:
-            result = asyncio.run(_run_async(handler, claimed.args, context, timeout))
+            result = asyncio.run(_run_async(handler, claimed.args, context, seconds))
         else:
             token = bind(context)
             try:
@@ -113,12 +138,10 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None, *,
     except PermanentFailure as error:
         return Outcome(OutcomeKind.DEAD, error=_error_text(error),
                        reason=DeadLetterReason.PERMANENT_FAILURE, exception=error)
-    except (asyncio.TimeoutError, TimeoutError) as error:
-        return Outcome(OutcomeKind.RETRY,
-                       error=f"timed out after {timeout} s\n{_error_text(error)}",
-                       exception=error)
     except Exception as error:  # the handler's failure is the job's failure
         return Outcome(OutcomeKind.RETRY, error=_error_text(error), exception=error)
+    if result is _EXPIRED and limit is not None:
+        return Outcome(OutcomeKind.RETRY, error=limit.error(atomic=atomic))
     if context.cancel_requested:
         return Outcome(OutcomeKind.CANCELLED)
     try:

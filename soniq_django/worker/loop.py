@@ -7,7 +7,7 @@ Threads, and what each one writes:
   is a round of the completer (completer.py): one database call that
   writes the completions handed over and claims a job for each free slot,
   each with its own fresh nonce kept before the call. The main thread also
-  writes the timeouts the heartbeat handed over.
+  writes the timeouts the deadline thread handed over.
 - ``concurrency`` **job threads** each run one handler at a time
   (execution.py, no database) and settle it through the completer: a
   failure, a dead letter or a cancel acknowledgement is written by the job
@@ -19,7 +19,10 @@ Threads, and what each one writes:
   transaction (atomic.py).
 - the **heartbeat thread** (heartbeat.py) renews every lease, reads cancel
   requests, refreshes the worker's row and throughput counts, and purges
-  expired rows. It decides timeouts but writes none.
+  expired rows.
+- the **deadline thread** (deadlines.py) times each job out when its limit
+  is up (``@job(timeout=...)``, else ``JOB_TIMEOUT_SECONDS``): it takes the
+  job's final write and hands it to the main thread, but writes none.
 - on PostgreSQL a **listener thread** (wakeup.py) turns NOTIFY into
   wake-ups; optionally the **scheduler** thread enqueues periodic jobs.
 
@@ -29,7 +32,7 @@ So every final write has one owner:
   transaction); with more, the main thread (with the round's claims); an
   atomic job's, its job thread (in the handler's transaction);
 - a failure, a dead letter, a deferral, a cancel acknowledgement: the job thread;
-- the failure of a job past ``JOB_TIMEOUT_SECONDS``: the main thread;
+- the failure of a job past its time limit: the main thread, at once;
 - a cancel honoured after it refused a write: the thread of that write.
 
 Every claim goes through ``Writes.round`` (writes.py), from whichever thread.
@@ -71,21 +74,23 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections, connections
 
-from .. import flow, pooling
+from .. import flow, pooling, signals
 from ..conf import get_settings
 from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
-from ..registry import registered_handlers
+from ..registry import get_handler, registered_handlers
 from ..throughput import ThroughputCounter
 from . import peers, planner, registration
 from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
 from .connection import SharedConnection, handler_connections
+from .deadlines import Deadlines
 from .execution import execute
 from .flight import Flights, InFlight
 from .throttle import RatePoll
 from .heartbeat import Heartbeat
+from .timeouts import limit_for
 from .wakeup import Listener
 from .writes import NOT_RECORDED, RECORDED, Writes, retrying
 
@@ -142,8 +147,9 @@ class Worker:
         self.heartbeat = Heartbeat(source=self.source, shared=self.shared,
                                    worker_id=self.worker_id,
                                    flights=self.flights, throughput=self.throughput,
-                                   time_out=self.completer.time_out, stopping=self.stopping,
-                                   aborted=self.aborted)
+                                   stopping=self.stopping, aborted=self.aborted)
+        self.deadlines = Deadlines(time_out=self.completer.time_out, concurrency=concurrency,
+                                   is_atomic=is_atomic, is_async=_is_async)
         self.rate_poll = RatePoll(using, queues, self.shared)
         # What the loop remembers from one round to the next (see planner.Snapshot).
         self._found_nothing = False
@@ -195,6 +201,7 @@ class Worker:
             self._loop(pool)
         finally:
             self.completer.close()
+            self.deadlines.close()
             self.stopping.set()
             pool.shutdown(wait=not self.aborted.is_set(), cancel_futures=True)
             for thread in background:
@@ -351,6 +358,8 @@ class Worker:
 
     def _start_background(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self.heartbeat.run, name="soniq-heartbeat",
+                                    daemon=True),
+                   threading.Thread(target=self.deadlines.run, name="soniq-deadlines",
                                     daemon=True)]
         if connections[self.using].vendor == "postgresql":
             threads.append(Listener(self.using, self.queues, self.wake, self.stopping))
@@ -370,13 +379,23 @@ class Worker:
         """Run the job and settle it; then each next job its (inline) completion claimed."""
         while flight is not None:
             try:
+                signals.started(flight, self.worker_id, self.using)
+                limit = limit_for(flight.claimed.job_name)
+                self.deadlines.watch(flight, limit)  # timed out there when it is up
                 with handler_connections():  # the job thread's own: its handlers' use only
-                    timeout = get_settings().JOB_TIMEOUT_SECONDS
                     if is_atomic(flight.claimed.job_name):  # completed in its own transaction
-                        outcome = self.atomic.run(flight, timeout)
+                        outcome = self.atomic.run(flight, limit)
                     else:
-                        outcome = execute(flight.claimed, flight.context, timeout)
+                        outcome = execute(flight.claimed, flight.context, limit,
+                                          started=flight.started)
             except Exception:  # execute() never raises; if it did, the lease lapses
                 logger.exception("worker error while running %s", flight.claimed.job_name)
                 outcome = None
-            flight = self.completer.settle(flight, outcome)
+            settled, flight = flight, self.completer.settle(flight, outcome)
+            self.deadlines.forget(settled)
+
+
+def _is_async(job_name: str) -> bool:
+    """Whether the handler of ``job_name`` here is an ``async def`` (cancelled at its deadline)."""
+    handler = get_handler(job_name)
+    return handler is not None and bool(handler.is_async)
