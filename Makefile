@@ -58,7 +58,7 @@ bench-quick: venv-main
 # mixed in) and vs. worker processes (1, 2, 4, 8): soniq_django alone, one
 # database soniq_bench_<pid>_scale, no peers. SCALE_ARGS passes options to
 # `python -m bench.scale` (see docs/performance.md#scale).
-#   make bench-scale        full run (~15 min on 2 cores; under 20)
+#   make bench-scale        full run (~10 min on 2 cores; under 20)
 #   make bench-scale-quick  10k and 100k, fewer rows and calls, P up to 4 (~3 min)
 SCALE_ARGS ?=
 
