@@ -54,6 +54,22 @@ bench-quick: venv-main
 	@bash bench/peers-venv.sh
 	$(PYTHON_VENV) -m bench.run --quick $(BENCH_ARGS)
 
+# Cost vs. queue depth (10k, 100k, 1M queued with scheduled and finished rows
+# mixed in) and vs. worker processes (1, 2, 4, 8): soniq_django alone, one
+# database soniq_bench_<pid>_scale, no peers. SCALE_ARGS passes options to
+# `python -m bench.scale` (see docs/performance.md#scale).
+#   make bench-scale        full run (~10 min on 2 cores; under 20)
+#   make bench-scale-quick  10k and 100k, fewer rows and calls, P up to 4 (~3 min)
+SCALE_ARGS ?=
+
+.PHONY: bench-scale bench-scale-quick
+
+bench-scale: venv-main
+	$(PYTHON_VENV) -m bench.scale $(SCALE_ARGS)
+
+bench-scale-quick: venv-main
+	$(PYTHON_VENV) -m bench.scale --quick $(SCALE_ARGS)
+
 # Chaos suite (tests/chaos/; see docs/reliability.md). Starts its own
 # throwaway PostgreSQL cluster (initdb/pg_ctl, a free port under /tmp),
 # restarts it on purpose and deletes it at the end. Short versions of both
