@@ -37,7 +37,7 @@ def untune(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('soniq_django', '0013_queue_flow_control'),
+        ('soniq_django', '0014_claim_scheduled_indexes'),
     ]
 
     operations = [

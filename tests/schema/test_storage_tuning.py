@@ -13,7 +13,7 @@ from soniq_django.schema.admission import check_owned_schema
 from tests.support.schema import fetchall, migrate, schema_snapshot
 
 tuning = importlib.import_module("soniq_django.migrations.0015_storage_tuning")
-BEFORE = "0013"  # the migration 0015 follows (the lead may re-chain it at merge)
+BEFORE = "0014"  # the migration 0015 follows
 
 
 def reloptions() -> list[str] | None:
