@@ -91,3 +91,25 @@ chaos-plain: venv-main
 
 chaos-effects: venv-main
 	$(PYTHON_VENV) -m tests.chaos --effects $(CHAOS_ARGS)
+
+# Soak run (bench/soak.py; see docs/performance.md#hours-of-load). Starts its own
+# throwaway PostgreSQL cluster with stock settings (autovacuum on) under /tmp,
+# measures the maximum enqueue+drain rate briefly, then enqueues at half of it
+# and drains for SOAK_ARGS' --minutes (30), printing one row a minute, the
+# targets and their verdicts. CSV, text report and plot go to bench/results/.
+# The plot needs matplotlib, which bench/plot-venv.sh puts into bench/.venv-plot
+# (never the project's virtualenv).
+#   make soak               30 minutes
+#   make soak-quick         3 minutes: a smoke test (the verdicts compare single minutes)
+#   make soak SOAK_ARGS="--minutes 60 --rate 500 --workers 1 --concurrency 8"
+SOAK_ARGS ?=
+
+.PHONY: soak soak-quick
+
+soak: venv-main
+	@bash bench/plot-venv.sh
+	$(PYTHON_VENV) -m bench.soak $(SOAK_ARGS)
+
+soak-quick: venv-main
+	@bash bench/plot-venv.sh
+	$(PYTHON_VENV) -m bench.soak --minutes 3 $(SOAK_ARGS)
