@@ -258,13 +258,14 @@ class KeptConnections:
     """The connections the job threads keep between jobs, closed once those threads ended.
 
     A job thread keeps the connection its last handler used (see
-    ``handler_connections``). Nothing closes it when the thread ends with
-    the worker: a Django connection object is a reference cycle, so its
-    server session stayed open until the garbage collector freed it -- one
-    per job thread that used the database, for as long as the process
-    outlived ``Worker.run()`` (a worker run in a thread, a test). Each job
-    thread notes what it keeps when it has run its jobs (``note``); the
-    worker closes it after its job threads ended (``close_ended``).
+    ``handler_connections``). Nothing else would close it when the thread
+    ends with the worker: a Django connection object is a reference cycle,
+    so its server session would stay open until the garbage collector
+    freed it -- one per job thread that used the database, for as long as
+    the process outlives ``Worker.run()`` (a worker run in a thread, a
+    test). Each job thread notes what it keeps when it has run its jobs
+    (``note``); the worker closes it after its job threads ended
+    (``close_ended``).
     """
 
     def __init__(self) -> None:
