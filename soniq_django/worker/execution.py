@@ -2,6 +2,7 @@
 
 import asyncio
 import enum
+import inspect
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,41 @@ def _error_text(error: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "\n[truncated]"
 
 
+Keywords = tuple[frozenset[str], frozenset[str]]
+#: By ``id`` of a handler's signature (kept with it, so the id is not reused): (every
+#: keyword it takes, the ones it needs), or None when only ``Signature.bind`` can tell (it
+#: takes ``**kwargs``, or a positional-only parameter). Signatures with unhashable
+#: defaults cannot be dictionary keys themselves.
+_KEYWORDS: dict[int, tuple[inspect.Signature, Keywords | None]] = {}
+
+
+def _keywords(signature: inspect.Signature) -> Keywords | None:
+    known = _KEYWORDS.get(id(signature))
+    if known is not None and known[0] is signature:
+        return known[1]
+    params = signature.parameters.values()
+    by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    found = None
+    if all(p.kind in by_keyword or p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        found = (frozenset(p.name for p in params if p.kind in by_keyword),
+                 frozenset(p.name for p in params
+                           if p.kind in by_keyword and p.default is inspect.Parameter.empty))
+    _KEYWORDS[id(signature)] = (signature, found)
+    return found
+
+
+def _binds(signature: inspect.Signature, args: dict[str, Any]) -> None:
+    """Raise TypeError if ``args`` cannot be passed to ``signature`` by keyword.
+
+    What ``signature.bind(**args)`` decides, without building its bound
+    arguments when a set comparison can tell (the common case).
+    """
+    keywords = _keywords(signature)
+    if keywords is not None and keywords[1] <= args.keys() <= keywords[0]:
+        return
+    signature.bind(**args)
+
+
 async def _run_async(handler: JobHandler[..., Any], args: dict[str, Any], context: JobContext,
                      timeout: float | None) -> Any:
     token = bind(context)  # each asyncio.run has its own context: bind inside it
@@ -93,7 +129,7 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None, *,
         return Outcome(OutcomeKind.UNKNOWN,
                        error=f"no handler is registered for job {claimed.job_name!r}")
     try:
-        handler.signature.bind(**claimed.args)
+        _binds(handler.signature, claimed.args)
     except TypeError as error:
         return Outcome(OutcomeKind.DEAD, error=f"args do not fit {claimed.job_name}: {error}",
                        reason=DeadLetterReason.INVALID_ARGUMENTS)

@@ -67,7 +67,6 @@ import random
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections, connections
 
@@ -86,6 +85,7 @@ from .execution import execute
 from .flight import Flights, InFlight
 from .throttle import RatePoll
 from .heartbeat import Heartbeat
+from .threads import JobThreads
 from .wakeup import Listener
 from .writes import NOT_RECORDED, RECORDED, Writes, retrying
 
@@ -189,14 +189,14 @@ class Worker:
             return 0
         logger.info("%s", self._banner())
         background = self._start_background()
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="soniq-job")
+        pool: JobThreads[InFlight] = JobThreads(self.concurrency, self._run_jobs)
         try:
             self.stopping.wait(self._jitter())  # workers started together claim apart
             self._loop(pool)
         finally:
             self.completer.close()
             self.stopping.set()
-            pool.shutdown(wait=not self.aborted.is_set(), cancel_futures=True)
+            pool.shutdown(wait=not self.aborted.is_set())
             for thread in background:
                 thread.join(timeout=5)
             try:
@@ -257,7 +257,7 @@ class Worker:
 
         return bool(retrying(register, math.inf, self.stopping))
 
-    def _loop(self, pool: ThreadPoolExecutor) -> None:
+    def _loop(self, pool: JobThreads[InFlight]) -> None:
         """Plan, then act; until the planner says stop."""
         while True:
             step = planner.plan(self._snapshot())
@@ -292,7 +292,7 @@ class Worker:
         seconds = float(get_settings().POLL_INTERVAL)
         return self.rate_poll.seconds(seconds) if self._found_nothing else seconds
 
-    def _claim(self, n: int, pool: ThreadPoolExecutor) -> None:
+    def _claim(self, n: int, pool: JobThreads[InFlight]) -> None:
         """One round: the pending writes, and ``n`` claims; start each job claimed."""
         answer = self.completer.round(n)
         if answer.unknown:
@@ -302,7 +302,7 @@ class Worker:
         self._unknown_streak = 0
         self.slots.take(len(answer.jobs))
         for job in answer.jobs:
-            pool.submit(self._run_jobs, self.flights.track(job))
+            pool.submit(self.flights.track(job))
         if answer.found_nothing:
             self._found_nothing = True  # the queue is empty: wait for news
             if self.burst and self.wait_for_leases:
