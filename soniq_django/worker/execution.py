@@ -4,6 +4,7 @@ import asyncio
 import enum
 import inspect
 import traceback
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,7 +100,7 @@ def _binds(signature: inspect.Signature, args: dict[str, Any]) -> None:
 
 async def _run_async(handler: JobHandler[..., Any], args: dict[str, Any], context: JobContext,
                      timeout: float | None) -> Any:
-    token = bind(context)  # each asyncio.run has its own context: bind inside it
+    token = bind(context)  # each task has its own context: bind inside it
     try:
         return await asyncio.wait_for(handler.func(**args), timeout)
     finally:
@@ -107,15 +108,18 @@ async def _run_async(handler: JobHandler[..., Any], args: dict[str, Any], contex
 
 
 def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None, *,
-            atomic: bool = False) -> Outcome:
+            atomic: bool = False, run_async: Callable[[Coroutine[Any, Any, Any]], Any] | None
+            = None) -> Outcome:
     """Run the job's handler with its stored keyword arguments; never raises.
 
     ``atomic``: the caller opened the job's transaction on this thread
     (worker/atomic.py). An ``async def`` handler then runs through
-    ``async_to_sync`` rather than its own ``asyncio.run``: Django's async ORM
+    ``async_to_sync`` rather than on an event loop: Django's async ORM
     (``sync_to_async``, thread-sensitive) calls back into this thread, so
     the handler's queries run on this thread's connection, in that
-    transaction.
+    transaction. Otherwise an ``async def`` handler runs through
+    ``run_async`` (the worker's event loop, worker/eventloop.py), or its
+    own ``asyncio.run`` without one.
 
     Unknown job name → unknown (unknown.py decides: deferred, or dead as
     ``job_not_found`` after the grace period); args that do not bind →
@@ -124,37 +128,72 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None, *,
     non-JSON return value → dead (``permanent_failure``); any other
     exception, or an async handler over ``timeout`` → retry.
     """
-    handler = get_handler(claimed.job_name)
-    if handler is None:
-        return Outcome(OutcomeKind.UNKNOWN,
-                       error=f"no handler is registered for job {claimed.job_name!r}")
-    try:
-        _binds(handler.signature, claimed.args)
-    except TypeError as error:
-        return Outcome(OutcomeKind.DEAD, error=f"args do not fit {claimed.job_name}: {error}",
-                       reason=DeadLetterReason.INVALID_ARGUMENTS)
+    handler, refused = _prepare(claimed)
+    if refused is not None:
+        return refused
+    assert handler is not None
     try:
         if handler.is_async and atomic:
             result = async_to_sync(_run_async)(handler, claimed.args, context, timeout)
         elif handler.is_async:
-            result = asyncio.run(_run_async(handler, claimed.args, context, timeout))
+            result = (run_async or asyncio.run)(
+                _run_async(handler, claimed.args, context, timeout))
         else:
             token = bind(context)
             try:
                 result = handler.func(**claimed.args)
             finally:
                 unbind(token)
-    except JobCancelled:
+    except Exception as error:
+        return _failed(error, timeout)
+    return _returned(claimed, context, result)
+
+
+async def aexecute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> Outcome:
+    """``execute`` of an ``async def`` handler, on the running event loop; never raises."""
+    handler, refused = _prepare(claimed)
+    if refused is not None:
+        return refused
+    assert handler is not None
+    try:
+        result = await _run_async(handler, claimed.args, context, timeout)
+    except Exception as error:
+        return _failed(error, timeout)
+    return _returned(claimed, context, result)
+
+
+def _prepare(claimed: ClaimedJob) -> tuple[JobHandler[..., Any] | None, Outcome | None]:
+    """The job's handler, or the outcome of a job that cannot run (no handler, bad args)."""
+    handler = get_handler(claimed.job_name)
+    if handler is None:
+        return None, Outcome(OutcomeKind.UNKNOWN,
+                             error=f"no handler is registered for job {claimed.job_name!r}")
+    try:
+        _binds(handler.signature, claimed.args)
+    except TypeError as error:
+        return None, Outcome(OutcomeKind.DEAD,
+                             error=f"args do not fit {claimed.job_name}: {error}",
+                             reason=DeadLetterReason.INVALID_ARGUMENTS)
+    return handler, None
+
+
+def _failed(error: Exception, timeout: float | None) -> Outcome:
+    """The outcome of a handler that raised ``error``."""
+    if isinstance(error, JobCancelled):
         return Outcome(OutcomeKind.CANCELLED)
-    except PermanentFailure as error:
+    if isinstance(error, PermanentFailure):
         return Outcome(OutcomeKind.DEAD, error=_error_text(error),
                        reason=DeadLetterReason.PERMANENT_FAILURE, exception=error)
-    except (asyncio.TimeoutError, TimeoutError) as error:
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
         return Outcome(OutcomeKind.RETRY,
                        error=f"timed out after {timeout} s\n{_error_text(error)}",
                        exception=error)
-    except Exception as error:  # the handler's failure is the job's failure
-        return Outcome(OutcomeKind.RETRY, error=_error_text(error), exception=error)
+    # The handler's failure is the job's failure.
+    return Outcome(OutcomeKind.RETRY, error=_error_text(error), exception=error)
+
+
+def _returned(claimed: ClaimedJob, context: JobContext, result: Any) -> Outcome:
+    """The outcome of a handler that returned ``result``."""
     if context.cancel_requested:
         return Outcome(OutcomeKind.CANCELLED)
     try:

@@ -67,6 +67,7 @@ import random
 import threading
 import time
 import uuid
+from functools import partial
 
 from django.db import close_old_connections, connections
 
@@ -74,14 +75,15 @@ from .. import flow, pooling
 from ..conf import get_settings
 from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
-from ..registry import registered_handlers
+from ..registry import get_handler, registered_handlers
 from ..throughput import ThroughputCounter
 from . import peers, planner, registration
 from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
 from .connection import SharedConnection, handler_connections
-from .execution import execute
+from .eventloop import EventLoop
+from .execution import Outcome, OutcomeKind, execute
 from .flight import Flights, InFlight
 from .throttle import RatePoll
 from .heartbeat import Heartbeat
@@ -145,6 +147,9 @@ class Worker:
                                    time_out=self.completer.time_out, stopping=self.stopping,
                                    aborted=self.aborted)
         self.rate_poll = RatePoll(using, queues, self.shared)
+        self.threads = JobThreads(concurrency)
+        self.event_loop = EventLoop(self._async_done,
+                                    lambda: get_settings().JOB_TIMEOUT_SECONDS)
         # What the loop remembers from one round to the next (see planner.Snapshot).
         self._found_nothing = False
         self._unknown_streak = 0
@@ -189,7 +194,7 @@ class Worker:
             return 0
         logger.info("%s", self._banner())
         background = self._start_background()
-        pool: JobThreads[InFlight] = JobThreads(self.concurrency, self._run_jobs)
+        pool = self.threads
         try:
             self.stopping.wait(self._jitter())  # workers started together claim apart
             self._loop(pool)
@@ -197,6 +202,7 @@ class Worker:
             self.completer.close()
             self.stopping.set()
             pool.shutdown(wait=not self.aborted.is_set())
+            self.event_loop.close()
             for thread in background:
                 thread.join(timeout=5)
             try:
@@ -257,7 +263,7 @@ class Worker:
 
         return bool(retrying(register, math.inf, self.stopping))
 
-    def _loop(self, pool: JobThreads[InFlight]) -> None:
+    def _loop(self, pool: JobThreads) -> None:
         """Plan, then act; until the planner says stop."""
         while True:
             step = planner.plan(self._snapshot())
@@ -292,7 +298,7 @@ class Worker:
         seconds = float(get_settings().POLL_INTERVAL)
         return self.rate_poll.seconds(seconds) if self._found_nothing else seconds
 
-    def _claim(self, n: int, pool: JobThreads[InFlight]) -> None:
+    def _claim(self, n: int, pool: JobThreads) -> None:
         """One round: the pending writes, and ``n`` claims; start each job claimed."""
         answer = self.completer.round(n)
         if answer.unknown:
@@ -301,8 +307,15 @@ class Worker:
             return
         self._unknown_streak = 0
         self.slots.take(len(answer.jobs))
+        on_the_loop = []
         for job in answer.jobs:
-            pool.submit(self.flights.track(job))
+            flight = self.flights.track(job)
+            if self.concurrency > 1 and _runs_on_the_loop(job.job_name):
+                on_the_loop.append(flight)
+            else:
+                pool.submit(partial(self._run_jobs, flight))
+        if on_the_loop:  # one hand-over for the round's async jobs
+            self.event_loop.start(on_the_loop)
         if answer.found_nothing:
             self._found_nothing = True  # the queue is empty: wait for news
             if self.burst and self.wait_for_leases:
@@ -375,8 +388,32 @@ class Worker:
                     if is_atomic(flight.claimed.job_name):  # completed in its own transaction
                         outcome = self.atomic.run(flight, timeout)
                     else:
-                        outcome = execute(flight.claimed, flight.context, timeout)
+                        outcome = execute(flight.claimed, flight.context, timeout,
+                                          run_async=self.event_loop.run)
             except Exception:  # execute() never raises; if it did, the lease lapses
                 logger.exception("worker error while running %s", flight.claimed.job_name)
                 outcome = None
             flight = self.completer.settle(flight, outcome)
+
+    def _async_done(self, flight: InFlight, outcome: Outcome) -> None:
+        """On the event loop's thread: an async job ended; settle it without blocking the loop.
+
+        A completion handed to the main loop's next round takes two locks and
+        no database call: it is settled here. Every other final write (or a
+        job whose final write the heartbeat holds, for its timeout) goes to a
+        job thread.
+        """
+        try:
+            if (outcome.kind is OutcomeKind.DONE and isinstance(self.completer, BatchCompleter)
+                    and not flight.settled.locked()):
+                self.completer.settle(flight, outcome)
+            else:
+                self.threads.submit(partial(self.completer.settle, flight, outcome))
+        except Exception:  # the job threads are shut down: the worker is aborting
+            logger.exception("worker error while settling %s", flight.claimed.job_name)
+
+
+def _runs_on_the_loop(job_name: str) -> bool:
+    """Whether a job runs on the worker's event loop: an ``async def`` handler, not atomic."""
+    handler = get_handler(job_name)
+    return handler is not None and handler.is_async and not is_atomic(job_name)

@@ -12,25 +12,21 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
 
 logger = logging.getLogger("soniq_django.worker")
 
-T = TypeVar("T")
 
+class JobThreads:
+    """Run every call handed over (a job, or the final write of one), on up to ``size`` threads."""
 
-class JobThreads(Generic[T]):
-    """Run ``run(item)`` for every item handed over, on up to ``size`` threads."""
-
-    def __init__(self, size: int, run: Callable[[T], None], name: str = "soniq-job"):
+    def __init__(self, size: int, name: str = "soniq-job"):
         self._size = size
-        self._run = run
         self._name = name
-        self._items: "queue.SimpleQueue[T | None]" = queue.SimpleQueue()
+        self._items: "queue.SimpleQueue[Callable[[], object] | None]" = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._closed = False
 
-    def submit(self, item: T) -> None:
+    def submit(self, item: Callable[[], object]) -> None:
         """Hand ``item`` to the next free thread (starting one while there are fewer than size)."""
         if self._closed:
             raise RuntimeError("the job threads are shut down")
@@ -63,6 +59,6 @@ class JobThreads(Generic[T]):
             if item is None:
                 return
             try:
-                self._run(item)
+                item()
             except BaseException:  # keep the thread: the worker's own code failed, not the job
                 logger.exception("worker error on a job thread")

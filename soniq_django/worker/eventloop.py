@@ -1,0 +1,82 @@
+"""The worker's one event loop: where its ``async def`` handlers run, all on one thread.
+
+A thread per async job (and an ``asyncio.run`` per job, a new loop each
+time) costs a thread switch per job and a loop built and closed per job.
+Here the main loop hands a round's async jobs over in one call (one
+wake-up of the loop's thread for all of them); each runs as a task; a
+task that ends hands its outcome to ``on_done`` on the loop's thread.
+``run()`` lets a job thread (the one-slot worker's) run one coroutine
+here and wait for it.
+
+The loop's thread starts with the first async job, so a worker whose
+handlers are all sync has no such thread. Handlers share the loop: one
+that blocks (a sync call inside ``async def``) holds up the others, as
+on any event loop.
+"""
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .execution import Outcome, aexecute
+from .flight import InFlight
+
+
+class EventLoop:
+    """One asyncio loop on a thread of its own, started on first use.
+
+    ``on_done(flight, outcome)`` is called on the loop's thread when a job
+    handed over with ``start`` has ended; it must not block.
+    """
+
+    def __init__(self, on_done: Callable[[InFlight, Outcome], None], timeout: Callable[[], Any],
+                 name: str = "soniq-asyncio"):
+        self._on_done = on_done
+        self._timeout = timeout
+        self._name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # kept until done (the loop keeps weak refs)
+
+    def start(self, flights: list[InFlight]) -> None:
+        """Run each of ``flights`` (async handlers) as a task; one wake-up of the loop for all."""
+        self._running().call_soon_threadsafe(self._start_all, flights)
+
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coroutine`` on the loop and wait for its result (raises what it raised)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._running()).result()
+
+    def close(self) -> None:
+        """Stop the loop (tasks still running are abandoned: the worker is aborting then)."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        if not thread.is_alive():
+            loop.close()
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name=self._name, daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def _start_all(self, flights: list[InFlight]) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = self._timeout()
+        for flight in flights:
+            task = loop.create_task(self._run_one(flight, timeout))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run_one(self, flight: InFlight, timeout: Any) -> None:
+        outcome = await aexecute(flight.claimed, flight.context, timeout)
+        self._on_done(flight, outcome)
