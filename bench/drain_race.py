@@ -22,13 +22,15 @@ from bench import raw
 from bench.common import quiesce
 
 #: Concurrencies (pgqueuer: batch sizes) the race adds to the table's own.
-RACE_CONCURRENCY = (16, 32)
+RACE_CONCURRENCY = (16, 32, 64)
 #: Connections of the batched ceiling.
 BATCH_CONNECTIONS = (1, 2, 4, 8)
 #: Goals: best 1-proc drain ÷ pgqueuer's best, ÷ the batched ceiling; worker ms of CPU per job.
 TWICE_PGQUEUER = 2.0
 HALF_BATCHED = 0.5
 CPU_MS_PER_JOB = 0.08
+#: bench/soniq_app/jobs.py's no-op as an ``async def`` handler (it runs on the worker's loop).
+ASYNC_NOOP = "bench.anoop"
 
 
 def race_concurrency(cfg) -> tuple[int, ...]:
@@ -36,11 +38,12 @@ def race_concurrency(cfg) -> tuple[int, ...]:
     return tuple(sorted(set(cfg.concurrency) | set(cfg.race_concurrency)))
 
 
-def worker_cpu(system, cfg, concurrency: int, jobs: int, run_workers) -> float:
+def worker_cpu(system, cfg, concurrency: int, jobs: int, run_workers,
+               job_name: str | None = None) -> float:
     """CPU seconds (user + system) of one worker process draining ``jobs`` jobs to the end."""
     system.reset()
     if jobs:
-        system.preload(jobs)
+        system.preload(jobs, *([job_name] if job_name else []))
     quiesce(system.db)
     stamps_dir = Path(tempfile.mkdtemp(prefix="stamps-", dir=system.log_dir))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -58,10 +61,11 @@ def worker_cpu(system, cfg, concurrency: int, jobs: int, run_workers) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def cpu_per_job_ms(system, cfg, concurrency: int, run_workers) -> float:
+def cpu_per_job_ms(system, cfg, concurrency: int, run_workers, job_name: str | None = None
+                   ) -> float:
     """ms of worker CPU per job: a full drain's, start-up and exit (an empty drain's) taken off."""
     idle = worker_cpu(system, cfg, concurrency, 0, run_workers)
-    busy = worker_cpu(system, cfg, concurrency, cfg.cpu_jobs, run_workers)
+    busy = worker_cpu(system, cfg, concurrency, cfg.cpu_jobs, run_workers, job_name)
     return max(0.0, busy - idle) / cfg.cpu_jobs * 1000
 
 
@@ -84,10 +88,15 @@ def measure(cfg, systems, raw_db: str, res, fresh_raw, drain, run_workers) -> No
         res.add(f"soniq.drain.1x{conc}", drain(soniq, cfg, conc, 1)["rate"])
         if pgqueuer is not None:
             res.add(f"pgqueuer.drain.1x{conc}", drain(pgqueuer, cfg, conc, 1)["rate"])
-    mine = best(res, "soniq.drain.1x", race_concurrency(cfg))
-    if mine is not None:
-        res.add("soniq.cpu_ms", cpu_per_job_ms(soniq, cfg, mine[0], run_workers))
-        res.notes["soniq.cpu_ms"] = f"conc {mine[0]}"
+    for conc in race_concurrency(cfg):  # the no-op as an async def handler, as pgqueuer's is
+        res.add(f"soniq.adrain.1x{conc}",
+                drain(soniq, cfg, conc, 1, job_name=ASYNC_NOOP)["rate"])
+    for kind, job_name in (("drain", None), ("adrain", ASYNC_NOOP)):
+        mine = best(res, f"soniq.{kind}.1x", race_concurrency(cfg))
+        if mine is not None:
+            key = f"soniq.{kind}_cpu_ms"
+            res.add(key, cpu_per_job_ms(soniq, cfg, mine[0], run_workers, job_name))
+            res.notes[key] = f"conc {mine[0]}"
     theirs = best(res, "pgqueuer.drain.1x", race_concurrency(cfg))
     if pgqueuer is not None and theirs is not None:
         res.add("pgqueuer.cpu_ms", cpu_per_job_ms(pgqueuer, cfg, theirs[0], run_workers))
@@ -107,23 +116,28 @@ def render(cfg, res, lines: list[str], row, verdict) -> None:
     for conc in race_concurrency(cfg):
         if conc not in cfg.concurrency or cfg.only == "drain":
             row(f"pgqueuer: drain, batch {conc}", f"pgqueuer.drain.1x{conc}")
-    row("soniq worker CPU per job, best conc", "soniq.cpu_ms", unit="ms", digits=3,
-        ratio=res.notes.get("soniq.cpu_ms", ""),
-        target=f"≤{CPU_MS_PER_JOB} ms: "
-               f"{verdict(res.median('soniq.cpu_ms'), CPU_MS_PER_JOB, higher=False)}")
+    for conc in race_concurrency(cfg):
+        row(f"soniq_worker, async def no-op, 1 proc × conc {conc}", f"soniq.adrain.1x{conc}")
+    for kind, label in (("drain", "sync"), ("adrain", "async")):
+        key = f"soniq.{kind}_cpu_ms"
+        row(f"soniq worker CPU per job, {label} no-op, best conc", key, unit="ms", digits=3,
+            ratio=res.notes.get(key, ""),
+            target=f"≤{CPU_MS_PER_JOB} ms: "
+                   f"{verdict(res.median(key), CPU_MS_PER_JOB, higher=False)}")
     row("pgqueuer worker CPU per job, best batch", "pgqueuer.cpu_ms", unit="ms", digits=3,
         ratio=res.notes.get("pgqueuer.cpu_ms", ""))
-    mine = best(res, "soniq.drain.1x", race_concurrency(cfg))
     theirs = best(res, "pgqueuer.drain.1x", race_concurrency(cfg))
     ceiling = best(res, "raw.batch.", BATCH_CONNECTIONS)
     width = 46
-    if mine and theirs:
-        value = mine[1] / theirs[1]
-        lines.append(f"  {'best 1-proc drain ÷ pgqueuer best':<{width}}{value:>10.2f}×  "
-                     f"conc {mine[0]} vs batch {theirs[0]:<10} "
-                     f"target ≥{TWICE_PGQUEUER:g}×: {verdict(value, TWICE_PGQUEUER)}")
-    if mine and ceiling:
-        value = mine[1] / ceiling[1]
-        lines.append(f"  {'best 1-proc drain ÷ batched raw ceiling':<{width}}{value:>10.2f}×  "
-                     f"conc {mine[0]} vs {ceiling[0]} conn{'s' if ceiling[0] > 1 else ' ':<8} "
-                     f"target ≥{HALF_BATCHED:g}×: {verdict(value, HALF_BATCHED)}")
+    for kind, label in (("drain", "sync"), ("adrain", "async")):
+        mine = best(res, f"soniq.{kind}.1x", race_concurrency(cfg))
+        if mine and theirs:
+            value = mine[1] / theirs[1]
+            lines.append(f"  {'best 1-proc drain (' + label + ') ÷ pgqueuer best':<{width}}"
+                         f"{value:>10.2f}×  conc {mine[0]} vs batch {theirs[0]:<10} "
+                         f"target ≥{TWICE_PGQUEUER:g}×: {verdict(value, TWICE_PGQUEUER)}")
+        if mine and ceiling:
+            value = mine[1] / ceiling[1]
+            lines.append(f"  {'best 1-proc drain (' + label + ') ÷ batched ceiling':<{width}}"
+                         f"{value:>10.2f}×  conc {mine[0]} vs {ceiling[0]} conn(s)      "
+                         f"target ≥{HALF_BATCHED:g}×: {verdict(value, HALF_BATCHED)}")

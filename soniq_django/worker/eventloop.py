@@ -5,11 +5,13 @@ time) costs a thread switch per job and a loop built and closed per job.
 Here the main loop hands a round's async jobs over in one call (one
 wake-up of the loop's thread for all of them); each runs as a task; a
 task that ends hands its outcome to ``on_done`` on the loop's thread.
-``run()`` lets a job thread (the one-slot worker's) run one coroutine
-here and wait for it.
 
-The loop's thread starts with the first async job, so a worker whose
-handlers are all sync has no such thread. Handlers share the loop: one
+A worker with one slot has one job thread: it runs the loop itself, one
+coroutine at a time (``run()``), with no thread of the loop's own and no
+hand-over between threads.
+
+The loop (and its thread) is made with the first async job, so a worker
+whose handlers are all sync has none. Handlers share the loop: one
 that blocks (a sync call inside ``async def``) holds up the others, as
 on any event loop.
 """
@@ -31,7 +33,8 @@ class EventLoop:
     """
 
     def __init__(self, on_done: Callable[[InFlight, Outcome], None], timeout: Callable[[], Any],
-                 name: str = "soniq-asyncio"):
+                 *, threaded: bool = True, name: str = "soniq-asyncio"):
+        self._threaded = threaded
         self._on_done = on_done
         self._timeout = timeout
         self._name = name
@@ -45,7 +48,16 @@ class EventLoop:
         self._running().call_soon_threadsafe(self._start_all, flights)
 
     def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        """Run ``coroutine`` on the loop and wait for its result (raises what it raised)."""
+        """Run ``coroutine`` on the loop and wait for its result (raises what it raised).
+
+        Unthreaded, on the calling thread (the one job thread of a one-slot worker).
+        """
+        if not self._threaded:
+            with self._lock:
+                if self._loop is None:
+                    self._loop = asyncio.new_event_loop()
+                loop = self._loop
+            return loop.run_until_complete(coroutine)
         return asyncio.run_coroutine_threadsafe(coroutine, self._running()).result()
 
     def close(self) -> None:
@@ -53,7 +65,11 @@ class EventLoop:
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
-        if loop is None or thread is None:
+        if loop is None:
+            return
+        if thread is None:  # unthreaded: the job thread ran it, and is done with it
+            if not loop.is_running():
+                loop.close()
             return
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)

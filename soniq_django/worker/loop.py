@@ -149,7 +149,8 @@ class Worker:
         self.rate_poll = RatePoll(using, queues, self.shared)
         self.threads = JobThreads(concurrency)
         self.event_loop = EventLoop(self._async_done,
-                                    lambda: get_settings().JOB_TIMEOUT_SECONDS)
+                                    lambda: get_settings().JOB_TIMEOUT_SECONDS,
+                                    threaded=concurrency > 1)
         # What the loop remembers from one round to the next (see planner.Snapshot).
         self._found_nothing = False
         self._unknown_streak = 0
