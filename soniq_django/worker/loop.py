@@ -17,6 +17,11 @@ Threads, and what each one writes:
   next round (``BatchCompleter``). An atomic job's completion is written by
   its job thread, on that thread's own connection, in the handler's
   transaction (atomic.py).
+- ``async def`` handlers run as tasks on the worker's **one event loop**
+  (eventloop.py): above one slot on its own thread, to which the main loop
+  hands a round's async jobs at once; a completion is handed over there
+  (no database call), any other final write goes to a job thread. With
+  one slot the job thread runs the loop itself.
 - the **heartbeat thread** (heartbeat.py) renews every lease, reads cancel
   requests, refreshes the worker's row and throughput counts, and purges
   expired rows. It decides timeouts but writes none.
