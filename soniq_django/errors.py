@@ -85,6 +85,9 @@ class ErrorCode(enum.StrEnum):
     SETTINGS_INVALID = "SETTINGS_INVALID"
     """A ``SONIQ`` setting the call needs has a value the system checks reject; the reason
     names the key, the value's type and the check id (``manage.py check`` says the same)."""
+    EXTRA_NOT_INSTALLED = "EXTRA_NOT_INSTALLED"
+    """A module of soniq_django needs an optional package that is not installed; the reason
+    names the package and the ``pip install soniq-django[extra]`` that brings it."""
 
 
 #: The codes of bad input, each raised as a ``ConfigValidationError``.
@@ -168,6 +171,21 @@ class SettingsInvalid(SoniqError, ImproperlyConfigured):
     def __init__(self, key: str, check_id: str, reason: str):
         self.key, self.check_id = key, check_id
         super().__init__(ErrorCode.SETTINGS_INVALID, reason)
+
+
+class ExtraNotInstalled(SoniqError, ImportError):
+    """Importing a module that needs an optional package, without it (code EXTRA_NOT_INSTALLED).
+
+    Also an ``ImportError``, so ``except ImportError`` keeps working. ``package``
+    is the missing import name, ``extra`` the soniq-django extra that installs it.
+    """
+
+    def __init__(self, package: str, extra: str, what: str):
+        self.package, self.extra = package, extra
+        super().__init__(ErrorCode.EXTRA_NOT_INSTALLED,
+                         f"{what} needs {package}, which is not installed: "
+                         f"pip install soniq-django[{extra}]")
+        self.name = package
 
 
 class MigrationsNotApplied(SoniqError):

@@ -236,7 +236,10 @@ class _Runner:
 
         from .worker.atomic import AtomicRunner, is_atomic
 
+        from . import signals
+
         flight = self.flights.track(claimed)
+        signals.started(flight, WORKER_ID, self.alias)  # finished: sent by self.writes
         try:
             if is_atomic(claimed.job_name):  # its writes and completion: one savepoint here
                 outcome = AtomicRunner(self.writes, stop=threading.Event(), durable=False).run(

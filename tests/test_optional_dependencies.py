@@ -1,9 +1,11 @@
-"""A SQLite project needs none of the extras: no psycopg, no django-environ, no backport.
+"""A SQLite project needs none of the extras: no psycopg, no django-environ, no backport,
+no prometheus_client.
 
 ``pip install soniq-django`` brings Django and croniter only (docs/install.md).
 The subprocess below makes ``import psycopg`` (and psycopg2, django-environ
 and the django-tasks backport) fail, as in a virtualenv without them, then
-imports every module of the package, migrates a SQLite database, enqueues a
+imports every module of the package (soniq_django.metrics refuses with
+ExtraNotInstalled, an ImportError naming its extra), migrates a SQLite database, enqueues a
 job and runs it with ``soniq_worker --burst``.
 
 SQLite only: psycopg is optional for SQLite projects alone (Django's
@@ -24,8 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sqlite_only
 
 #: Modules that may need an optional package: the PostgreSQL producer calls
-#: (psycopg), and the Tasks backend without ``django.tasks`` (Django < 6).
-OPTIONAL = {"soniq_django.producer._pg": "psycopg", "soniq_django.tasks_backend": "django_tasks"}
+#: (psycopg), the Tasks backend without ``django.tasks`` (Django < 6), and the
+#: Prometheus metrics (prometheus_client, the ``prometheus`` extra).
+OPTIONAL = {"soniq_django.producer._pg": "psycopg", "soniq_django.tasks_backend": "django_tasks",
+            "soniq_django.metrics": "prometheus_client"}
 
 SETTINGS = """
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": %(db)r}}
@@ -50,7 +54,8 @@ def add(a: int, b: int) -> int:
 RUN = """
 import sys
 
-BLOCKED = ("psycopg", "psycopg2", "psycopg_binary", "psycopg_c", "environ", "django_tasks")
+BLOCKED = ("psycopg", "psycopg2", "psycopg_binary", "psycopg_c", "environ", "django_tasks",
+           "prometheus_client")
 for name in BLOCKED:
     sys.modules[name] = None  # import fails: "import of psycopg halted"
 
@@ -83,7 +88,25 @@ for module in pkgutil.walk_packages(soniq_django.__path__, "soniq_django."):
     else:
         importlib.import_module(module.name)
 
+from django.core.management.base import CommandError
+
+from soniq_django.errors import ErrorCode, ExtraNotInstalled
+
+try:
+    import soniq_django.metrics  # noqa: F401
+except ExtraNotInstalled as error:
+    assert error.code is ErrorCode.EXTRA_NOT_INSTALLED, error
+    assert "pip install soniq-django[prometheus]" in str(error), error
+else:
+    raise AssertionError("soniq_django.metrics imported without prometheus_client")
+
 call_command("migrate", verbosity=0)
+try:
+    call_command("soniq_worker", burst=True, metrics_port=0, verbosity=0)
+except CommandError as error:
+    assert "pip install soniq-django[prometheus]" in str(error), error
+else:
+    raise AssertionError("soniq_worker --metrics-port ran without prometheus_client")
 job_id = enqueue("lean.add", {"a": 2, "b": 3})
 call_command("soniq_worker", burst=True, verbosity=0)
 info = get_job(job_id)

@@ -171,8 +171,9 @@ def test_only_django_and_croniter_are_required_and_the_rest_are_extras(built):
         else:
             required.append(name)
     assert sorted(required) == ["croniter", "django"]
-    assert set(metadata.get_all("Provides-Extra")) == {"postgres", "tasks", "environ", "test"}
-    assert (extras["postgres"], extras["tasks"], extras["environ"]) == (
-        ["psycopg"], ["django-tasks"], ["django-environ"])
+    assert set(metadata.get_all("Provides-Extra")) == {
+        "postgres", "tasks", "environ", "prometheus", "test"}
+    assert (extras["postgres"], extras["tasks"], extras["environ"], extras["prometheus"]) == (
+        ["psycopg"], ["django-tasks"], ["django-environ"], ["prometheus_client"])
     # The test extra is the test tools; the suite's other needs are the extras above.
     assert not {"psycopg", "django-tasks", "django-environ"} & set(extras["test"])

@@ -17,6 +17,8 @@ from .. import operations, replay
 from ..errors import SoniqError
 from ..models import DeadLetterJob, Job, JobStatus
 from .base import OnlyListedColumns, ReadOnlyAdmin, write_alias
+from .matching import AllMatching, MatchingOperation
+from .timeline import dead_letter_events, job_events, job_url, render_timeline
 from .display import parse_uuid, plural, pre, pretty_json, sentence, when
 
 _SHORT_ID = re.compile(rf"[0-9a-f]{{{operations.SHORT_ID_LENGTH}}}")
@@ -65,6 +67,50 @@ class _JobRowAdmin(ReadOnlyAdmin):
         return pre(obj.last_error)
 
 
+def _retry_now(using: str, ids: list[Any]) -> Counter[str]:
+    changed = operations.retry_now(ids, using=using)
+    return Counter(changed=changed, skipped=len(ids) - changed)
+
+
+def _retry_summary(counts: Counter[str]) -> tuple[str, int]:
+    changed, skipped = counts["changed"], counts["skipped"]
+    return sentence(
+        f"made {plural(changed, 'waiting job')} due now",
+        f"skipped {skipped} not queued for later" if skipped else "",
+    ), messages.SUCCESS if changed else messages.WARNING
+
+
+def _replay(using: str, ids: list[Any]) -> Counter[str]:
+    report = replay.replay_dead_letters(using, ids=ids)
+    return Counter(replayed=len(report.replayed), live=len(report.live),
+                   already_replayed=len(report.already_replayed),
+                   conflicts=len(report.conflicts), missing=len(report.missing))
+
+
+def _replay_summary(counts: Counter[str]) -> tuple[str, int]:
+    skipped = [
+        f"{counts['live']} already in the queue" if counts["live"] else "",
+        f"{counts['already_replayed']} replayed and not failed since"
+        if counts["already_replayed"] else "",
+        f"{counts['conflicts']} refused by a conflicting live job" if counts["conflicts"] else "",
+        f"{counts['missing']} no longer dead-lettered" if counts["missing"] else "",
+    ]
+    message = f"Replayed {plural(counts['replayed'], 'dead letter')} into the queue."
+    if any(skipped):
+        message += " Skipped: " + "; ".join(item for item in skipped if item) + "."
+    return message, messages.SUCCESS if counts["replayed"] else messages.WARNING
+
+
+RETRY_ALL_MATCHING = MatchingOperation(
+    label="Retry all matching now", verb="make due now", noun="job", permission="operate",
+    run=_retry_now, summary=_retry_summary,
+    beyond_cap="Narrow the filter (by queue, job name or date), or call operations.retry_now().")
+REPLAY_ALL_MATCHING = MatchingOperation(
+    label="Replay all matching", verb="replay", noun="dead letter", permission="replay",
+    run=_replay, summary=_replay_summary,
+    beyond_cap="Narrow the filter, or use manage.py soniq_replay --reason REASON (or --all).")
+
+
 _LIVE = (JobStatus.QUEUED, JobStatus.PROCESSING)
 
 _CANCEL_MESSAGES = {
@@ -99,7 +145,8 @@ def _cancel_outcome(status_before: str, row_after: tuple[str, bool] | None) -> s
 
 
 @admin.register(Job)
-class JobAdmin(_JobRowAdmin):
+class JobAdmin(AllMatching, _JobRowAdmin):
+    matching_operations = {"retry-now": RETRY_ALL_MATCHING}
     list_columns = ("id", "job_name", "queue", "status", "cancel_requested", "attempts",
                     "max_attempts", "priority", "scheduled_at", "updated_at")
     list_display = ("short_id", "job_name", "queue", "status_shown", "attempts_of_max",
@@ -115,6 +162,7 @@ class JobAdmin(_JobRowAdmin):
         (None, {"fields": ("id", "job_name", "status_shown", "queue", "priority",
                            "attempts_of_max", "scheduled_at", "created_at", "updated_at",
                            "expires_at", "dead_letter_link")}),
+        ("Timeline", {"fields": ("timeline",)}),
         ("Arguments and outcome", {"fields": ("args_pretty", "result_pretty", "last_error_pre")}),
         ("Producer and deduplication", {"fields": ("producer_id", "unique_job", "args_hash",
                                                    "dedup_key")}),
@@ -155,6 +203,11 @@ class JobAdmin(_JobRowAdmin):
         url = reverse("admin:soniq_django_deadletterjob_change", args=[obj.id])
         return format_html('<a href="{}">this job failed before: its dead letter</a>', url)
 
+    @admin.display(description="timeline")
+    def timeline(self, obj: Job) -> str:
+        dead = DeadLetterJob.objects.using(self._using(obj)).filter(id=obj.id).first()
+        return render_timeline(job_events(obj, dead))
+
     @staticmethod
     def _using(obj: Job) -> str:
         return obj._state.db or router.db_for_read(type(obj))
@@ -188,12 +241,8 @@ class JobAdmin(_JobRowAdmin):
 
     @admin.action(description="Retry selected jobs now (skip the wait)", permissions=["operate"])
     def retry_selected_now(self, request: HttpRequest, queryset: QuerySet) -> None:
-        ids = list(queryset.values_list("id", flat=True))
-        changed = operations.retry_now(ids, using=write_alias(queryset))
-        self.message_user(request, sentence(
-            f"made {plural(changed, 'waiting job')} due now",
-            f"skipped {len(ids) - changed} not queued for later" if len(ids) > changed else "",
-        ), messages.SUCCESS if changed else messages.WARNING)
+        counts = _retry_now(write_alias(queryset), list(queryset.values_list("id", flat=True)))
+        self.message_user(request, *_retry_summary(counts))
 
     @admin.action(description="Delete selected finished jobs (done or cancelled)",
                   permissions=["purge"])
@@ -208,7 +257,8 @@ class JobAdmin(_JobRowAdmin):
 
 
 @admin.register(DeadLetterJob)
-class DeadLetterJobAdmin(_JobRowAdmin):
+class DeadLetterJobAdmin(AllMatching, _JobRowAdmin):
+    matching_operations = {"replay": REPLAY_ALL_MATCHING}
     list_columns = ("id", "job_name", "queue", "dead_letter_reason", "attempts", "max_attempts",
                     "resurrection_count", "moved_to_dead_letter_at")
     list_display = ("short_id", "job_name", "queue", "dead_letter_reason", "attempts_of_max",
@@ -222,6 +272,7 @@ class DeadLetterJobAdmin(_JobRowAdmin):
         (None, {"fields": ("id", "job_name", "dead_letter_reason", "queue", "priority",
                            "attempts_of_max", "original_created_at", "moved_to_dead_letter_at",
                            "resurrection_count", "last_resurrection_at", "job_link")}),
+        ("Timeline", {"fields": ("timeline",)}),
         ("Arguments and error", {"fields": ("args_pretty", "tags_pretty", "last_error_pre")}),
         ("Owned submission", {"fields": ("fence_required", "submission_id",
                                          "submission_fingerprint"), "classes": ("collapse",)}),
@@ -248,6 +299,13 @@ class DeadLetterJobAdmin(_JobRowAdmin):
         url = reverse("admin:soniq_django_job_change", args=[obj.id])
         return format_html('<a href="{}">replayed: the job is in soniq_jobs again</a>', url)
 
+    @admin.display(description="timeline")
+    def timeline(self, obj: DeadLetterJob) -> str:
+        using = obj._state.db or router.db_for_read(Job)
+        live = Job.objects.using(using).filter(id=obj.id).exists()
+        return render_timeline(dead_letter_events(obj, live),
+                               job_url(obj.id) if live else None)
+
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return self._has_model_permission(request, "change")
 
@@ -255,22 +313,9 @@ class DeadLetterJobAdmin(_JobRowAdmin):
                   permissions=["replay"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         try:
-            report = replay.replay_dead_letters(
-                write_alias(queryset), ids=list(queryset.values_list("id", flat=True)))
+            counts = _replay(write_alias(queryset), list(queryset.values_list("id", flat=True)))
         except SoniqError as error:
             self.message_user(request, f"Replay stopped: {error.reason}. Dead letters replayed "
                                        "before the failure stay replayed.", messages.ERROR)
             return
-        skipped = [
-            f"{len(report.live)} already in the queue" if report.live else "",
-            f"{len(report.already_replayed)} replayed and not failed since"
-            if report.already_replayed else "",
-            f"{len(report.conflicts)} refused by a conflicting live job"
-            if report.conflicts else "",
-            f"{len(report.missing)} no longer dead-lettered" if report.missing else "",
-        ]
-        message = f"Replayed {plural(len(report.replayed), 'dead letter')} into the queue."
-        if any(skipped):
-            message += " Skipped: " + "; ".join(s for s in skipped if s) + "."
-        self.message_user(request, message,
-                          messages.SUCCESS if report.replayed else messages.WARNING)
+        self.message_user(request, *_replay_summary(counts))

@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from .commit import warn_if_uncoupled
+from .. import signals
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
 from .request import JobRequest, PreparedJob, coerce_job_id, prepare, prepare_all
@@ -168,6 +169,7 @@ def insert_many_prepared(prepared: list[PreparedJob], alias: str) -> list[uuid.U
     else:
         ids = _insert_many_portable(prepared, alias)
     _enqueued(alias)
+    signals.enqueued(prepared, ids, alias, bulk=True)
     return ids
 
 
@@ -202,6 +204,7 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
         with translating(alias):
             job_id = _insert_portable(job, alias)
     _enqueued(alias)
+    signals.enqueued([job], [job_id], alias, bulk=False)
     return job_id
 
 

@@ -46,6 +46,26 @@ FIRST_RETRY_SECONDS = 0.1
 MAX_RETRY_SECONDS = 5.0
 
 
+class Backoff:
+    """Pauses between attempts: doubling from FIRST_RETRY_SECONDS to MAX_RETRY_SECONDS.
+
+    Each pause is a random half to all of its length, so that workers that
+    lost the database together do not come back together.
+    """
+
+    def __init__(self) -> None:
+        self.delay = FIRST_RETRY_SECONDS
+
+    def pause(self) -> float:
+        """The next pause (jittered); the one after it is twice as long, up to the cap."""
+        pause = random.uniform(self.delay / 2, self.delay)
+        self.delay = min(self.delay * 2, MAX_RETRY_SECONDS)
+        return pause
+
+    def reset(self) -> None:
+        self.delay = FIRST_RETRY_SECONDS
+
+
 def connect_patiently(wrapper: Any, stop: threading.Event | None = None) -> None:
     """Open ``wrapper``'s connection; while the server refuses, wait and try again.
 
@@ -56,7 +76,7 @@ def connect_patiently(wrapper: Any, stop: threading.Event | None = None) -> None
     SoniqError(QUEUE_PERSISTENCE_FAILED) after a refused attempt once
     ``stop`` is set. Errors other than database errors propagate.
     """
-    delay, waited_since = FIRST_RETRY_SECONDS, None
+    backoff, waited_since = Backoff(), None
     while True:
         try:
             wrapper.ensure_connection()
@@ -71,12 +91,11 @@ def connect_patiently(wrapper: Any, stop: threading.Event | None = None) -> None
             waited_since = time.monotonic()
             logger.warning("cannot connect to the database (unavailable, or refusing "
                            "connections); waiting, and trying again with backoff")
-        pause = random.uniform(delay / 2, delay)
+        pause = backoff.pause()
         if stop is None:
             time.sleep(pause)
         elif stop.is_set() or stop.wait(pause):
             raise translate(refusal) from None
-        delay = min(delay * 2, MAX_RETRY_SECONDS)
 
 
 def wait_for_database(using: str) -> None:

@@ -28,13 +28,16 @@ from .flight import InFlight
 class EventLoop:
     """One asyncio loop on a thread of its own, started on first use.
 
-    ``on_done(flight, outcome)`` is called on the loop's thread when a job
-    handed over with ``start`` has ended; it must not block.
+    ``on_start(flight)`` and ``on_done(flight, outcome)`` are called on the
+    loop's thread when a job handed over with ``start`` begins and when it
+    has ended; they must not block.
     """
 
-    def __init__(self, on_done: Callable[[InFlight, Outcome], None], timeout: Callable[[], Any],
+    def __init__(self, on_start: Callable[[InFlight], None],
+                 on_done: Callable[[InFlight, Outcome], None], timeout: Callable[[], Any],
                  *, threaded: bool = True, name: str = "soniq-asyncio"):
         self._threaded = threaded
+        self._on_start = on_start
         self._on_done = on_done
         self._timeout = timeout
         self._name = name
@@ -94,5 +97,6 @@ class EventLoop:
             task.add_done_callback(self._tasks.discard)
 
     async def _run_one(self, flight: InFlight, timeout: Any) -> None:
+        self._on_start(flight)
         outcome = await aexecute(flight.claimed, flight.context, timeout)
         self._on_done(flight, outcome)

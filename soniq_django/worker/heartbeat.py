@@ -21,6 +21,7 @@ from functools import partial
 
 from django.db import connections
 
+from .. import signals
 from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
 from ..housekeeping import purge_expired
@@ -126,8 +127,10 @@ class Heartbeat:
     def beat_worker(self) -> None:
         """The worker's own row, its throughput counts, and housekeeping."""
         try:
-            registration.beat(self.using, self.worker_id,
-                              "stopping" if self.stopping.is_set() else "running")
+            state = "stopping" if self.stopping.is_set() else "running"
+            registration.beat(self.using, self.worker_id, state)
+            signals.heartbeat(self.worker_id, using=self.using, state=state,
+                              in_flight=len(self.flights))
             self.throughput.flush(self.using)
             self.housekeep()
         except Exception:  # the next beat tries again (the turn closed a broken connection)
@@ -170,6 +173,7 @@ class Heartbeat:
                     return
                 flight.lost = True
                 flight.context._cancel.set()
+                signals.lost(flight, worker_id=self.worker_id, using=self.using)
                 logger.warning("%s %s: lease lost; this worker will not write it again",
                                flight.claimed.job_name, flight.claimed.job_id)
                 return

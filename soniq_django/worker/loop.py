@@ -76,7 +76,7 @@ from functools import partial
 
 from django.db import close_old_connections, connections
 
-from .. import flow, pooling
+from .. import flow, pooling, signals
 from ..conf import get_settings
 from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
@@ -153,9 +153,10 @@ class Worker:
                                    aborted=self.aborted)
         self.rate_poll = RatePoll(using, queues, self.shared)
         self.threads = JobThreads(concurrency)
-        self.event_loop = EventLoop(self._async_done,
-                                    lambda: get_settings().JOB_TIMEOUT_SECONDS,
-                                    threaded=concurrency > 1)
+        self.event_loop = EventLoop(
+            lambda flight: signals.started(flight, self.worker_id, self.using),
+            self._async_done, lambda: get_settings().JOB_TIMEOUT_SECONDS,
+            threaded=concurrency > 1)
         # What the loop remembers from one round to the next (see planner.Snapshot).
         self._found_nothing = False
         self._unknown_streak = 0
@@ -389,6 +390,7 @@ class Worker:
         """Run the job and settle it; then each next job its (inline) completion claimed."""
         while flight is not None:
             try:
+                signals.started(flight, self.worker_id, self.using)
                 with handler_connections():  # the job thread's own: its handlers' use only
                     timeout = get_settings().JOB_TIMEOUT_SECONDS
                     if is_atomic(flight.claimed.job_name):  # completed in its own transaction

@@ -14,7 +14,9 @@ connection to the worker's database (the way an enqueue's NOTIFY comes) and
 waits up to ``PROBE_SECONDS`` for it.
 
 - Heard: it wakes the worker on each notification for its queues until the
-  connection is lost, then reconnects with backoff and tests itself again.
+  connection is lost, then reconnects with backoff (jittered, as the
+  worker's own connection does) and tests itself again. It warns once an
+  outage and says when it listens again; the retries in between are DEBUG.
 - Not heard: it warns, naming ``LISTEN_DATABASE``; takes its LISTENs off
   the server session that holds them, so that none stays behind on a
   pooled server connection (``_unlisten``); closes its connection; and
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import connections
 
 from ..conf import get_settings
+from .connection import Backoff
 
 if TYPE_CHECKING:
     from psycopg import Connection, Notify
@@ -69,7 +72,7 @@ class Listener(threading.Thread):
         self.deaf = threading.Event()
 
     def run(self) -> None:
-        delay = 0.1
+        backoff, away_since = Backoff(), None
         while not self.stop.is_set():
             raw = None
             try:
@@ -83,16 +86,28 @@ class Listener(threading.Thread):
                     raw = None
                     self._poll()
                     return
-                delay = 0.1
-                logger.info("listening for new jobs on database %r", self.listen_alias)
+                backoff.reset()
+                if away_since is None:
+                    logger.info("listening for new jobs on database %r", self.listen_alias)
+                else:
+                    logger.info("listening for new jobs on database %r again, after %.1f s "
+                                "without it", self.listen_alias, time.monotonic() - away_since)
+                    away_since = None
                 self.ready.set()
                 self.wake.set()  # jobs may have arrived while we were not listening
                 self._listen(raw)
             except Exception:  # the database is away; the worker keeps polling meanwhile
-                logger.warning("listener %s; retrying in %.1f s",
-                               "cannot connect" if raw is None else "lost its connection", delay)
-                self.stop.wait(delay)
-                delay = min(delay * 2, 5.0)
+                # One warning an outage, not one a retry: the retries are at DEBUG.
+                pause = backoff.pause()
+                what = "cannot connect" if raw is None else "lost its connection"
+                if away_since is None:
+                    away_since = time.monotonic()
+                    logger.warning("listener %s; the worker polls every %g s meanwhile, and "
+                                   "the listener tries again with backoff", what,
+                                   float(get_settings().POLL_INTERVAL))
+                else:
+                    logger.debug("listener %s; retrying in %.1f s", what, pause)
+                self.stop.wait(pause)
             finally:
                 _close(raw)
 

@@ -21,7 +21,8 @@ from typing import Any, NamedTuple
 
 from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
-from ..models import Job
+from .. import signals
+from ..models import DeadLetterReason, Job
 from ..owned import OwnedJobSource
 from ..owned._store import guarded, retry_backoff
 from ..owned.types import ClaimedJob, QueueClaimFence
@@ -302,10 +303,13 @@ class Writes:
         if self._cancel_pending(fence) and retrying(
                 lambda: self.source.acknowledge_cancel_owned(fence), deadline, self.stop):
             self._count(RECORDED[OutcomeKind.CANCELLED].tally)
+            elapsed = time.monotonic() - flight.started
             logger.info("%s %s cancelled after %.3fs (attempt %d); its writes were rolled back",
-                        claimed.job_name, claimed.job_id, time.monotonic() - flight.started,
-                        claimed.attempts)
+                        claimed.job_name, claimed.job_id, elapsed, claimed.attempts)
+            self._signal(flight, Outcome(OutcomeKind.CANCELLED), elapsed)
             return
+        signals.refused(flight, outcome.kind.value, worker_id=self.worker_id, using=self.using,
+                        duration=time.monotonic() - flight.started)
         self._count(NOT_RECORDED)
         logger.warning("%s %s: %s", claimed.job_name, claimed.job_id, outcome.error or (
             "completion refused by the fence (lease lost, cancelled or re-claimed); its writes "
@@ -371,6 +375,7 @@ class Writes:
                 self.throughput.add(claimed.queue, recorded.counted_as)
             self._count(recorded.tally)
             _log_outcome(claimed, outcome, recorded, elapsed)
+            self._signal(flight, outcome, elapsed, exhausted=recorded is _EXHAUSTED)
             return
         if outcome.kind is not OutcomeKind.CANCELLED and self._cancel_pending(fence):
             # A cancel arrived while the handler was finishing: honour it.
@@ -379,11 +384,31 @@ class Writes:
                 self._count(RECORDED[OutcomeKind.CANCELLED].tally)
                 logger.info("%s %s cancelled after %.3fs (attempt %d)", claimed.job_name,
                             claimed.job_id, elapsed, claimed.attempts)
+                self._signal(flight, Outcome(OutcomeKind.CANCELLED), elapsed)
                 return
+        if applied is False:  # None: the database never answered, no fence refused it
+            signals.refused(flight, outcome.kind.value, worker_id=self.worker_id,
+                            using=self.using, duration=elapsed)
         self._count(NOT_RECORDED)
         logger.warning("%s %s: %s not recorded; the job is no longer this worker's "
                        "(lease lost, cancelled or re-claimed)", claimed.job_name,
                        claimed.job_id, RECORDED[outcome.kind].verb)
+
+    def _signal(self, flight: InFlight, outcome: Outcome, elapsed: float, *,
+                exhausted: bool = False) -> None:
+        """Send ``job_finished`` for an applied final write (signals.py)."""
+        if not signals.job_finished.receivers:
+            return
+        kind = outcome.kind
+        failed = kind in (OutcomeKind.RETRY, OutcomeKind.DEAD)
+        signals.finished(
+            flight, "dead" if exhausted else kind.value, worker_id=self.worker_id,
+            using=self.using, duration=elapsed, error=_why(outcome) if failed else None,
+            exception=outcome.exception if failed else None,
+            dead_letter_reason=(str(DeadLetterReason.MAX_RETRIES_EXCEEDED) if exhausted
+                                else str(outcome.reason) if kind is OutcomeKind.DEAD
+                                and outcome.reason is not None else None),
+            retry_in=outcome.delay if kind is OutcomeKind.RETRY and not exhausted else None)
 
     def _count(self, tally: str) -> None:
         with self._tally_lock:

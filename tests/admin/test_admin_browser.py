@@ -3,8 +3,10 @@
 Debian's ``chromium`` and ``chromium-driver`` packages are driven by
 Selenium with the system chromedriver (no browser download). The test logs
 in, opens the jobs list and a job's page, cancels a job, opens the
-dashboard from the app index and replays a dead letter, checking the
-database after each action; it also tries a claim-token lookup (refused), and opens
+dashboard from the app index, pauses and resumes a queue there and
+watches its figures refresh in place (no reload; not while the tab is
+hidden; a failed fetch shown as such), and replays a dead letter, checking
+the database after each action; it also tries a claim-token lookup (refused), and opens
 a task registry row. Screenshots go to ``.test-results/screenshots/``.
 
 It runs in both passes: the actions go through different storage code on
@@ -15,6 +17,7 @@ and one browser session costs a few seconds.
 import datetime as dt
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from soniq_django import enqueue
-from soniq_django.models import DeadLetterJob, Job, TaskRegistration, Worker
+from soniq_django.admin import live
+from soniq_django.models import DeadLetterJob, Job, QueueSetting, TaskRegistration, Worker
 from soniq_django.owned import OwnedJobSource
 from soniq_django.throughput import ThroughputCounter
 from tests.support.ci import unavailable
@@ -96,7 +100,103 @@ def _run_action(driver, action: str, job_id) -> str:
     return wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "ul.messagelist li"))[0].text
 
 
-def test_admin_in_a_browser(browser, shots, live_server, django_user_model):
+def _press(driver, queue: str, action: str) -> str:
+    """Click a queue's Pause/Resume button on the dashboard; the message the next page shows.
+
+    The live refresh redraws the table every second, so a button found may be
+    replaced before the click lands: find it again then.
+    """
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = driver.find_element(By.TAG_NAME, "html")
+    for _ in range(5):
+        try:
+            driver.find_element(
+                By.CSS_SELECTOR, f'tr[data-queue="{queue}"] button[value="{action}"]').click()
+            break
+        except StaleElementReferenceException:
+            continue
+    wait = WebDriverWait(driver, 10)
+    wait.until(expected_conditions.staleness_of(page))
+    return wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "ul.messagelist li"))[0].text
+
+
+def _queued_cell(driver, queue: str) -> str:
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return driver.find_element(
+            By.CSS_SELECTOR, f'tr[data-queue="{queue}"] td[data-status="queued"]').text
+    except StaleElementReferenceException:  # redrawn between the find and the read
+        return ""
+
+
+def _dashboard_live(driver, shots, live_server) -> None:
+    """Pause and resume a queue from the dashboard; watch a figure change without a reload."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(driver, 20)
+    url = live_server.url + reverse("admin:soniq_django_dashboard")
+    assert driver.current_url == url
+
+    # Pause "mail" with its button, and see it paused: in the database and on the page.
+    assert _press(driver, "mail", "pause") == "Paused queue “mail”."
+    row = QueueSetting.objects.get(queue="mail")
+    assert (row.paused, row.paused_by) == (True, "admin")
+    assert "Paused" in driver.find_element(By.CSS_SELECTOR, 'tr[data-queue="mail"]').text
+
+    # The figures refresh in place: a job enqueued now shows up, and the page is the same
+    # page (a marker set on its window survives; a reload would drop it).
+    driver.execute_script("window.soniqMarker = 'same page';")
+    before = _queued_cell(driver, "mail")
+    enqueue("shop.send_receipt", {"order": 43}, queue="mail")
+    wait.until(lambda d: _queued_cell(d, "mail") == str(int(before) + 1))
+    assert driver.execute_script("return window.soniqMarker;") == "same page"
+    state = driver.find_element(By.ID, "soniq-live-state").text
+    assert state.startswith("live: updated ") and len(state.split()[-1]) == 8, state
+    shots(driver, "07-dashboard-live", height=1250)  # docs/images/dashboard.png is this one
+
+    # While the tab is hidden it asks nothing; shown again, it asks at once.
+    driver.execute_script("""
+        window.soniqFetches = 0;
+        var real = window.fetch;
+        window.fetch = function () { window.soniqFetches += 1; return real.apply(this, arguments); };
+        Object.defineProperty(document, "hidden", {configurable: true, get: function () {
+            return window.soniqHidden === true; }});
+        window.soniqHidden = true;
+        document.dispatchEvent(new Event("visibilitychange"));
+        window.soniqFetches = 0;
+    """)
+    time.sleep(3 * live.REFRESH_SECONDS)
+    assert driver.execute_script("return window.soniqFetches;") == 0
+    driver.execute_script("window.soniqHidden = false;"
+                          "document.dispatchEvent(new Event('visibilitychange'));")
+    wait.until(lambda d: d.execute_script("return window.soniqFetches;") >= 1)
+
+    # A failed fetch says so, and the next good one clears it.
+    driver.execute_script("""
+        window.soniqRealFetch = window.fetch;
+        window.fetch = function () { return Promise.reject(new Error("offline")); };
+    """)
+    wait.until(lambda d: "update failed" in d.find_element(By.ID, "soniq-live-state").text)
+    assert "(offline)" in driver.find_element(By.ID, "soniq-live-state").text
+    assert driver.find_element(By.ID, "soniq-dashboard").get_attribute("class") == "stale"
+    driver.execute_script("window.fetch = window.soniqRealFetch;")
+    wait.until(lambda d: d.find_element(By.ID, "soniq-live-state").text.startswith("live: "))
+    assert driver.execute_script("return window.soniqMarker;") == "same page"
+
+    # Resume it again.
+    assert _press(driver, "mail", "resume") == "Resumed queue “mail”."
+    assert not QueueSetting.objects.get(queue="mail").paused
+    assert "Running" in driver.find_element(By.CSS_SELECTOR, 'tr[data-queue="mail"]').text
+
+
+def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monkeypatch):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -105,6 +205,7 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model):
         "STATIC_URL the live server fails every request, without staticfiles the admin has no CSS"
     )
     django_user_model.objects.create_superuser("admin", "admin@example.com", "pw-browser")
+    monkeypatch.setattr(live, "REFRESH_SECONDS", 1)  # the live server runs in this process
     source = OwnedJobSource()
     queued = enqueue("shop.send_receipt", {"order": 41, "email": "a@example.com"}, queue="mail")
     enqueue("shop.send_receipt", {"order": 42}, queue="mail",
@@ -175,6 +276,7 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model):
     assert "web-1" in browser.find_element(By.ID, "soniq-workers").text
     assert "permanent_failure" in browser.find_element(By.ID, "soniq-dead-letters").text
     shots(browser, "04-dashboard", height=1500)
+    _dashboard_live(browser, shots, live_server)
 
     # The task registry, from the app index: filter by job name, open a row.
     browser.get(live_server.url + reverse("admin:app_list", args=["soniq_django"]))

@@ -87,7 +87,7 @@ def _summary(values: list[float]) -> str:
 def test_with_the_listen_database_a_job_starts_within_milliseconds(processes, bouncer, run_log):
     worker = processes.worker(POLL_INTERVAL=5, LISTEN_DATABASE="listen", env={
         "SONIQ_TEST_LISTEN_DATABASE_URL": bouncer.url("soniq_session")})
-    wait_until(lambda: LISTENING in worker.log() or not worker.alive(), 20,
+    wait_until(lambda: LISTENING in worker.log() or not worker.alive, 20,
                "the listener's self-test")
     assert LISTENING in worker.log() and DEAF not in worker.log(), worker.log()[-2000:]
 
@@ -127,7 +127,7 @@ def _holders_hear_a_stray_listen(bouncer) -> bool:
 def test_without_it_the_worker_warns_polls_faster_and_leaves_no_listen_behind(
         processes, bouncer, run_log):
     worker = processes.worker(POLL_INTERVAL=5)
-    wait_until(lambda: DEAF in worker.log() or not worker.alive(), 20,
+    wait_until(lambda: DEAF in worker.log() or not worker.alive, 20,
                "the listener's self-test to fail")
     log = worker.log()
     assert "SONIQ['LISTEN_DATABASE']" in log and "polling every 0.5 s" in log, log[-2000:]

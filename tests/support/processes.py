@@ -1,11 +1,13 @@
 """Child processes of a test: ``manage.py soniq_worker`` and other Django programs.
 
-``Processes(tmp_path, settings, env)`` starts children in the project root
-with ``DJANGO_SETTINGS_MODULE=settings`` and the given environment, each
-with its own output file; ``cleanup()`` kills whatever is still running at
-the end of the test. The test decides what the children talk to (which
-database URL, which soniq settings): nothing here reads the test's own
-connection.
+The one launcher of the suite. ``Processes(folder, settings, env)`` starts
+children in the project root with ``DJANGO_SETTINGS_MODULE=settings``, the
+given environment and ``SONIQ[name]`` settings passed as ``SONIQ_<name>``
+JSON variables, each child with its own output file and session;
+``cleanup()`` kills whatever is still running at the end of the test. The
+test decides what the children talk to: nothing here reads the test's own
+connection (``tests.support.worker_processes`` does, for children on the
+test database).
 """
 
 import json
@@ -29,11 +31,12 @@ class Child:
     def pid(self) -> int:
         return self.process.pid
 
-    def signal(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
+    @property
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
 
     def wait(self, timeout: float) -> int:
         """The exit status; fail with the end of the output after ``timeout`` seconds."""
@@ -46,25 +49,48 @@ class Child:
     def log(self) -> str:
         return self.output.read_text(errors="replace") if self.output.exists() else ""
 
+    def count(self, text: str) -> int:
+        """How many lines of its output contain ``text``."""
+        return sum(text in line for line in self.log().splitlines())
+
     def done_lines(self) -> list[str]:
         """The job ids a worker logged as completed (one log line per job)."""
         return re.findall(r" ([0-9a-f-]{36}) done after ", self.log())
+
+    def exited(self) -> bool:
+        """False while it runs; an AssertionError with its output once it has exited."""
+        code = self.process.poll()
+        if code is not None:
+            raise AssertionError(f"process {self.pid} exited with {code}:\n{self.log()[-3000:]}")
+        return False
 
 
 class Processes:
     """Starts children with ``settings`` and ``env``; kills what is left at the end."""
 
-    def __init__(self, tmp_path: Path, settings: str, env: dict[str, str]):
-        self.tmp_path, self.settings, self.env = tmp_path, settings, env
+    def __init__(self, folder: Path, settings: str, env: dict[str, str] | None = None, *,
+                 inherit_soniq_env: bool = False):
+        self.folder, self.settings, self.env = folder, settings, dict(env or {})
+        self.inherit_soniq_env = inherit_soniq_env
         self.children: list[Child] = []
 
     def start(self, *argv: str, env: dict[str, str] | None = None, **soniq) -> Child:
-        """Start ``python *argv`` with ``SONIQ[name] = value`` (as JSON) for each keyword."""
-        full = {k: v for k, v in os.environ.items() if not k.startswith("SONIQ_")}
+        """Start ``python *argv`` (see ``python()``)."""
+        return self.python(*argv, env=env, **soniq)
+
+    def python(self, *argv: str, env: dict[str, str] | None = None, **soniq) -> Child:
+        """Start ``python *argv`` with ``SONIQ[name] = value`` (as JSON) for each keyword.
+
+        The parent's own ``SONIQ_*`` variables are passed on only with
+        ``inherit_soniq_env`` (the run log a fixture set, say); otherwise a
+        child gets exactly the soniq settings its test names.
+        """
+        full = {k: v for k, v in os.environ.items()
+                if self.inherit_soniq_env or not k.startswith("SONIQ_")}
         full.update(self.env, DJANGO_SETTINGS_MODULE=self.settings, PYTHONUNBUFFERED="1")
         full.update({f"SONIQ_{name}": json.dumps(value) for name, value in soniq.items()})
         full.update(env or {})
-        output = self.tmp_path / f"child-{len(self.children)}.log"
+        output = self.folder / f"child-{len(self.children)}.log"
         with open(output, "wb") as sink:
             process = subprocess.Popen(
                 [sys.executable, *argv], cwd=ROOT, env=full, stdin=subprocess.DEVNULL,
@@ -74,13 +100,17 @@ class Processes:
         self.children.append(child)
         return child
 
+    def manage(self, *args: str, env: dict[str, str] | None = None, **soniq) -> Child:
+        """Start ``manage.py *args``."""
+        return self.python("manage.py", *args, env=env, **soniq)
+
     def worker(self, *args: str, env: dict[str, str] | None = None, **soniq) -> Child:
         """Start ``manage.py soniq_worker *args``."""
-        return self.start("manage.py", "soniq_worker", *args, env=env, **soniq)
+        return self.manage("soniq_worker", *args, env=env, **soniq)
 
     def cleanup(self) -> None:
         for child in self.children:
-            if child.alive():
+            if child.alive:
                 child.process.kill()
         for child in self.children:
             try:

@@ -9,16 +9,11 @@ Every child is killed at the end of its test, whatever happened.
 """
 
 import json
-import os
-import re
 import signal
 import statistics
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.db import connection
@@ -29,112 +24,30 @@ from soniq_django.producer.request import JobRequest
 from soniq_django.models import DeadLetterJob, Job, Worker as WorkerRow
 from soniq_django.owned import OwnedJobSource, QueueClaimFence
 from tests.support.owned import rewrite
+from tests.support.worker_processes import Child, Children, database_url
 from tests.support.workers import RunLog, run_burst, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _database_url() -> str:
-    """The URL of the database this test runs on (the test database). Never print it."""
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return "sqlite:///" + str(Path(db["NAME"]).resolve())
-    credentials = quote(db["USER"] or "", safe="")
-    if db["PASSWORD"]:
-        credentials += ":" + quote(db["PASSWORD"], safe="")
-    host = quote(db["HOST"] or "", safe="")  # a socket directory is percent-encoded
-    port = f":{db['PORT']}" if db["PORT"] else ""
-    return f"postgres://{credentials}@{host}{port}/{quote(db['NAME'], safe='')}"
-
-
-class Child:
-    """One ``manage.py soniq_worker`` process and its output file."""
-
-    def __init__(self, process: subprocess.Popen, output: Path):
-        self.process = process
-        self.output = output
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def signal(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"worker {self.pid} still running after {timeout} s; its log ends:\n"
-                + self.log()[-3000:]
-            ) from None
-
-    def log(self) -> str:
-        return self.output.read_text(errors="replace") if self.output.exists() else ""
-
-    def done_lines(self) -> list[str]:
-        """The job ids this worker logged as completed (one log line per job)."""
-        return re.findall(r" ([0-9a-f-]{36}) done after ", self.log())
-
-
-class Workers:
-    """Starts worker processes; kills whatever is left at the end of the test."""
+class Workers(Children):
+    """``soniq_worker`` processes on the test database, writing to the test's run log."""
 
     def __init__(self, tmp_path: Path, run_log: RunLog):
-        self.tmp_path = tmp_path
+        super().__init__(tmp_path, database_url(connection),
+                         {"SONIQ_TEST_RUN_LOG": str(run_log.path)})
         self.run_log = run_log
-        self.children: list[Child] = []
 
     def start(self, *args: str, env: dict | None = None, **soniq) -> Child:
         """Start ``soniq_worker *args`` with ``SONIQ[name] = value`` for each keyword."""
-        extra, env = env or {}, dict(os.environ)
-        env.update({
-            "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
-            "SONIQ_WORKER_DATABASE_URL": _database_url(),
-            "SONIQ_TEST_RUN_LOG": str(self.run_log.path),
-            "PYTHONUNBUFFERED": "1",
-        })
-        for name, value in soniq.items():
-            env[f"SONIQ_{name}"] = json.dumps(value)
-        env.update(extra)
-        output = self.tmp_path / f"worker-{len(self.children)}.log"
-        with open(output, "wb") as sink:
-            process = subprocess.Popen(
-                [sys.executable, "manage.py", "soniq_worker", *args],
-                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=sink,
-                stderr=subprocess.STDOUT,
-            )
-        child = Child(process, output)
-        self.children.append(child)
-        return child
+        return self.worker(*args, env=env, **soniq)
 
     def wait_registered(self, child: Child, timeout: float = 30.0) -> WorkerRow:
         """Wait until the child has its row in soniq_workers (its signal handlers are set)."""
         return wait_until(
             lambda: WorkerRow.objects.filter(pid=child.pid, status="active").first()
-            or (_dead(child) and None),
+            or child.exited(),
             timeout, f"worker {child.pid} to register",
         )
-
-    def cleanup(self) -> None:
-        for child in self.children:
-            if child.process.poll() is None:
-                child.process.kill()
-        for child in self.children:
-            try:
-                child.process.wait(10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a stuck kill
-                pass
-
-
-def _dead(child: Child) -> bool:
-    code = child.process.poll()
-    if code is not None:
-        raise AssertionError(f"worker {child.pid} exited with {code}:\n{child.log()[-3000:]}")
-    return False
 
 
 @pytest.fixture

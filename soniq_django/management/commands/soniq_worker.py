@@ -3,6 +3,7 @@ import os
 import signal
 import threading
 import uuid
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -74,6 +75,18 @@ class Command(BaseCommand):
                             help="Also run the scheduler of periodic jobs in this process.")
         parser.add_argument("--grace", type=float, default=30.0,
                             help="Seconds running jobs get to finish after a stop signal.")
+        parser.add_argument("--metrics-port", type=int,
+                            help="Serve Prometheus metrics over HTTP on this port (0: a free "
+                                 "one, logged); needs the prometheus extra (docs/metrics.md).")
+        parser.add_argument("--metrics-addr", default="0.0.0.0",
+                            help="With --metrics-port: the address to listen on "
+                                 "(default 0.0.0.0).")
+        parser.add_argument("--metrics-queues", action="store_true",
+                            help="With --metrics-port: serve the queue-level series too (one "
+                                 "query per scrape, on a connection of its own).")
+        parser.add_argument("--metrics-textfile",
+                            help="Write Prometheus metrics to this file (a .prom file for "
+                                 "node_exporter's textfile collector) at every heartbeat.")
         add_database_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -83,6 +96,7 @@ class Command(BaseCommand):
             raise CommandError("--max-jobs must be at least 1")
         if options["wait_for_leases"] and not options["burst"]:
             raise CommandError("--wait-for-leases needs --burst")
+        _check_metrics_options(options)
         if options["worker_id"] is not None:
             try:
                 uuid.UUID(options["worker_id"])
@@ -108,8 +122,34 @@ class Command(BaseCommand):
             with_scheduler=options["with_scheduler"], grace_seconds=options["grace"],
             wait_for_leases=options["wait_for_leases"],
         )
-        with _Signals(worker):
+        with ExitStack() as stack:
+            try:
+                stack.enter_context(_metrics(worker, options))
+            except OSError as error:  # the port is taken, the address is not this host's
+                raise CommandError(f"--metrics-port {options['metrics_port']}: cannot listen on "
+                                   f"{options['metrics_addr']} ({error.strerror})") from None
+            stack.enter_context(_Signals(worker))
             return worker.run()
+
+
+def _check_metrics_options(options: Any) -> None:
+    port = options["metrics_port"]
+    if port is not None and not 0 <= port <= 65535:
+        raise CommandError("--metrics-port must be from 0 to 65535")
+    if port is None and (options["metrics_queues"] or options["metrics_addr"] != "0.0.0.0"):
+        raise CommandError("--metrics-addr and --metrics-queues need --metrics-port")
+
+
+def _metrics(worker: Worker, options: Any) -> AbstractContextManager[None]:
+    """The worker's metrics exposition the options ask for (none: a block that does nothing)."""
+    if options["metrics_port"] is None and options["metrics_textfile"] is None:
+        return nullcontext()
+    try:
+        from soniq_django.metrics import exposed
+    except ImportError as error:  # ExtraNotInstalled: it names the pip install
+        raise CommandError(str(error)) from None
+    return exposed(worker, port=options["metrics_port"], addr=options["metrics_addr"],
+                   textfile=options["metrics_textfile"], queues=options["metrics_queues"])
 
 
 class _Signals:
