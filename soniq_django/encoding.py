@@ -51,17 +51,47 @@ class _Where:
 
     ``normalize_args`` names the top-level argument (``argument 'when'``, or
     ``inside argument 'when'`` for a value nested in it); nested keys and
-    values are the caller's data and are never shown.
+    values are the caller's data and are never shown. The texts are made
+    only when a message needs them: most args are never refused.
     """
 
-    __slots__ = ("top", "nested", "nested_key")
+    __slots__ = ("_top", "_name")
 
-    def __init__(self, top: str, nested: str):
-        self.top, self.nested = top, nested
-        self.nested_key = f"{nested}: an object key"
+    def __init__(self, top: str | None = None, *, name: str = ""):
+        self._top, self._name = top, name
+
+    @property
+    def top(self) -> str:
+        if self._top is None:
+            self._top = _argument(self._name)
+        return self._top
+
+    @property
+    def nested(self) -> str:
+        return f"inside {self.top}"
+
+    @property
+    def nested_key(self) -> str:
+        return f"{self.nested}: an object key"
 
     def at(self, depth: int) -> str:
         return self.top if depth <= 1 else self.nested
+
+
+def _fine(value: Any) -> bool:
+    """Whether ``_scalar`` accepts ``value`` as it is, decided cheaply for the usual scalars
+    (False means: ask ``_scalar``, which refuses or accepts with its message)."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() and "\x00" not in value  # ASCII has no lone surrogate
+    if kind is int:
+        exact: bool = -_EXACT_FLOAT < value < _EXACT_FLOAT
+        return exact
+    return kind is bool or value is None
+
+
+#: Integers below this magnitude always convert to a 64-bit float.
+_EXACT_FLOAT = 2**1000
 
 
 def _check_text(text: str, what: str) -> None:
@@ -115,7 +145,7 @@ def normalize_json(value: Any, what: str = "the value") -> Any:
     The same rules as ``normalize_args``, without requiring an object;
     messages call the value ``what``.
     """
-    where = _Where(what, f"inside {what}")
+    where = _Where(what)
     return _normalize({"value": value}, lambda _: where)["value"]
 
 
@@ -137,8 +167,7 @@ def normalize_args(args: Any) -> dict[str, Any]:
 
 
 def _named(name: str) -> _Where:
-    shown = _argument(name)
-    return _Where(shown, f"inside {shown}")
+    return _Where(name=name)
 
 
 def _normalize(args: dict[str, Any], place: Callable[[str], _Where]) -> dict[str, Any]:
@@ -150,14 +179,16 @@ def _normalize(args: dict[str, Any], place: Callable[[str], _Where]) -> dict[str
         items = source.items() if isinstance(source, dict) else enumerate(source)
         for raw_key, value in items:
             if where is None:  # the top level: each key names an argument
-                key = _key(raw_key, "an argument name")
+                key = raw_key if type(raw_key) is str and _fine(raw_key) else _key(
+                    raw_key, "an argument name")
                 if key in target:
                     raise _invalid("two argument names are the same once turned into strings")
                 inner = place(key)
             else:
                 inner = where
                 if type(target) is dict:
-                    key = _key(raw_key, inner.nested_key)
+                    key = raw_key if _fine(raw_key) and type(raw_key) is str else _key(
+                        raw_key, inner.nested_key)
                     if key in target:
                         raise _invalid(f"{inner.nested}: two object keys are the same once "
                                        "turned into strings")
@@ -173,7 +204,7 @@ def _normalize(args: dict[str, Any], place: Callable[[str], _Where]) -> dict[str
                 pending.append((value, child, depth + 1, inner))
                 copied = child
             else:
-                copied = _scalar(value, inner.at(depth))
+                copied = value if _fine(value) else _scalar(value, inner.at(depth))
             if type(target) is dict:
                 target[key] = copied
             else:

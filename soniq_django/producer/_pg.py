@@ -31,15 +31,13 @@ import json
 import logging
 import uuid
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from typing import Any, cast
 
 import psycopg
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from ..conf import get_settings
-from ..errors import translating
+from ..errors import translate, translating
 from ..pooling import pooled
 from .request import PreparedJob
 
@@ -74,19 +72,6 @@ GET_JOB = (
 
 
 _json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-
-
-@contextmanager
-def _translated(connection: Any, alias: str) -> Iterator[None]:
-    """Run a call so that its failure leaves an enclosing transaction usable.
-
-    Inside ``atomic()`` the call gets a savepoint; in autocommit mode the
-    statement is its own transaction and needs none. Any database error
-    becomes its ``SoniqError`` (``errors.translate``).
-    """
-    guard = transaction.atomic(using=alias) if connection.in_atomic_block else nullcontext()
-    with translating(alias), guard:
-        yield
 
 
 def prepares_statements(connection: Any) -> bool:
@@ -132,7 +117,7 @@ def _fetchone(connection: Any, alias: str, sql: str, params: list[Any]
 
     None when a prepared call failed on a statement that is not ours
     (``_NOT_OURS``): nothing ran, the connection prepares nothing more, and
-    inside ``atomic()`` the savepoint ``_translated`` made is marked for rollback.
+    inside ``atomic()`` the savepoint ``_call`` made is marked for rollback.
     """
     row: tuple[Any, ...] | None
     if connection.queries_logged or connection.execute_wrappers:
@@ -152,14 +137,14 @@ def _fetchone(connection: Any, alias: str, sql: str, params: list[Any]
             return row
     with connection.wrap_database_errors:
         prepare = prepares_statements(connection)
-    # psycopg prepares nothing while prepare_threshold is None (Django's
-    # default): lift it for this statement only. Django's own cursors bind
-    # client-side and are never prepared, whatever the threshold.
-    lifted = prepare and raw.prepare_threshold is None
-    if lifted:
-        raw.prepare_threshold = _PREPARE_THRESHOLD
-    try:
-        with connection.wrap_database_errors, psycopg.Cursor(raw) as cursor:
+        # psycopg prepares nothing while prepare_threshold is None (Django's
+        # default): lift it for this statement only. Django's own cursors bind
+        # client-side and are never prepared, whatever the threshold.
+        lifted = prepare and raw.prepare_threshold is None
+        if lifted:
+            raw.prepare_threshold = _PREPARE_THRESHOLD
+        cursor = _cursor(connection, raw)
+        try:
             try:
                 cursor.execute(sql, params, prepare=prepare)
             except psycopg.Error as error:
@@ -170,22 +155,45 @@ def _fetchone(connection: Any, alias: str, sql: str, params: list[Any]
                 _stop_preparing(connection, alias, error.sqlstate)
                 return None
             return cursor.fetchone()
-    finally:
-        if lifted:
-            raw.prepare_threshold = None
+        finally:
+            if lifted:
+                raw.prepare_threshold = None
+
+
+def _cursor(connection: Any, raw: "psycopg.Connection[Any]") -> "psycopg.Cursor[Any]":
+    """soniq's own psycopg cursor on ``raw``, kept on Django's ``connection`` while ``raw`` lives.
+
+    A plain (server-binding) cursor: made once per psycopg connection rather
+    than once per call. It is closed with its connection.
+    """
+    kept: tuple[Any, psycopg.Cursor[Any]] | None = getattr(connection, "_soniq_cursor", None)
+    if kept is not None and kept[0] is raw:
+        return kept[1]
+    cursor = psycopg.Cursor(raw)
+    connection._soniq_cursor = (raw, cursor)
+    return cursor
 
 
 def _call(connection: Any, alias: str, sql: str, params: list[Any]) -> tuple[Any, ...]:
     """The one row of ``sql``; a prepared call that met a statement not ours is sent again.
 
-    The failed attempt ran nothing (``_NOT_OURS``) and its savepoint is rolled
-    back; the second attempt is unprepared. Raises ``SoniqError``.
+    Inside ``atomic()`` the call gets a savepoint, so that its failure leaves
+    the enclosing transaction usable; in autocommit mode the statement is its
+    own transaction and needs none. The failed attempt ran nothing
+    (``_NOT_OURS``) and its savepoint is rolled back; the second attempt is
+    unprepared. Raises ``SoniqError`` for any database error (``errors.translate``).
     """
-    with _translated(connection, alias):
-        row = _fetchone(connection, alias, sql, params)
-    if row is None:  # this connection now prepares nothing: the second call cannot be None
-        with _translated(connection, alias):
-            row = _fetchone(connection, alias, sql, params)
+    for _attempt in range(2):  # the second call cannot be None: nothing is prepared then
+        try:
+            if connection.in_atomic_block:
+                with transaction.atomic(using=alias):
+                    row = _fetchone(connection, alias, sql, params)
+            else:
+                row = _fetchone(connection, alias, sql, params)
+        except DatabaseError as error:
+            raise translate(error, alias) from None
+        if row is not None:
+            break
     return cast("tuple[Any, ...]", row)
 
 

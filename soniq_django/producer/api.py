@@ -63,11 +63,9 @@ def refuse_event_loop(what: str, twin: str) -> None:
     says which awaitable to use instead. ``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts
     both checks, as it lifts Django's.
     """
-    if os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
-        return
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    # asyncio's own test, without the RuntimeError get_running_loop() raises
+    # (and the environment lookup) in the usual case, where no loop runs.
+    if asyncio._get_running_loop() is None or os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
         return
     raise SoniqError(
         ErrorCode.ASYNC_CONTEXT,
@@ -144,7 +142,8 @@ def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) ->
     """Enqueue many jobs in one transaction; return their ids in request order.
 
     Every request is validated before anything is written, so one bad request
-    leaves no rows at all. Plain jobs go in as one multi-row insert; unique and
+    leaves no rows at all. Plain jobs go in as one multi-row insert (on
+    PostgreSQL from ``_copy.COPY_MIN_JOBS`` of them on, one COPY); unique and
     dedup jobs are resolved one by one (a later request can return an earlier
     one's id). Raises and warns as ``enqueue`` does (``abulk_enqueue`` is
     the async twin).
@@ -163,9 +162,11 @@ def insert_many_prepared(prepared: list[PreparedJob], alias: str) -> list[uuid.U
     connection = connections[alias]
     prepared = _due(prepared, connection)
     if connection.vendor == "postgresql":
-        from . import _pg  # here, not at the top: psycopg is needed on PostgreSQL alone
+        from . import _copy, _pg  # here, not at the top: psycopg is needed on PostgreSQL alone
 
-        ids = _pg.enqueue_many(prepared, connection, alias)
+        copied = (_copy.enqueue_many(prepared, connection, alias)
+                  if _copy.applies(prepared, connection) else None)
+        ids = _pg.enqueue_many(prepared, connection, alias) if copied is None else copied
     else:
         ids = _insert_many_portable(prepared, alias)
     _enqueued(alias)

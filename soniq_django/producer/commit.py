@@ -63,8 +63,8 @@ def warn_if_uncoupled(alias: str, stacklevel: int = 2) -> None:
     alias. Emits a ``RuntimeWarning`` (``stacklevel`` counts from the caller
     of this function's caller); returns nothing.
     """
-    if connections[alias].in_atomic_block:
-        return
+    if connections[alias].in_atomic_block or len(connections.settings) == 1:
+        return  # with one database there is no other transaction to be outside of
     others = [name for name in open_transactions() if name != alias]
     if others:
         warnings.warn(

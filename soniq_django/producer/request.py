@@ -22,9 +22,10 @@ import datetime as dt
 import functools
 import json
 import math
+import os
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal, overload
 
@@ -63,12 +64,14 @@ class JobRequest:
     delay: float | dt.timedelta | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PreparedJob:
     """A validated request: every value checked, args normalized and copied.
 
     A countdown has ``scheduled_at`` None and its ``delay`` set until
-    ``due_from`` turns it into a time.
+    ``due_from`` turns it into a time. Not frozen: one is made per job on
+    the enqueue path, where a frozen dataclass's ``__init__`` costs three
+    times a plain one's; only the producer holds them, and never changes one.
     """
 
     job_id: uuid.UUID
@@ -114,14 +117,31 @@ def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
+def _args_encoder() -> Callable[[dict[str, Any]], str]:
+    """What ``json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)``
+    encodes, without its per-call set-up where the C encoder is there: the
+    encoder is made once, with no cycle check (``normalize_args`` returns a
+    fresh tree, which has no cycles)."""
+    encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # pragma: no cover - a Python built without _json
+        return encoder.encode
+    chunks = make(None, encoder.default, json.encoder.encode_basestring, None, ":", ",",
+                  False, False, False)
+
+    def encode(args: dict[str, Any]) -> str:
+        return "".join(chunks(args, 0))
+
+    return encode
+
+
 #: Job args as the PostgreSQL producer sends them (and as their size is measured).
-encode_args = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+encode_args = _args_encoder()
 
 
-def _encoded(args: dict[str, Any]) -> str:
-    """``args`` as compact JSON; raise ``PayloadTooLarge`` over ``MAX_PAYLOAD_BYTES``."""
+def _encoded(args: dict[str, Any], limit: int | None) -> str:
+    """``args`` as compact JSON; raise ``PayloadTooLarge`` over ``limit`` (``MAX_PAYLOAD_BYTES``)."""
     text = encode_args(args)
-    limit = get_settings().MAX_PAYLOAD_BYTES
     # A character is 1 to 4 bytes of UTF-8: most args are decided without encoding.
     if limit is not None and len(text) * 4 > limit:
         size = len(text.encode("utf-8"))
@@ -270,34 +290,51 @@ def prepare(request: JobRequest) -> PreparedJob:
     (PAYLOAD_TOO_LARGE) for args over ``MAX_PAYLOAD_BYTES``;
     ``SettingsInvalid`` when a setting it needs is one the system checks reject.
     """
+    return _prepare(request, uuid.uuid4)
+
+
+def _prepare(request: JobRequest, new_id: Callable[[], uuid.UUID],
+             valid_names: set[str] | None = None) -> PreparedJob:
+    """``prepare``, with ``new_id()`` giving the id of a request that names none.
+
+    ``valid_names``: job names already found valid under the current settings
+    (a batch's), not checked again; a name found valid is added.
+    """
     if not isinstance(request, JobRequest):
         raise ConfigValidationError(f"expected a JobRequest, not {_kind(request)}")
     if current_problems():
         _check_settings_used(request)
     config = get_settings()
-    job_name = validate_job_name(request.job_name, config.TASK_NAME_PATTERN)
+    job_name = request.job_name
+    if valid_names is None or type(job_name) is not str or job_name not in valid_names:
+        job_name = validate_job_name(job_name, config.TASK_NAME_PATTERN)
+        if valid_names is not None:
+            valid_names.add(job_name)
     args = normalize_args({} if request.args is None else request.args)
-    args_json = _encoded(args)
-    if type(request.unique_job) is not bool:
-        raise _option(f"unique_job must be True or False, not {_kind(request.unique_job)}")
+    args_json = _encoded(args, config.MAX_PAYLOAD_BYTES)
+    unique_job = request.unique_job
+    if type(unique_job) is not bool:
+        raise _option(f"unique_job must be True or False, not {_kind(unique_job)}")
     queue, priority = request.queue, request.priority
     if queue is None:
         queue = config.DEFAULT_QUEUE
     if priority is None:
         priority = config.DEFAULT_PRIORITY
-    generated = request.job_id is None
-    run_at, delay = schedule(request.run_at, request.delay)
+    requested = request.job_id
+    run_at, delay = request.run_at, request.delay
+    if run_at is not None or delay is not None:
+        run_at, delay = schedule(run_at, delay)
     return PreparedJob(
-        job_id=uuid.uuid4() if generated else coerce_job_id(request.job_id),
-        job_id_generated=generated,
+        job_id=new_id() if requested is None else coerce_job_id(requested),
+        job_id_generated=requested is None,
         job_name=job_name,
         args=args,
-        args_hash=hash_normalized_args(args) if request.unique_job else None,
+        args_hash=hash_normalized_args(args) if unique_job else None,
         queue=_label(queue, "queue", required=True),
         priority=_priority(priority),
         scheduled_at=run_at,
         max_attempts=validate_max_attempts(request.max_attempts),
-        unique_job=request.unique_job,
+        unique_job=unique_job,
         dedup_key=_label(request.dedup_key, "dedup_key", required=False),
         producer_id=_label(request.producer_id, "producer_id", required=False),
         args_json=args_json,
@@ -307,11 +344,30 @@ def prepare(request: JobRequest) -> PreparedJob:
 
 def prepare_all(requests: Iterable[JobRequest]) -> list[PreparedJob]:
     """``prepare`` each request of a bulk enqueue; ``PayloadTooLarge`` names the request's index."""
-    prepared = []
+    prepared: list[PreparedJob] = []
+    append = prepared.append
+    new_id, valid_names = _fresh_ids(), set[str]()
     for index, request in enumerate(requests):
         try:
-            prepared.append(prepare(request))
+            append(_prepare(request, new_id, valid_names))
         except PayloadTooLarge as error:
             raise error.at(index) from None
     return prepared
 
+
+#: How many random ids ``_fresh_ids`` draws from the system at a time.
+_ID_BATCH = 256
+
+
+def _fresh_ids() -> Callable[[], uuid.UUID]:
+    """A source of version-4 UUIDs, as ``uuid.uuid4`` makes them, drawing ``os.urandom``
+    once per ``_ID_BATCH`` ids instead of once per id."""
+    pool: list[bytes] = []
+
+    def new_id() -> uuid.UUID:
+        if not pool:
+            random = os.urandom(16 * _ID_BATCH)
+            pool.extend(random[i:i + 16] for i in range(16 * (_ID_BATCH - 1), -1, -16))
+        return uuid.UUID(bytes=pool.pop(), version=4)
+
+    return new_id

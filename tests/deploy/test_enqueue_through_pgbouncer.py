@@ -49,6 +49,17 @@ def test_single_and_bulk_enqueues_from_several_processes_are_all_written(process
     _all_written_exactly(reports, 4 * (100 + 500))
 
 
+def test_bulk_enqueues_loaded_by_copy_from_several_processes_are_all_written(
+        processes, tmp_path):
+    # Batches above the COPY threshold (producer/_copy.py): a COPY runs inside
+    # the batch's transaction, so the pool may hand every batch another server.
+    from soniq_django.producer._copy import COPY_MIN_JOBS
+
+    size = COPY_MIN_JOBS + 100
+    reports = _produce(processes, tmp_path, 3, single=1, bulk=3, size=size)
+    _all_written_exactly(reports, 3 * (1 + 3 * size))
+
+
 def test_prepared_statements_forced_on_fall_back_unprepared(processes, tmp_path):
     # PgBouncer 1.18 keeps no prepared statements in transaction mode: every
     # failed prepared call is sent again unprepared, and the process warns.
