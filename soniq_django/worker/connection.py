@@ -22,7 +22,6 @@ restart) is waited for, with backoff and jitter (``connect_patiently``):
 the worker says so once, and never exits for it.
 """
 
-import asyncio
 import logging
 import random
 import threading
@@ -32,7 +31,6 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar, cast
 
 from django.db import DatabaseError, connections
-from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..errors import translate
 
@@ -289,21 +287,7 @@ def handler_connections() -> Iterator[None]:
 
 
 def _initialized() -> list[Any]:
-    """This thread's connection wrappers (``connections.all(initialized_only=True)``), fast.
-
-    On a thread outside any event loop Django keeps them in a plain thread
-    local (asgiref's ``Local`` with ``thread_critical``): its ``__dict__`` is
-    read directly, where ``connections.all`` asks ``hasattr`` once per alias
-    through asgiref (a few microseconds each, on every job). Anything else
-    takes Django's way.
-    """
-    storage = getattr(getattr(connections, "_connections", None), "_storage", None)
-    if isinstance(storage, threading.local) and connections.thread_critical:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return [conn for conn in vars(storage).values()
-                    if isinstance(conn, BaseDatabaseWrapper)]
+    """This thread's connection wrappers (``connections.all(initialized_only=True)``)."""
     return list(connections.all(initialized_only=True))
 
 
