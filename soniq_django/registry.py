@@ -19,6 +19,8 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import math
+import numbers
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable
@@ -58,7 +60,8 @@ def register_resolver(resolver: Callable[[str], Any]) -> None:
 
     The resolver returns a handler-like object (``name``, ``func``,
     ``signature``, ``is_async``, ``max_attempts``, ``queue``, ``unique``,
-    optionally ``atomic``) or None. Adding the same resolver twice keeps one.
+    optionally ``atomic``, ``timeout`` and ``timeout_origin``) or None.
+    Adding the same resolver twice keeps one.
     """
     if resolver not in _resolvers:
         _resolvers.append(resolver)
@@ -103,6 +106,14 @@ def registered_handlers() -> dict[str, "JobHandler[..., Any]"]:
     return dict(_registry)
 
 
+def positive_seconds(value: object) -> bool:
+    """Whether ``value`` can be a time limit: a finite number above 0 (a bool is no number)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return False
+    seconds = float(value)
+    return math.isfinite(seconds) and seconds > 0
+
+
 def _register(handler: "JobHandler[..., Any]") -> None:
     current = _registry.get(handler.name)
     if current is not None and _origin(current.func) != _origin(handler.func):
@@ -140,7 +151,8 @@ class JobHandler(Generic[P, R]):
     __qualname__: str  # the function's, as update_wrapper() copies it (with __doc__ and more)
 
     def __init__(self, func: Callable[P, R], *, name: str, queue: str | None,
-                 retries: int | None, unique: bool, atomic: bool = False):
+                 retries: int | None, unique: bool, atomic: bool = False,
+                 timeout: float | None = None):
         self.func = func
         self.name = name
         self.queue = queue
@@ -148,6 +160,8 @@ class JobHandler(Generic[P, R]):
         self.unique = unique
         self.atomic = atomic
         """Its writes on the jobs database commit with its fenced completion, or not at all."""
+        self.timeout = timeout
+        """Seconds a run of it may take (``@job(timeout=...)``); None: ``JOB_TIMEOUT_SECONDS``."""
         self.signature = inspect.signature(func)
         self.is_async = inspect.iscoroutinefunction(func)
         functools.update_wrapper(self, func)
@@ -253,12 +267,13 @@ class ConfiguredJob(Generic[P]):
         clears the other, and giving both in one call raises
         ``ConfigValidationError(INVALID_OPTION)``. An unknown option name
         raises ``TypeError``; values are checked when the job is enqueued.
-        ``atomic`` is not an option of one enqueue but the handler's
-        (``@job(atomic=True)``): it raises ``TypeError`` too.
+        ``atomic`` and ``timeout`` are not options of one enqueue but the
+        handler's (``@job(atomic=True, timeout=60)``): they raise ``TypeError`` too.
         """
-        if "atomic" in options:  # how the worker runs the handler, not a property of one job
-            raise TypeError("configure() got atomic: a job row cannot carry it; it is the "
-                            "handler's, @job(atomic=True)")
+        for own, spelt in (("atomic", "atomic=True"), ("timeout", "timeout=seconds")):
+            if own in options:  # how the worker runs the handler, not a property of one job
+                raise TypeError(f"configure() got {own}: a job row cannot carry it; it is the "
+                                f"handler's, @job({spelt})")
         unknown = set(options) - _OPTION_NAMES
         if unknown:
             raise TypeError(f"configure() got unknown options: {', '.join(sorted(unknown))}")
@@ -352,13 +367,13 @@ def job(func: Callable[P, R], /) -> JobHandler[P, R]: ...
 
 @overload
 def job(func: None = None, /, *, name: str | None = None, queue: str | None = None,
-        retries: int | None = None, unique: bool = False, atomic: bool = False
-        ) -> Callable[[Callable[P, R]], JobHandler[P, R]]: ...
+        retries: int | None = None, unique: bool = False, atomic: bool = False,
+        timeout: float | None = None) -> Callable[[Callable[P, R]], JobHandler[P, R]]: ...
 
 
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None,
         queue: str | None = None, retries: int | None = None, unique: bool = False,
-        atomic: bool = False) -> Any:
+        atomic: bool = False, timeout: float | None = None) -> Any:
     """Register a function as a job handler; usable as ``@job``, ``@job()`` or ``@job(name=...)``.
 
     Without ``name=`` the job name is derived from ``module.function`` and a
@@ -370,11 +385,23 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None,
     transaction, so the handler's writes there commit together with the
     completion or not at all (docs/exactly-once.md). ``async def`` handlers
     may be atomic too.
+
+    ``timeout=seconds`` (a positive number): a run of this job may take that
+    long, counted from its claim, instead of ``SONIQ["JOB_TIMEOUT_SECONDS"]``
+    (longer or shorter); None, the default, leaves the setting in force. At
+    the deadline the worker fails the run (retried while attempts remain,
+    docs/worker.md#cancelling-and-timeouts).
     """
     if retries is not None and (type(retries) is not int or retries < 0):
         raise ImproperlyConfigured("@job(retries=...) must be a whole number of 0 or more")
     if type(atomic) is not bool:
         raise ImproperlyConfigured("@job(atomic=...) must be True or False")
+    if timeout is not None and not positive_seconds(timeout):
+        got = (repr(timeout) if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool)
+               else f"a value of type {type(timeout).__name__}")
+        raise ImproperlyConfigured(
+            f"@job(timeout=...) must be a positive, finite number of seconds, or None for "
+            f"SONIQ['JOB_TIMEOUT_SECONDS'] (got {got})")
 
     def decorate(function: Callable[..., Any], stacklevel: int = 2) -> JobHandler[..., Any]:
         job_name = name
@@ -387,7 +414,7 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None,
                 stacklevel=stacklevel,
             )
         handler = JobHandler(function, name=job_name, queue=queue, retries=retries, unique=unique,
-                             atomic=atomic)
+                             atomic=atomic, timeout=timeout)
         _register(handler)
         return handler
 

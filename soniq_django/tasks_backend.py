@@ -55,7 +55,7 @@ logger = logging.getLogger("soniq_django.tasks")
 PRIORITY_PIVOT = 100
 """soniq priority = PRIORITY_PIVOT - Django priority: Django 0 is soniq's default 100."""
 
-_OPTIONS = frozenset({"atomic", "database", "enqueue_on_commit", "max_attempts"})
+_OPTIONS = frozenset({"atomic", "database", "enqueue_on_commit", "max_attempts", "timeout"})
 
 _STATUSES = {
     "queued": TaskResultStatus.READY,
@@ -80,8 +80,11 @@ class SoniqTaskBackend(BaseTaskBackend):
     ``OPTIONS``: ``database`` (alias; default: the routers' choice for jobs),
     ``enqueue_on_commit`` (default False: insert inside the caller's
     transaction), ``max_attempts`` (default: ``SONIQ["DEFAULT_MAX_ATTEMPTS"]``)
-    and ``atomic`` (default False: True runs every task of this backend as
-    ``@job(atomic=True)`` runs its handler; docs/exactly-once.md).
+    ``atomic`` (default False: True runs every task of this backend as
+    ``@job(atomic=True)`` runs its handler; docs/exactly-once.md) and
+    ``timeout`` (seconds; default None: ``SONIQ["JOB_TIMEOUT_SECONDS"]``), the
+    time limit of every task of this backend, as ``@job(timeout=...)`` sets
+    one handler's -- the Tasks API has no per-task timeout.
     """
 
     supports_defer = True
@@ -112,6 +115,14 @@ class SoniqTaskBackend(BaseTaskBackend):
         if type(self.atomic) is not bool:
             raise ImproperlyConfigured(
                 f"TASKS[{alias!r}]['OPTIONS']['atomic'] must be True or False."
+            )
+        from .registry import positive_seconds
+
+        self.timeout: float | None = options.get("timeout")
+        if self.timeout is not None and not positive_seconds(self.timeout):
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['OPTIONS']['timeout'] must be a positive, finite number of "
+                f"seconds, or None for SONIQ['JOB_TIMEOUT_SECONDS']."
             )
         self._max_attempts: int | None = options.get("max_attempts")
         if self._max_attempts is not None and (
@@ -396,6 +407,17 @@ class TaskHandler:
         """Whether the task's backend runs its tasks atomically (``OPTIONS["atomic"]``)."""
         atomic: bool = task_backends[self.task.backend].atomic
         return atomic
+
+    @property
+    def timeout(self) -> float | None:
+        """The time limit of the task's backend (``OPTIONS["timeout"]``); None: the setting's."""
+        timeout: float | None = task_backends[self.task.backend].timeout
+        return timeout
+
+    @property
+    def timeout_origin(self) -> str:
+        """Where that limit is set, as a timed-out task's ``last_error`` names it."""
+        return f"TASKS[{self.task.backend!r}]['OPTIONS']['timeout']"
 
     def _run(self, args: list[Any] | None = None, kwargs: dict[str, Any] | None = None) -> Any:
         leading = [TaskContext(task_result=self._running())] if self.task.takes_context else []

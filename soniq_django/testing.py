@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # not at run time: this module must not import models (see ab
     from .owned.types import ClaimedJob
     from .worker.execution import Outcome
     from .worker.flight import InFlight
+    from .worker.timeouts import TimeLimit
 
 __all__ = ["JobRun", "arun_jobs", "immediate", "run_jobs"]
 
@@ -203,7 +204,6 @@ class _Runner:
     """The worker's parts for one thread and one connection: claim, execute, write."""
 
     def __init__(self, alias: str, options: _Options):
-        from .conf import get_settings
         from .owned import OwnedJobSource
         from .throughput import ThroughputCounter
         from .worker.capacity import Budget
@@ -215,7 +215,6 @@ class _Runner:
         self.queues = options.queues
         self.source = OwnedJobSource(alias)
         self.flights = Flights()
-        self.timeout = get_settings().JOB_TIMEOUT_SECONDS
         # Counts kept in memory and never flushed: a test's run is not throughput.
         self.writes = Writes(source=self.source, shared=CallersConnection(alias),
                              worker_id=WORKER_ID, queues=self.queues,
@@ -235,17 +234,19 @@ class _Runner:
         from .worker.execution import Outcome, OutcomeKind, execute
 
         from .worker.atomic import AtomicRunner, is_atomic
+        from .worker.timeouts import limit_for
 
         from . import signals
 
         flight = self.flights.track(claimed)
         signals.started(flight, WORKER_ID, self.alias)  # finished: sent by self.writes
+        limit = limit_for(claimed.job_name)
         try:
             if is_atomic(claimed.job_name):  # its writes and completion: one savepoint here
                 outcome = AtomicRunner(self.writes, stop=threading.Event(), durable=False).run(
-                    flight, self.timeout)
+                    flight, limit)
             else:
-                outcome = self._execute(execute, flight)
+                outcome = self._execute(execute, flight, limit)
             if outcome.kind is OutcomeKind.UNKNOWN:
                 # A worker defers a name it does not know (another release may
                 # know it); a test's process knows every handler it will ever
@@ -270,7 +271,8 @@ class _Runner:
             ErrorCode.JOB_FAILED,
             f"job {claimed.job_name} was dead-lettered ({outcome.reason}); see JobRun.error")
 
-    def _execute(self, execute: Callable[..., "Outcome"], flight: "InFlight") -> "Outcome":
+    def _execute(self, execute: Callable[..., "Outcome"], flight: "InFlight",
+                 limit: "TimeLimit | None") -> "Outcome":
         """``execute()`` the handler, in a savepoint when a transaction is open.
 
         A handler whose query failed inside the caller's transaction leaves
@@ -282,7 +284,7 @@ class _Runner:
 
         connection = connections[self.alias]
         savepoint = transaction.savepoint(using=self.alias) if connection.in_atomic_block else None
-        outcome = execute(flight.claimed, flight.context, self.timeout)
+        outcome = execute(flight.claimed, flight.context, limit, started=flight.started)
         if savepoint is not None:
             if _aborted(connection):
                 transaction.savepoint_rollback(savepoint, using=self.alias)

@@ -134,4 +134,10 @@ TASKS = {
         "QUEUES": ["default"],
         "OPTIONS": {"atomic": True},
     },
+    # A 1 s limit for each of its tasks (tests/worker/test_timeouts.py).
+    "timeouts": {
+        "BACKEND": "soniq_django.tasks_backend.SoniqTaskBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"timeout": 1, "max_attempts": 1},
+    },
 }

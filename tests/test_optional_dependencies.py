@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sqlite_only
 
 #: Modules that may need an optional package: the PostgreSQL producer calls
-#: (psycopg), the Tasks backend without ``django.tasks`` (Django < 6), and the
+#: and its COPY path (psycopg), the Tasks backend without ``django.tasks`` (Django < 6), and the
 #: Prometheus metrics (prometheus_client, the ``prometheus`` extra).
-OPTIONAL = {"soniq_django.producer._pg": "psycopg", "soniq_django.tasks_backend": "django_tasks",
+OPTIONAL = {"soniq_django.producer._pg": "psycopg", "soniq_django.producer._copy": "psycopg",
+            "soniq_django.tasks_backend": "django_tasks",
             "soniq_django.metrics": "prometheus_client"}
 
 SETTINGS = """

@@ -86,6 +86,21 @@ def test_atomic_is_the_handlers_and_must_be_a_boolean():
         add.configure(atomic=True)
 
 
+def test_timeout_is_the_handlers_and_must_be_a_positive_number_of_seconds():
+    from tests.testapp.jobs import timeouts_long, timeouts_short
+
+    assert (timeouts_short.timeout, timeouts_long.timeout, add.timeout) == (1, 5, None)
+    assert job(name="tests.fractional_timeout", timeout=2.5)(lambda: None).timeout == 2.5
+    for bad in (0, -1, 0.0, float("nan"), float("inf"), True, "5", [5]):
+        with pytest.raises(ImproperlyConfigured, match=r"@job\(timeout=\.\.\.\) must be a "
+                                                       r"positive, finite number of seconds"):
+            job(name="tests.bad_timeout", timeout=bad)
+    with pytest.raises(ImproperlyConfigured, match="got a value of type str"):
+        job(name="tests.bad_timeout", timeout="5")
+    with pytest.raises(TypeError, match=r"@job\(timeout=seconds\)"):
+        add.configure(timeout=3)
+
+
 @pytest.mark.django_db
 def test_enqueue_stores_bound_keyword_arguments_and_handler_options():
     job_id = add.enqueue(1, b=2)

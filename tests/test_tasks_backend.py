@@ -195,6 +195,11 @@ def test_validate_task_rejects_methods_queues_priorities_and_naive_run_after():
     ({"max_attempts": True}, "max_attempts"),
     ({"database": "nowhere"}, "database"),
     ({"atomic": "yes"}, "atomic"),
+    ({"timeout": 0}, r"\['timeout'\] must be a positive, finite number of seconds"),
+    ({"timeout": -2}, "timeout"),
+    ({"timeout": True}, "timeout"),
+    ({"timeout": "60"}, "timeout"),
+    ({"timeout": float("inf")}, "timeout"),
     ({"retries": 3}, "unknown keys: retries"),
 ])
 def test_bad_options_are_refused(options, complaint):
@@ -562,6 +567,17 @@ def test_the_resolver_does_not_import_modules_outside_installed_apps(tmp_path, m
     assert get_handler("soniq_probe_module.anything") is None
     assert "soniq_probe_module" not in sys.modules
     assert not marker.exists()
+
+
+def test_the_timeout_option_is_every_task_of_the_backends_limit():
+    # The Tasks API has no per-task timeout: the backend's OPTIONS["timeout"]
+    # is each of its tasks' @job(timeout=...); tests/worker/test_timeouts.py runs one.
+    assert backend_with(timeout=2.5).timeout == 2.5
+    assert backend_with().timeout is None
+    sleepy = get_handler("tests.testapp.tasks.sleepy")
+    assert (sleepy.timeout, sleepy.timeout_origin) == (
+        1, "TASKS['timeouts']['OPTIONS']['timeout']")
+    assert get_handler(ADD).timeout is None  # the default backend's: JOB_TIMEOUT_SECONDS
 
 
 @pytest.mark.django_db(transaction=True)

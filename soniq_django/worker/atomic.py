@@ -11,7 +11,9 @@ SQLite, the same fence check as for any job, with the result. Then:
   requested): everything rolls back, and the log says so;
 - the handler raises, or stops for a cancel or its timeout: everything rolls
   back, and its failure, dead letter or cancel acknowledgement is written
-  afterwards, as for any job (completer.py);
+  afterwards, as for any job (completer.py); a timeout's failure is written
+  at the deadline (deadlines.py), while the handler may still run -- its
+  transaction then rolls back when it returns, and nothing it wrote is kept;
 - the COMMIT's outcome is unknown (the connection failed there):
   ``Writes.recover_atomic`` asks the job row, which holds the answer, and
   the handler is never run again for this claim.
@@ -50,6 +52,7 @@ from ..owned._store import claims_for, take_sqlite_write_lock
 from ..registry import get_handler
 from .execution import Outcome, OutcomeKind, execute
 from .flight import InFlight
+from .timeouts import TimeLimit
 from .writes import Writes, retrying
 
 logger = logging.getLogger("soniq_django.worker")
@@ -92,7 +95,7 @@ class AtomicRunner:
         self.stop = stop
         self.durable = durable
 
-    def run(self, flight: InFlight, timeout: float | None) -> Outcome:
+    def run(self, flight: InFlight, limit: TimeLimit | None) -> Outcome:
         """Run ``flight``'s handler atomically; never raises.
 
         A ``written`` outcome's final write is made (``applied`` says how it
@@ -103,7 +106,7 @@ class AtomicRunner:
         """
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
         try:
-            outcome: Outcome | None = retrying(lambda: self._transaction(flight, timeout),
+            outcome: Outcome | None = retrying(lambda: self._transaction(flight, limit),
                                                deadline, self.stop)
         except SoniqError as error:  # refused at BEGIN: trying again cannot help
             return Outcome(OutcomeKind.RETRY, error=(
@@ -115,7 +118,7 @@ class AtomicRunner:
                 "or SQLite's write lock stayed taken); the handler did not run"))
         return outcome
 
-    def _transaction(self, flight: InFlight, timeout: float | None) -> Outcome:
+    def _transaction(self, flight: InFlight, limit: TimeLimit | None) -> Outcome:
         """One try: begin, run, complete, commit. Raises only when it could not begin."""
         connection = connections[self.using]
         run = _Run()
@@ -126,7 +129,7 @@ class AtomicRunner:
                     take_sqlite_write_lock(connection)  # before the handler: held to the end
                 run.began = True
                 try:
-                    outcome = self._inside(flight, timeout, connection.vendor == "sqlite", run)
+                    outcome = self._inside(flight, limit, connection.vendor == "sqlite", run)
                 except RunRolledBack as undo:
                     run.undone = undo.outcome
                     raise
@@ -163,7 +166,7 @@ class AtomicRunner:
                 flight.settled.release()
         return outcome
 
-    def _inside(self, flight: InFlight, timeout: float | None, sqlite: bool,
+    def _inside(self, flight: InFlight, limit: TimeLimit | None, sqlite: bool,
                 run: _Run) -> Outcome:
         """In the transaction: the handler, then the fenced completion. Raises ``RunRolledBack``."""
         claimed = flight.claimed
@@ -182,22 +185,23 @@ class AtomicRunner:
                 raise RunRolledBack(Outcome(OutcomeKind.CANCELLED))
             flight.holds_write_lock = True
         with _other_aliases_watched(self.using, claimed.job_name):
-            outcome = execute(claimed, flight.context, timeout, atomic=True)
+            outcome = execute(claimed, flight.context, limit, started=flight.started,
+                              atomic=True)
         if outcome.kind is not OutcomeKind.DONE:
             raise RunRolledBack(outcome)
-        if timeout is not None and time.monotonic() - flight.started > float(timeout):
-            # Past its time limit (on SQLite the heartbeat could not even look).
-            raise RunRolledBack(Outcome(OutcomeKind.RETRY, error=(
-                f"timed out after {timeout} s; the writes of this atomic run were rolled back")))
+        timed_out = Outcome(OutcomeKind.RETRY, error=limit.error(atomic=True) if limit else (
+            "timed out; the writes of this atomic run are rolled back"))
+        if limit is not None and time.monotonic() > limit.deadline(flight.started):
+            # Past its deadline, whether or not the deadline thread took the write yet.
+            raise RunRolledBack(timed_out)
         if self.stop.is_set():  # aborted: write nothing, as for any job
             raise RunRolledBack(Outcome(OutcomeKind.RETRY, error="the worker was aborted"))
         if not flight.settled.acquire(blocking=False):
-            # The heartbeat is taking the final write: the job ran past its timeout.
-            raise RunRolledBack(Outcome(OutcomeKind.RETRY, error="timed out; its writes were rolled "
-                                                         "back"))
+            # The deadline thread is taking the final write: the job ran past its time limit.
+            raise RunRolledBack(timed_out)
         run.settled = True
         if flight.done:  # the timeout's failure is written
-            raise RunRolledBack(Outcome(OutcomeKind.RETRY, error="timed out"))
+            raise RunRolledBack(timed_out)
         if flight.lost:  # the heartbeat saw the lease go: the fence would refuse
             raise RunRolledBack(replace(outcome, written=True, applied=False))
         ttl = float(get_settings().RESULT_TTL)

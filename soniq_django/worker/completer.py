@@ -12,16 +12,16 @@ which of them writes what:
   transaction with the claim of the slot's next job, which the same thread
   then runs -- no hand-off between threads; the ``BatchCompleter`` (several
   slots) hands it to the main loop.
-- ``time_out(flight, timeout)`` -- on the heartbeat thread: takes the final
-  write of a job that ran past ``JOB_TIMEOUT_SECONDS`` and hands it to the
-  main loop. It never writes and never waits, so a slow database cannot
-  hold up the other jobs' lease renewals.
+- ``time_out(flight, error)`` -- on the deadline thread (deadlines.py), at
+  the run's deadline: takes the final write of a job past its time limit
+  and hands it to the main loop. It never writes and never waits, so a
+  slow database cannot hold up the other jobs' deadlines.
 - ``round(n)`` -- on the main loop: writes the timeouts handed over, then
   the completions handed over together with a claim of ``n`` jobs, in one
   call. Both completers claim through ``Writes.round``, the one claim path.
 
 A job's final write is taken once, under ``flight.settled``: by the job
-thread, or by the heartbeat for a timeout. Whoever takes it holds the lock
+thread, or by the deadline thread for a timeout. Whoever takes it holds the lock
 until the write is over, so the other side waits instead of racing it, and
 a job is never forgotten while its outcome is still unwritten.
 """
@@ -117,27 +117,27 @@ class Completer:
         self._slots.give()
         self._wake.set()
 
-    # The heartbeat thread ---------------------------------------------
+    # The deadline thread ----------------------------------------------
 
-    def time_out(self, flight: InFlight, timeout: object) -> None:
-        """Take the final write of a job past its timeout (a failure, retried) for the main loop.
+    def time_out(self, flight: InFlight, error: str) -> bool:
+        """Take the final write of a job past its deadline (a failure, retried) for the main loop.
 
-        Never blocks: if the job thread is writing its own outcome, that
-        outcome stands.
+        Returns whether it took it. Never blocks: if the job thread is
+        writing its own outcome, that outcome stands.
         """
         if not flight.settled.acquire(blocking=False):
-            return
+            return False
         with self._lock:
             taken = not flight.done and not self._closed
             if taken:
                 flight.done = True
-                self._timeouts.append(
-                    (flight, Outcome(OutcomeKind.RETRY, error=f"timed out after {timeout} s")))
+                self._timeouts.append((flight, Outcome(OutcomeKind.RETRY, error=error)))
         if not taken:
             flight.settled.release()
-            return
+            return False
         flight.context._cancel.set()  # cooperative handlers stop
         self._wake.set()
+        return True
 
     # The main loop ----------------------------------------------------
 
@@ -169,7 +169,7 @@ class Completer:
                 logger.exception("%s %s: could not record its timeout", flight.claimed.job_name,
                                  flight.claimed.job_id)
             finally:
-                flight.settled.release()  # taken by the heartbeat in time_out()
+                flight.settled.release()  # taken by the deadline thread in time_out()
 
 
 class InlineCompleter(Completer):
@@ -200,6 +200,28 @@ class InlineCompleter(Completer):
 
 class BatchCompleter(Completer):
     """Several slots: completions go to the main loop, which writes them with its claims."""
+
+    def hand_over(self, flight: InFlight, outcome: Outcome) -> bool:
+        """``settle`` a completion without ever waiting (the event loop's thread calls it).
+
+        False, nothing done: ``settle`` it on a job thread instead. So it is
+        when its final write is taken or being taken (the deadline thread's
+        timeout holds ``flight.settled`` until the main loop wrote it), or
+        when the job is no longer this worker's (its write is a refusal to
+        record, a database call), or after ``abort()``.
+        """
+        if (outcome.kind is not OutcomeKind.DONE or self._aborted.is_set()
+                or not flight.settled.acquire(blocking=False)):
+            return False
+        try:
+            if flight.done or flight.lost:
+                return False
+            flight.done = True
+            flight.outcome = outcome
+        finally:
+            flight.settled.release()
+        self._complete(flight)
+        return True
 
     def _complete(self, flight: InFlight) -> None:
         # The slot first, then the completion: the round that writes the

@@ -23,6 +23,7 @@ from typing import Any
 
 from .execution import Outcome, aexecute
 from .flight import InFlight
+from .timeouts import TimeLimit
 
 
 class EventLoop:
@@ -30,16 +31,17 @@ class EventLoop:
 
     ``on_start(flight)`` and ``on_done(flight, outcome)`` are called on the
     loop's thread when a job handed over with ``start`` begins and when it
-    has ended; they must not block.
+    has ended; they must not block. ``on_start`` returns the run's time
+    limit (None: none): its task is cancelled at ``flight.started`` plus
+    that limit, on the loop's own timer, and the loop's other tasks run on.
     """
 
-    def __init__(self, on_start: Callable[[InFlight], None],
-                 on_done: Callable[[InFlight, Outcome], None], timeout: Callable[[], Any],
+    def __init__(self, on_start: Callable[[InFlight], TimeLimit | None],
+                 on_done: Callable[[InFlight, Outcome], None],
                  *, threaded: bool = True, name: str = "soniq-asyncio"):
         self._threaded = threaded
         self._on_start = on_start
         self._on_done = on_done
-        self._timeout = timeout
         self._name = name
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -90,13 +92,12 @@ class EventLoop:
 
     def _start_all(self, flights: list[InFlight]) -> None:
         loop = asyncio.get_running_loop()
-        timeout = self._timeout()
         for flight in flights:
-            task = loop.create_task(self._run_one(flight, timeout))
+            task = loop.create_task(self._run_one(flight))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _run_one(self, flight: InFlight, timeout: Any) -> None:
-        self._on_start(flight)
-        outcome = await aexecute(flight.claimed, flight.context, timeout)
+    async def _run_one(self, flight: InFlight) -> None:
+        limit = self._on_start(flight)
+        outcome = await aexecute(flight.claimed, flight.context, limit, started=flight.started)
         self._on_done(flight, outcome)

@@ -3,6 +3,7 @@
 import asyncio
 import enum
 import inspect
+import time
 import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from ..models import DeadLetterReason
 from ..owned.types import ClaimedJob
 from ..registry import JobHandler, get_handler
 from .context import JobContext, bind, unbind
+from .timeouts import TimeLimit
 
 MAX_ERROR_TEXT = 64 * 1024
 
@@ -26,7 +28,7 @@ class OutcomeKind(enum.Enum):
     DONE = "done"
     """It returned a JSON value: ``complete_owned``."""
     RETRY = "retry"
-    """It raised (or ran past its timeout): ``fail_owned(retry=True)``."""
+    """It raised (or ran past its deadline): ``fail_owned(retry=True)``."""
     DEAD = "dead"
     """Retrying cannot help: ``fail_owned(retry=False)`` with a dead-letter reason."""
     CANCELLED = "cancelled"
@@ -66,15 +68,18 @@ def _error_text(error: BaseException) -> str:
 Keywords = tuple[frozenset[str], frozenset[str]]
 #: By ``id`` of a handler's signature (kept with it, so the id is not reused): (every
 #: keyword it takes, the ones it needs), or None when only ``Signature.bind`` can tell (it
-#: takes ``**kwargs``, or a positional-only parameter). Signatures with unhashable
+#: takes ``**kwargs``, or a positional-only parameter; or it is not an
+#: ``inspect.Signature``: a Django task's ``TaskSignature``). Signatures with unhashable
 #: defaults cannot be dictionary keys themselves.
-_KEYWORDS: dict[int, tuple[inspect.Signature, Keywords | None]] = {}
+_KEYWORDS: dict[int, tuple[object, Keywords | None]] = {}
 
 
-def _keywords(signature: inspect.Signature) -> Keywords | None:
+def _keywords(signature: object) -> Keywords | None:
     known = _KEYWORDS.get(id(signature))
     if known is not None and known[0] is signature:
         return known[1]
+    if not isinstance(signature, inspect.Signature):  # a resolver's handler: its own bind()
+        return None
     params = signature.parameters.values()
     by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     found = None
@@ -86,7 +91,7 @@ def _keywords(signature: inspect.Signature) -> Keywords | None:
     return found
 
 
-def _binds(signature: inspect.Signature, args: dict[str, Any]) -> None:
+def _binds(signature: Any, args: dict[str, Any]) -> None:
     """Raise TypeError if ``args`` cannot be passed to ``signature`` by keyword.
 
     What ``signature.bind(**args)`` decides, without building its bound
@@ -98,18 +103,39 @@ def _binds(signature: inspect.Signature, args: dict[str, Any]) -> None:
     signature.bind(**args)
 
 
+class _Expired:
+    """What ``_run_async`` returns when the deadline cancelled the coroutine."""
+
+
+_EXPIRED = _Expired()
+
+
 async def _run_async(handler: JobHandler[..., Any], args: dict[str, Any], context: JobContext,
-                     timeout: float | None) -> Any:
+                     seconds: float | None) -> Any:
+    """The coroutine's value, or ``_EXPIRED`` when it was cancelled after ``seconds``.
+
+    A ``TimeoutError`` the handler raises itself (a socket's, a client's)
+    is its own failure, not the job's timeout: only an expired scope is.
+    The scope is the running loop's own timer, so on the worker's shared
+    event loop it cancels this task alone, without blocking the loop.
+    """
     token = bind(context)  # each task has its own context: bind inside it
     try:
-        return await asyncio.wait_for(handler.func(**args), timeout)
+        scope = asyncio.timeout(None if seconds is None else max(seconds, 0.0))
+        try:
+            async with scope:
+                return await handler.func(**args)
+        except TimeoutError:
+            if scope.expired():
+                return _EXPIRED
+            raise
     finally:
         unbind(token)
 
 
-def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None, *,
-            atomic: bool = False, run_async: Callable[[Coroutine[Any, Any, Any]], Any] | None
-            = None) -> Outcome:
+def execute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | None, *,
+            started: float | None = None, atomic: bool = False,
+            run_async: Callable[[Coroutine[Any, Any, Any]], Any] | None = None) -> Outcome:
     """Run the job's handler with its stored keyword arguments; never raises.
 
     ``atomic``: the caller opened the job's transaction on this thread
@@ -126,18 +152,22 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None, *,
     dead (``invalid_arguments``); ``PermanentFailure`` → dead
     (``permanent_failure``); a cancel seen by the handler → cancelled; a
     non-JSON return value → dead (``permanent_failure``); any other
-    exception, or an async handler over ``timeout`` → retry.
+    exception → retry; an async handler still running at its deadline
+    (``started`` plus ``limit``; the whole limit from now when ``started`` is
+    None) is cancelled → retry, as "timed out". A plain function cannot be
+    stopped: the deadline thread times it out (deadlines.py).
     """
     handler, refused = _prepare(claimed)
     if refused is not None:
         return refused
     assert handler is not None
+    seconds = _seconds(limit, started)
     try:
         if handler.is_async and atomic:
-            result = async_to_sync(_run_async)(handler, claimed.args, context, timeout)
+            result = async_to_sync(_run_async)(handler, claimed.args, context, seconds)
         elif handler.is_async:
             result = (run_async or asyncio.run)(
-                _run_async(handler, claimed.args, context, timeout))
+                _run_async(handler, claimed.args, context, seconds))
         else:
             token = bind(context)
             try:
@@ -145,21 +175,31 @@ def execute(claimed: ClaimedJob, context: JobContext, timeout: float | None, *,
             finally:
                 unbind(token)
     except Exception as error:
-        return _failed(error, timeout)
-    return _returned(claimed, context, result)
+        return _failed(error)
+    return _returned(claimed, context, result, limit, atomic=atomic)
 
 
-async def aexecute(claimed: ClaimedJob, context: JobContext, timeout: float | None) -> Outcome:
-    """``execute`` of an ``async def`` handler, on the running event loop; never raises."""
+async def aexecute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | None, *,
+                   started: float | None = None) -> Outcome:
+    """``execute`` of an ``async def`` handler, on the running event loop; never raises.
+
+    Cancelled at its deadline (``started`` plus ``limit``) as in ``execute``:
+    this task only, the loop's other tasks run on.
+    """
     handler, refused = _prepare(claimed)
     if refused is not None:
         return refused
     assert handler is not None
     try:
-        result = await _run_async(handler, claimed.args, context, timeout)
+        result = await _run_async(handler, claimed.args, context, _seconds(limit, started))
     except Exception as error:
-        return _failed(error, timeout)
-    return _returned(claimed, context, result)
+        return _failed(error)
+    return _returned(claimed, context, result, limit)
+
+
+def _seconds(limit: TimeLimit | None, started: float | None) -> float | None:
+    """Seconds left to the run's deadline; None: it has no limit."""
+    return None if limit is None else limit.remaining(started, time.monotonic())
 
 
 def _prepare(claimed: ClaimedJob) -> tuple[JobHandler[..., Any] | None, Outcome | None]:
@@ -177,23 +217,23 @@ def _prepare(claimed: ClaimedJob) -> tuple[JobHandler[..., Any] | None, Outcome 
     return handler, None
 
 
-def _failed(error: Exception, timeout: float | None) -> Outcome:
-    """The outcome of a handler that raised ``error``."""
+def _failed(error: Exception) -> Outcome:
+    """The outcome of a handler that raised ``error`` (its own ``TimeoutError`` included)."""
     if isinstance(error, JobCancelled):
         return Outcome(OutcomeKind.CANCELLED)
     if isinstance(error, PermanentFailure):
         return Outcome(OutcomeKind.DEAD, error=_error_text(error),
                        reason=DeadLetterReason.PERMANENT_FAILURE, exception=error)
-    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
-        return Outcome(OutcomeKind.RETRY,
-                       error=f"timed out after {timeout} s\n{_error_text(error)}",
-                       exception=error)
     # The handler's failure is the job's failure.
     return Outcome(OutcomeKind.RETRY, error=_error_text(error), exception=error)
 
 
-def _returned(claimed: ClaimedJob, context: JobContext, result: Any) -> Outcome:
-    """The outcome of a handler that returned ``result``."""
+def _returned(claimed: ClaimedJob, context: JobContext, result: Any, limit: TimeLimit | None,
+              *, atomic: bool = False) -> Outcome:
+    """The outcome of a handler that returned ``result`` (``_EXPIRED``: cancelled at its deadline).
+    """
+    if result is _EXPIRED and limit is not None:
+        return Outcome(OutcomeKind.RETRY, error=limit.error(atomic=atomic))
     if context.cancel_requested:
         return Outcome(OutcomeKind.CANCELLED)
     try:

@@ -14,7 +14,7 @@ class InFlight:
     """A job this worker is running.
 
     ``settled`` guards the job's one final write: whoever sets ``done``
-    under it (the job thread, or the heartbeat for a timeout) owns that
+    under it (the job thread, or the deadline thread for a timeout) owns that
     write, and holds the lock until the write is over.
     """
 

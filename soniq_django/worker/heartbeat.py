@@ -1,7 +1,8 @@
-"""A worker's heartbeat: leases, cancel requests, timeouts, its own row, housekeeping.
+"""A worker's heartbeat: leases, cancel requests, its own row, housekeeping.
 
-It never makes a final write: a job past its timeout is handed to the
-completer (``time_out``), whose main loop writes the failure.
+It never makes a final write. Timeouts are not its business: the deadline
+thread (deadlines.py) times a job out when its limit is up, and a
+timed-out job's lease is not renewed (its final write is taken).
 
 Each step of a beat (the worker's row; each job's lease) is one turn on
 the worker's shared connection (connection.py), so the other threads'
@@ -49,8 +50,7 @@ class Heartbeat:
     """``run()`` is the heartbeat thread: every ``beat_interval()`` until stopped and idle."""
 
     def __init__(self, *, source: OwnedJobSource, shared: SharedConnection, worker_id: str,
-                 flights: Flights, throughput: ThroughputCounter,
-                 time_out: Callable[[InFlight, object], None], stopping: threading.Event,
+                 flights: Flights, throughput: ThroughputCounter, stopping: threading.Event,
                  aborted: threading.Event):
         self.source = source
         self.shared = shared
@@ -58,7 +58,6 @@ class Heartbeat:
         self.worker_id = worker_id
         self.flights = flights
         self.throughput = throughput
-        self.time_out = time_out
         self.stopping = stopping
         self.aborted = aborted
         self._next_purge = 0.0
@@ -81,12 +80,10 @@ class Heartbeat:
         """One beat: the worker's row, then every lease; each step in a turn of its own.
 
         While an atomic job of this worker holds SQLite's write lock, every
-        write would only wait for it: the beat then just decides timeouts.
+        write would only wait for it: the beat is skipped.
         """
         flights = self.flights.all()
         if any(flight.holds_write_lock for flight in flights):
-            for flight in flights:
-                self._timed_out(flight)
             return
         aside = False
         try:
@@ -153,18 +150,9 @@ class Heartbeat:
         if purged >= PURGE_BATCH:
             self._next_purge = now
 
-    def _timed_out(self, flight: InFlight) -> bool:
-        """Hand over the final write of a job past its timeout (True), if it is one."""
-        timeout = get_settings().JOB_TIMEOUT_SECONDS
-        if flight.done or flight.lost or timeout is None or (
-                time.monotonic() - flight.started <= float(timeout)):
-            return False
-        self.time_out(flight, timeout)
-        return True
-
     def beat(self, flight: InFlight) -> None:
-        """Renew one job's lease and read its cancel request -- or hand over its timeout."""
-        if flight.done or flight.lost or self._timed_out(flight):
+        """Renew one job's lease and read its cancel request (none once its write is taken)."""
+        if flight.done or flight.lost:
             return
         fence = flight.claimed.claim_fence
         try:

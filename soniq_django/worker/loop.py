@@ -7,7 +7,7 @@ Threads, and what each one writes:
   is a round of the completer (completer.py): one database call that
   writes the completions handed over and claims a job for each free slot,
   each with its own fresh nonce kept before the call. The main thread also
-  writes the timeouts the heartbeat handed over.
+  writes the timeouts the deadline thread handed over.
 - ``concurrency`` **job threads** each run one handler at a time
   (execution.py, no database) and settle it through the completer: a
   failure, a dead letter or a cancel acknowledgement is written by the job
@@ -24,7 +24,10 @@ Threads, and what each one writes:
   one slot the job thread runs the loop itself.
 - the **heartbeat thread** (heartbeat.py) renews every lease, reads cancel
   requests, refreshes the worker's row and throughput counts, and purges
-  expired rows. It decides timeouts but writes none.
+  expired rows.
+- the **deadline thread** (deadlines.py) times each job out when its limit
+  is up (``@job(timeout=...)``, else ``JOB_TIMEOUT_SECONDS``): it takes the
+  job's final write and hands it to the main thread, but writes none.
 - on PostgreSQL a **listener thread** (wakeup.py) turns NOTIFY into
   wake-ups; optionally the **scheduler** thread enqueues periodic jobs.
 
@@ -34,7 +37,7 @@ So every final write has one owner:
   transaction); with more, the main thread (with the round's claims); an
   atomic job's, its job thread (in the handler's transaction);
 - a failure, a dead letter, a deferral, a cancel acknowledgement: the job thread;
-- the failure of a job past ``JOB_TIMEOUT_SECONDS``: the main thread;
+- the failure of a job past its time limit: the main thread, at once;
 - a cancel honoured after it refused a write: the thread of that write.
 
 Every claim goes through ``Writes.round`` (writes.py), from whichever thread.
@@ -87,12 +90,14 @@ from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
 from .connection import SharedConnection, handler_connections
+from .deadlines import Deadlines
 from .eventloop import EventLoop
 from .execution import Outcome, OutcomeKind, execute
 from .flight import Flights, InFlight
 from .throttle import RatePoll
 from .heartbeat import Heartbeat
 from .threads import JobThreads
+from .timeouts import TimeLimit, limit_for
 from .wakeup import Listener
 from .writes import NOT_RECORDED, RECORDED, Writes, retrying
 
@@ -149,14 +154,13 @@ class Worker:
         self.heartbeat = Heartbeat(source=self.source, shared=self.shared,
                                    worker_id=self.worker_id,
                                    flights=self.flights, throughput=self.throughput,
-                                   time_out=self.completer.time_out, stopping=self.stopping,
-                                   aborted=self.aborted)
+                                   stopping=self.stopping, aborted=self.aborted)
+        self.deadlines = Deadlines(time_out=self.completer.time_out, concurrency=concurrency,
+                                   is_atomic=is_atomic, is_async=_is_async)
         self.rate_poll = RatePoll(using, queues, self.shared)
         self.threads = JobThreads(concurrency)
-        self.event_loop = EventLoop(
-            lambda flight: signals.started(flight, self.worker_id, self.using),
-            self._async_done, lambda: get_settings().JOB_TIMEOUT_SECONDS,
-            threaded=concurrency > 1)
+        self.event_loop = EventLoop(self._async_start, self._async_done,
+                                    threaded=concurrency > 1)
         # What the loop remembers from one round to the next (see planner.Snapshot).
         self._found_nothing = False
         self._unknown_streak = 0
@@ -207,6 +211,7 @@ class Worker:
             self._loop(pool)
         finally:
             self.completer.close()
+            self.deadlines.close()
             self.stopping.set()
             pool.shutdown(wait=not self.aborted.is_set())
             self.event_loop.close()
@@ -371,6 +376,8 @@ class Worker:
 
     def _start_background(self) -> list[threading.Thread]:
         threads = [threading.Thread(target=self.heartbeat.run, name="soniq-heartbeat",
+                                    daemon=True),
+                   threading.Thread(target=self.deadlines.run, name="soniq-deadlines",
                                     daemon=True)]
         if connections[self.using].vendor == "postgresql":
             threads.append(Listener(self.using, self.queues, self.wake, self.stopping))
@@ -391,37 +398,65 @@ class Worker:
         while flight is not None:
             try:
                 signals.started(flight, self.worker_id, self.using)
+                limit = limit_for(flight.claimed.job_name)
+                self.deadlines.watch(flight, limit)  # timed out there when it is up
                 with handler_connections():  # the job thread's own: its handlers' use only
-                    timeout = get_settings().JOB_TIMEOUT_SECONDS
                     if is_atomic(flight.claimed.job_name):  # completed in its own transaction
-                        outcome = self.atomic.run(flight, timeout)
+                        outcome = self.atomic.run(flight, limit)
                     else:
-                        outcome = execute(flight.claimed, flight.context, timeout,
+                        outcome = execute(flight.claimed, flight.context, limit,
+                                          started=flight.started,
                                           run_async=self.event_loop.run)
             except Exception:  # execute() never raises; if it did, the lease lapses
                 logger.exception("worker error while running %s", flight.claimed.job_name)
                 outcome = None
-            flight = self.completer.settle(flight, outcome)
+            settled, flight = flight, self.completer.settle(flight, outcome)
+            self.deadlines.forget(settled)
+
+    # The event loop's thread ------------------------------------------
+
+    def _async_start(self, flight: InFlight) -> TimeLimit | None:
+        """On the event loop's thread: an async job begins; its time limit, watched from now.
+
+        At its deadline the deadline thread takes its final write, and the
+        task's own timeout scope (execution.py) cancels it on the loop: this
+        task alone, the loop and its other tasks run on.
+        """
+        signals.started(flight, self.worker_id, self.using)
+        limit = limit_for(flight.claimed.job_name)
+        self.deadlines.watch(flight, limit)
+        return limit
 
     def _async_done(self, flight: InFlight, outcome: Outcome) -> None:
         """On the event loop's thread: an async job ended; settle it without blocking the loop.
 
         A completion handed to the main loop's next round takes two locks and
-        no database call: it is settled here. Every other final write (or a
-        job whose final write the heartbeat holds, for its timeout) goes to a
-        job thread.
+        no database call: it is settled here, unless its final write is taken
+        or being taken (the deadline thread's, for its timeout). Every other
+        final write goes to a job thread.
         """
         try:
             if (outcome.kind is OutcomeKind.DONE and isinstance(self.completer, BatchCompleter)
-                    and not flight.settled.locked()):
-                self.completer.settle(flight, outcome)
+                    and self.completer.hand_over(flight, outcome)):
+                self.deadlines.forget(flight)
             else:
-                self.threads.submit(partial(self.completer.settle, flight, outcome))
+                self.threads.submit(partial(self._settle, flight, outcome))
         except Exception:  # the job threads are shut down: the worker is aborting
             logger.exception("worker error while settling %s", flight.claimed.job_name)
+
+    def _settle(self, flight: InFlight, outcome: Outcome) -> None:
+        """On a job thread: the final write of an async job that ran on the event loop."""
+        self.completer.settle(flight, outcome)
+        self.deadlines.forget(flight)
 
 
 def _runs_on_the_loop(job_name: str) -> bool:
     """Whether a job runs on the worker's event loop: an ``async def`` handler, not atomic."""
     handler = get_handler(job_name)
     return handler is not None and handler.is_async and not is_atomic(job_name)
+
+
+def _is_async(job_name: str) -> bool:
+    """Whether the handler of ``job_name`` here is an ``async def`` (cancelled at its deadline)."""
+    handler = get_handler(job_name)
+    return handler is not None and bool(handler.is_async)

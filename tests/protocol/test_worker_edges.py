@@ -1,4 +1,4 @@
-"""The worker at the protocol's edges: refusals are not outages; timeouts never stall heartbeats."""
+"""The worker at the protocol's edges: refusals are not outages; timeouts never wait for writes."""
 
 import logging
 import threading
@@ -13,9 +13,11 @@ from soniq_django.models import Job
 from soniq_django.owned.types import ClaimedJob, QueueClaimFence
 from soniq_django.worker import Worker
 from soniq_django.worker.context import JobContext
+from soniq_django.worker.deadlines import COMPACT_AFTER
 from soniq_django.worker.flight import InFlight
+from soniq_django.worker.timeouts import TimeLimit
 from tests.support.owned import drop_refusal, nonce, refuse_updates
-from tests.support.workers import run_burst
+from tests.support.workers import run_burst, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,8 +65,13 @@ def _timed_out_flight() -> InFlight:
     return flight
 
 
-def test_a_timeouts_write_never_blocks_the_heartbeat_thread(settings):
-    settings.SONIQ = {**FAST, "JOB_TIMEOUT_SECONDS": 1}
+def _deadline_thread(worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.deadlines.run, name="soniq-deadlines", daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_timeouts_write_never_blocks_the_deadline_thread(settings):
     worker = Worker()
     writers, release = [], threading.Event()
 
@@ -74,35 +81,62 @@ def test_a_timeouts_write_never_blocks_the_heartbeat_thread(settings):
         return True
 
     worker.source.fail_owned = slow_fail
-    flight = _timed_out_flight()
-    started = time.monotonic()
-    worker.heartbeat.beat(flight)  # the heartbeat thread's turn for this job
-    assert time.monotonic() - started < 1.0, "the heartbeat waited for the timeout's write"
-    assert not writers, "the heartbeat wrote the timeout itself"
-    assert flight.done and flight.context.cancel_requested
-    assert worker.completer.pending == 1  # handed to the main loop
-    worker.heartbeat.beat(flight)  # the next beat does not hand it over twice
-    assert worker.completer.pending == 1
-    # The job thread, finishing meanwhile, waits for the write instead of racing it.
-    assert not flight.settled.acquire(blocking=False)
-    main = threading.Thread(target=worker.completer.round, args=(0,), name="main-loop")
-    main.start()
-    release.set()
-    main.join(5)
-    assert writers == ["main-loop"] and worker.completer.pending == 0
-    assert flight.settled.acquire(timeout=5)
-    flight.settled.release()
+    limit = TimeLimit(1, "@job(timeout=1)")
+    first, second = _timed_out_flight(), _timed_out_flight()
+    second.started = time.monotonic() - 0.8  # due 0.2 s from now
+    thread = _deadline_thread(worker)
+    try:
+        worker.deadlines.watch(first, limit)
+        worker.deadlines.watch(second, limit)
+        # Both are taken at their deadlines, though the first one's write is not made.
+        wait_until(lambda: worker.completer.pending == 2, 5, "both timeouts handed over")
+        assert not writers, "the deadline thread wrote a timeout itself"
+        assert first.done and first.context.cancel_requested and second.done
+        # The job thread, finishing meanwhile, waits for the write instead of racing it.
+        assert not first.settled.acquire(blocking=False)
+        main = threading.Thread(target=worker.completer.round, args=(0,), name="main-loop")
+        main.start()
+        release.set()
+        main.join(5)
+        assert set(writers) == {"main-loop"} and len(writers) == 2
+        assert worker.completer.pending == 0
+        assert first.settled.acquire(timeout=5)
+        first.settled.release()
+    finally:
+        release.set()
+        worker.deadlines.close()
+        thread.join(5)
+    assert not thread.is_alive()
 
 
-def test_a_timeout_handed_over_after_the_loop_ended_is_not_taken(settings):
-    settings.SONIQ = {**FAST, "JOB_TIMEOUT_SECONDS": 1}
+def test_a_timeout_after_the_loop_ended_is_not_taken(settings):
     worker = Worker()
     worker.completer.close()  # the main loop is over (an abort, a grace period that ran out)
     flight = _timed_out_flight()
-    worker.heartbeat.beat(flight)
-    assert not flight.done and worker.completer.pending == 0
-    assert flight.settled.acquire(blocking=False)  # the job thread can still settle it
-    flight.settled.release()
+    thread = _deadline_thread(worker)
+    try:
+        worker.deadlines.watch(flight, TimeLimit(1, "@job(timeout=1)"))
+        wait_until(lambda: not len(worker.deadlines), 5, "the deadline to be acted on")
+        assert not flight.done and worker.completer.pending == 0
+        assert flight.settled.acquire(blocking=False)  # the job thread can still settle it
+        flight.settled.release()
+    finally:
+        worker.deadlines.close()
+        thread.join(5)
+
+
+def test_the_deadline_heap_forgets_settled_runs(settings):
+    # A worker that runs many short jobs under a long limit must not keep
+    # every deadline until it is due.
+    worker = Worker()
+    limit = TimeLimit(3600, "@job(timeout=3600)")
+    for _ in range(2000):
+        flight = _timed_out_flight()
+        flight.started = time.monotonic()
+        worker.deadlines.watch(flight, limit)
+        worker.deadlines.forget(flight)
+    assert len(worker.deadlines) <= 2 * COMPACT_AFTER + 2
+    assert not worker.deadlines._by_run
 
 
 @pytest.mark.postgresql_only

@@ -258,3 +258,65 @@ async def atomic_async_effect(fail_times: int = 0) -> dict:
     if context.attempts <= fail_times:
         raise RuntimeError(f"atomic async failure on attempt {context.attempts}")
     return {"generation": context.generation}
+
+
+# --- Per-job time limits (tests/worker/test_timeouts.py) -----------------------
+
+
+@job(name="tests.timeouts.short", timeout=1, retries=0)
+def timeouts_short(seconds: float, first_attempt_only: bool = False) -> dict:
+    """A plain function (it cannot be stopped) with a 1 s limit; see ``worker_sleep``."""
+    record("start")
+    if not first_attempt_only or current_job().attempts == 1:
+        time.sleep(seconds)
+    record("end")
+    return _trace()
+
+
+@job(name="tests.timeouts.long", timeout=5, retries=0)
+def timeouts_long(seconds: float) -> dict:
+    """A plain function with a 5 s limit, longer than the tests' JOB_TIMEOUT_SECONDS."""
+    record("start")
+    time.sleep(seconds)
+    record("end")
+    return _trace()
+
+
+@job(name="tests.timeouts.async_short", timeout=1, retries=0)
+async def timeouts_async_short(seconds: float) -> dict:
+    record("start")
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        record("cancelled")
+        raise
+    record("end")
+    return _trace()
+
+
+@job(name="tests.timeouts.async_blocking", timeout=1, retries=0)
+async def timeouts_async_blocking(seconds: float) -> dict:
+    """An ``async def`` that blocks its event loop (a sync sleep) past its 1 s limit."""
+    record("start")
+    time.sleep(seconds)
+    record("end")
+    return _trace()
+
+
+@job(name="tests.timeouts.own_timeout_error", retries=0)
+def timeouts_own_timeout_error() -> None:
+    """A handler whose client gave up: its TimeoutError is its own failure, not the job's limit."""
+    record("start")
+    raise TimeoutError("the mail server did not answer")
+
+
+@job(name="tests.timeouts.atomic", atomic=True, timeout=1, retries=3)
+def timeouts_atomic(hold: float = 0.0, note: str = "") -> dict:
+    """Write an Effect inside the job's transaction, then hold it ``hold`` s on attempt 1."""
+    record("start")
+    context = current_job()
+    _effect(note).save()
+    if context.attempts == 1:
+        time.sleep(hold)
+    record("end")
+    return {"generation": context.generation}

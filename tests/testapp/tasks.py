@@ -7,6 +7,7 @@ with ``OPTIONS["atomic"]``), so its job name is its module path, e.g.
 """
 
 import asyncio
+import time
 
 try:  # Django 6
     from django.tasks import task
@@ -92,3 +93,10 @@ def atomic_effect(context, note):
     if context.attempt < 2:
         raise TaskBoom(f"attempt {context.attempt}")
     return run.generation
+
+
+@task(backend="timeouts")
+def sleepy(seconds):
+    """A task of the backend with OPTIONS["timeout"] = 1."""
+    time.sleep(seconds)
+    return seconds
