@@ -163,6 +163,7 @@ class Worker:
                                     threaded=concurrency > 1)
         # What the loop remembers from one round to the next (see planner.Snapshot).
         self._found_nothing = False
+        self._requeued_then = 0  # Writes.requeued when the round that found nothing began
         self._unknown_streak = 0
         self._backoff_due = False
         self._drain_deadline: float | None = None
@@ -299,7 +300,7 @@ class Worker:
             now=time.monotonic(), aborted=self.aborted.is_set(),
             stopping=self.stopping.is_set(), pending=pending, free_slots=free_slots,
             idle=not pending and not len(self.flights), claims_left=self.budget.left,
-            max_jobs_reached=self.budget.reached, found_nothing=self._found_nothing,
+            max_jobs_reached=self.budget.reached, found_nothing=self._nothing_found(),
             unknown_streak=self._unknown_streak, backoff_due=self._backoff_due,
             burst=self.burst, wait_for_leases=self.wait_for_leases,
             held_elsewhere=self._held_elsewhere, drain_deadline=self._drain_deadline,
@@ -308,10 +309,21 @@ class Worker:
     def _poll_interval(self) -> float:
         """POLL_INTERVAL; after a claim that found nothing, shorter for a rate-limited queue."""
         seconds = float(get_settings().POLL_INTERVAL)
-        return self.rate_poll.seconds(seconds) if self._found_nothing else seconds
+        return self.rate_poll.seconds(seconds) if self._nothing_found() else seconds
+
+    def _nothing_found(self) -> bool:
+        """The last claim found the queue empty, and no job went back to it since.
+
+        A failure written while that round was on the wire (by a job thread,
+        or the main thread's own write of a timeout) may have queued a job
+        again, due at once: the empty answer is out of date then, and a burst
+        worker must not exit on it.
+        """
+        return self._found_nothing and self.writes.requeued == self._requeued_then
 
     def _claim(self, n: int, pool: JobThreads) -> None:
         """One round: the pending writes, and ``n`` claims; start each job claimed."""
+        requeued = self.writes.requeued  # before the round: what it may not have seen
         answer = self.completer.round(n)
         if answer.unknown:
             self._unknown_streak += 1
@@ -330,6 +342,7 @@ class Worker:
             self.event_loop.start(on_the_loop)
         if answer.found_nothing:
             self._found_nothing = True  # the queue is empty: wait for news
+            self._requeued_then = requeued
             if self.burst and self.wait_for_leases:
                 held = self._held()
                 self._held_elsewhere = None if held is None else held.leased

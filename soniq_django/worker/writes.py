@@ -410,6 +410,12 @@ class Writes:
                                 and outcome.reason is not None else None),
             retry_in=outcome.delay if kind is OutcomeKind.RETRY and not exhausted else None)
 
+    @property
+    def requeued(self) -> int:
+        """Final writes made so far that queued a job again: failures with attempts left."""
+        with self._tally_lock:
+            return self.tally[RECORDED[OutcomeKind.RETRY].tally]
+
     def _count(self, tally: str) -> None:
         with self._tally_lock:
             self.tally[tally] += 1
