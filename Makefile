@@ -54,6 +54,22 @@ bench-quick: venv-main
 	@bash bench/peers-venv.sh
 	$(PYTHON_VENV) -m bench.run --quick $(BENCH_ARGS)
 
+# Cost vs. queue depth (10k, 100k, 1M queued with scheduled and finished rows
+# mixed in) and vs. worker processes (1, 2, 4, 8): soniq_django alone, one
+# database soniq_bench_<pid>_scale, no peers. SCALE_ARGS passes options to
+# `python -m bench.scale` (see docs/performance.md#scale).
+#   make bench-scale        full run (~10 min on 2 cores; under 20)
+#   make bench-scale-quick  10k and 100k, fewer rows and calls, P up to 4 (~3 min)
+SCALE_ARGS ?=
+
+.PHONY: bench-scale bench-scale-quick
+
+bench-scale: venv-main
+	$(PYTHON_VENV) -m bench.scale $(SCALE_ARGS)
+
+bench-scale-quick: venv-main
+	$(PYTHON_VENV) -m bench.scale --quick $(SCALE_ARGS)
+
 # Chaos suite (tests/chaos/; see docs/reliability.md). Starts its own
 # throwaway PostgreSQL cluster (initdb/pg_ctl, a free port under /tmp),
 # restarts it on purpose and deletes it at the end. Short versions of both
@@ -75,3 +91,25 @@ chaos-plain: venv-main
 
 chaos-effects: venv-main
 	$(PYTHON_VENV) -m tests.chaos --effects $(CHAOS_ARGS)
+
+# Soak run (bench/soak.py; see docs/performance.md#hours-of-load). Starts its own
+# throwaway PostgreSQL cluster with stock settings (autovacuum on) under /tmp,
+# measures the maximum enqueue+drain rate briefly, then enqueues at half of it
+# and drains for SOAK_ARGS' --minutes (30), printing one row a minute, the
+# targets and their verdicts. CSV, text report and plot go to bench/results/.
+# The plot needs matplotlib, which bench/plot-venv.sh puts into bench/.venv-plot
+# (never the project's virtualenv).
+#   make soak               30 minutes
+#   make soak-quick         3 minutes: a smoke test (the verdicts compare single minutes)
+#   make soak SOAK_ARGS="--minutes 60 --rate 500 --workers 1 --concurrency 8"
+SOAK_ARGS ?=
+
+.PHONY: soak soak-quick
+
+soak: venv-main
+	@bash bench/plot-venv.sh
+	$(PYTHON_VENV) -m bench.soak $(SOAK_ARGS)
+
+soak-quick: venv-main
+	@bash bench/plot-venv.sh
+	$(PYTHON_VENV) -m bench.soak --minutes 3 $(SOAK_ARGS)

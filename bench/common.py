@@ -82,10 +82,11 @@ def connect(dbname: str, **kwargs):
     return psycopg.connect(dsn(dbname), autocommit=True, **kwargs)
 
 
-def create_database(name: str) -> None:
+def create_database(name: str, template: str | None = None) -> None:
+    """(Re)create ``name``, empty or as a copy of ``template`` (which nobody may be using)."""
     with connect("postgres") as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
 
 
 def drop_database(name: str) -> None:

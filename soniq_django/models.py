@@ -208,11 +208,26 @@ class Job(models.Model):
                 condition=Q(status="queued"),
                 name="soniq_jobs_claim_idx",
             ),
-            # The same order across every queue, for workers that serve all.
+            # The same order across every queue, for workers that serve all,
+            # in two parts (claim protocol v6, decision 0018): the jobs not
+            # scheduled, so that a claim never reads past jobs scheduled for
+            # later...
             models.Index(
                 fields=["priority", "created_at"],
-                condition=Q(status="queued"),
-                name="soniq_jobs_claim_any_idx",
+                condition=Q(status="queued", scheduled_at__isnull=True),
+                name="soniq_jobs_claim_now_idx",
+            ),
+            # ... and the scheduled ones, read only when one is due,
+            models.Index(
+                fields=["priority", "created_at"],
+                condition=Q(status="queued", scheduled_at__isnull=False),
+                name="soniq_jobs_claim_scheduled_idx",
+            ),
+            # which this one tells: the first scheduled job to fall due.
+            models.Index(
+                fields=["scheduled_at"],
+                condition=Q(status="queued", scheduled_at__isnull=False),
+                name="soniq_jobs_claim_due_idx",
             ),
             # Housekeeping finds expired finished rows without a scan.
             models.Index(

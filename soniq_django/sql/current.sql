@@ -858,7 +858,7 @@ BEGIN
 END
 $fn$;
 
--- soniq_claim_many (from claim_protocol_v5.sql) --
+-- soniq_claim_many (from claim_protocol_v6.sql) --
 CREATE OR REPLACE FUNCTION {schema}.soniq_claim_many(
     worker_id text,
     claim_tokens text[],
@@ -897,6 +897,8 @@ DECLARE
     v_queue text;
     v_budget integer;
     v_is_rated boolean;
+    v_first_due timestamptz;
+    v_any_due boolean;
     c_ids uuid[];
     c_generations bigint[];
     c_priorities integer[];
@@ -958,26 +960,72 @@ BEGIN
             OR s.rate_limit IS NOT NULL OR s.configured_rate_limit IS NOT NULL)
        AND (p_queues IS NULL OR s.queue = ANY (p_queues));
 
+    -- Version 6: is any scheduled job due? The queued scheduled job that
+    -- falls due first, read from soniq_jobs_claim_due_idx, answers it. When
+    -- none is (the usual case), the claim reads none of the scheduled jobs.
+    SELECT j.scheduled_at INTO v_first_due
+      FROM {schema}.soniq_jobs AS j
+     WHERE j.status = 'queued' AND j.scheduled_at IS NOT NULL
+     ORDER BY j.scheduled_at
+     LIMIT 1;
+    v_any_due := coalesce(v_first_due <= pg_catalog.clock_timestamp(), false);
+
     IF v_paused IS NULL AND v_limited IS NULL THEN
-        -- No flow control applies: version 2's claim as it was.
-        -- Lock the jobs first (SKIP LOCKED: concurrent claimers take
-        -- different rows), in claim order. Then write them one by one by
-        -- primary key: for the usual batch of one, measured cheaper than one
-        -- set-based UPDATE.
-        FOR r IN
-            SELECT j.id, j.claim_generation
-              FROM {schema}.soniq_jobs AS j
-             WHERE j.status = 'queued'
-               AND (p_queues IS NULL OR j.queue = ANY (p_queues))
-               AND (j.scheduled_at IS NULL OR j.scheduled_at <= pg_catalog.clock_timestamp())
-             ORDER BY j.priority, j.created_at
-             LIMIT v_wanted
-               FOR UPDATE SKIP LOCKED
-        LOOP
-            v_ids := v_ids || r.id;
-            v_generations := v_generations || r.claim_generation;
-            v_top_generation := GREATEST(v_top_generation, r.claim_generation);
-        END LOOP;
+        -- No flow control applies. Lock the jobs first (SKIP LOCKED:
+        -- concurrent claimers take different rows), in claim order. Then
+        -- write them one by one by primary key: for the usual batch of one,
+        -- measured cheaper than one set-based UPDATE.
+        -- Version 6: while no scheduled job is due (the usual case), the
+        -- candidates are the first unscheduled jobs in claim order, from
+        -- soniq_jobs_claim_now_idx, which holds no scheduled job. When one
+        -- is due, also the first due scheduled jobs in claim order, from
+        -- soniq_jobs_claim_scheduled_idx, and the first v_wanted of both
+        -- are claimed; the candidates not taken stay locked (unchanged)
+        -- until this transaction ends. Two statements, of which each claim
+        -- plans and runs one: the usual one costs no more than version 5's.
+        IF NOT v_any_due THEN
+            FOR r IN
+                SELECT j.id, j.claim_generation
+                  FROM {schema}.soniq_jobs AS j
+                 WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                   AND (p_queues IS NULL OR j.queue = ANY (p_queues))
+                 ORDER BY j.priority, j.created_at
+                 LIMIT v_wanted
+                   FOR UPDATE SKIP LOCKED
+            LOOP
+                v_ids := v_ids || r.id;
+                v_generations := v_generations || r.claim_generation;
+                v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+            END LOOP;
+        ELSE
+            FOR r IN
+                SELECT c.id, c.claim_generation
+                  FROM (SELECT n.id, n.claim_generation, n.priority, n.created_at
+                          FROM (SELECT j.id, j.claim_generation, j.priority, j.created_at
+                                  FROM {schema}.soniq_jobs AS j
+                                 WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                                   AND (p_queues IS NULL OR j.queue = ANY (p_queues))
+                                 ORDER BY j.priority, j.created_at
+                                 LIMIT v_wanted
+                                   FOR UPDATE SKIP LOCKED) AS n
+                        UNION ALL
+                        SELECT d.id, d.claim_generation, d.priority, d.created_at
+                          FROM (SELECT j.id, j.claim_generation, j.priority, j.created_at
+                                  FROM {schema}.soniq_jobs AS j
+                                 WHERE j.status = 'queued' AND j.scheduled_at IS NOT NULL
+                                   AND j.scheduled_at <= pg_catalog.clock_timestamp()
+                                   AND (p_queues IS NULL OR j.queue = ANY (p_queues))
+                                 ORDER BY j.priority, j.created_at
+                                 LIMIT v_wanted
+                                   FOR UPDATE SKIP LOCKED) AS d) AS c
+                 ORDER BY c.priority, c.created_at
+                 LIMIT v_wanted
+            LOOP
+                v_ids := v_ids || r.id;
+                v_generations := v_generations || r.claim_generation;
+                v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+            END LOOP;
+        END IF;
     ELSE
         v_skip := coalesce(v_paused, '{}'::text[]) || coalesce(v_limited, '{}'::text[]);
         -- The queues served that nothing holds back: named by the caller, or
@@ -1001,16 +1049,27 @@ BEGIN
                  WHERE f.name IS NOT NULL AND f.name <> ALL (v_skip));
         END IF;
         IF pg_catalog.cardinality(v_free) > 0 THEN
+            -- Version 6: from the two claim-order indexes, as above.
             FOR r IN
-                SELECT j.id, j.claim_generation, j.priority, j.created_at
-                  FROM {schema}.soniq_jobs AS j
-                 WHERE j.status = 'queued'
-                   AND j.queue = ANY (v_free)
-                   AND (j.scheduled_at IS NULL
-                        OR j.scheduled_at <= pg_catalog.clock_timestamp())
-                 ORDER BY j.priority, j.created_at
-                 LIMIT v_wanted
-                   FOR UPDATE SKIP LOCKED
+                SELECT n.id, n.claim_generation, n.priority, n.created_at
+                  FROM (SELECT j.id, j.claim_generation, j.priority, j.created_at
+                          FROM {schema}.soniq_jobs AS j
+                         WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                           AND j.queue = ANY (v_free)
+                         ORDER BY j.priority, j.created_at
+                         LIMIT v_wanted
+                           FOR UPDATE SKIP LOCKED) AS n
+                UNION ALL
+                SELECT d.id, d.claim_generation, d.priority, d.created_at
+                  FROM (SELECT j.id, j.claim_generation, j.priority, j.created_at
+                          FROM {schema}.soniq_jobs AS j
+                         WHERE v_any_due
+                           AND j.status = 'queued' AND j.scheduled_at IS NOT NULL
+                           AND j.scheduled_at <= pg_catalog.clock_timestamp()
+                           AND j.queue = ANY (v_free)
+                         ORDER BY j.priority, j.created_at
+                         LIMIT v_wanted
+                           FOR UPDATE SKIP LOCKED) AS d
             LOOP
                 c_ids := c_ids || r.id;
                 c_generations := c_generations || r.claim_generation;

@@ -36,7 +36,9 @@ logger = logging.getLogger("soniq_django.worker")
 
 #: How often a worker purges finished rows whose RESULT_TTL has passed.
 HOUSEKEEPING_SECONDS = 60.0
-#: Rows purged in one heartbeat step (one short transaction on the shared connection).
+#: Rows purged in one batch (one short transaction, in a turn of its own on the
+#: shared connection). A purge goes on while batches come back full, for at most
+#: half a beat (then again at the next beat): docs/decisions/0020-storage-tuning.md.
 PURGE_BATCH = 1000
 
 
@@ -95,6 +97,7 @@ class Heartbeat:
                         return  # no connection to be had; the waiting turn said so
                     aside = aside or not turn
                     step()
+            self._housekeep_quietly()
             logger.debug("heartbeat: worker row and %d running job(s)%s", len(self.flights),
                          " (on a second connection)" if aside else "")
         except SoniqError:
@@ -122,33 +125,53 @@ class Heartbeat:
                              flight.claimed.job_id)
 
     def beat_worker(self) -> None:
-        """The worker's own row, its throughput counts, and housekeeping."""
+        """The worker's own row and its throughput counts."""
         try:
             state = "stopping" if self.stopping.is_set() else "running"
             registration.beat(self.using, self.worker_id, state)
             signals.heartbeat(self.worker_id, using=self.using, state=state,
                               in_flight=len(self.flights))
             self.throughput.flush(self.using)
+        except Exception:  # the next beat tries again (the turn closed a broken connection)
+            pass
+
+    def _housekeep_quietly(self) -> None:
+        try:
             self.housekeep()
         except Exception:  # the next beat tries again (the turn closed a broken connection)
             pass
 
     def housekeep(self) -> None:
-        """Purge one batch of expired finished rows (never protected ones), about once a minute.
+        """Purge expired finished rows (never protected ones), about once a minute.
 
-        One batch per beat keeps the shared connection free for the other
-        threads between batches; while a batch comes back full, the next
-        one is at the next beat rather than a minute later.
+        Batch after batch while they come back full, each in a turn of its
+        own on the shared connection, so the job threads' calls go in
+        between; for at most half a beat, and if the last batch was still
+        full, on at the next beat rather than a minute later. So a worker
+        deletes as fast as its jobs finish (up to what half its heartbeat
+        thread's time allows), not one batch per beat: that was 100 rows a
+        second per worker, and a faster drain grew the table without bound.
         """
         now = time.monotonic()
         if now < self._next_purge:
             return
         self._next_purge = now + HOUSEKEEPING_SECONDS
-        purged = purge_expired(self.using, batch=PURGE_BATCH, batches=1)
-        if purged:
-            logger.info("housekeeping: purged %d expired job rows", purged)
-        if purged >= PURGE_BATCH:
-            self._next_purge = now
+        deadline = now + beat_interval() / 2
+        total = 0
+        while True:
+            with self.shared.try_turn(beat_interval() / 2) as turn:
+                if not turn:
+                    self._next_purge = now  # the connection is busy: at the next beat
+                    break
+                purged = purge_expired(self.using, batch=PURGE_BATCH, batches=1)
+            total += purged
+            if purged < PURGE_BATCH:
+                break
+            if time.monotonic() >= deadline:
+                self._next_purge = now
+                break
+        if total:
+            logger.info("housekeeping: purged %d expired job rows", total)
 
     def beat(self, flight: InFlight) -> None:
         """Renew one job's lease and read its cancel request (none once its write is taken)."""

@@ -32,10 +32,18 @@ OWNED_OBJECTS = ({name for _t, _c, name in UNIQUE_IDENTITIES}
                  | {name for _t, name in OWNED_HELPERS + PG_OWNED_HELPERS})
 
 
+#: Migration 0014 (claim protocol v6) put these in the place of format 1's claim_any index.
+V6_CLAIM_INDEXES = {"soniq_jobs_claim_now_idx", "soniq_jobs_claim_scheduled_idx",
+                    "soniq_jobs_claim_due_idx"}
+
+
 def format1_objects(model):
-    """The index and constraint names ``model`` declares, less those migration 0003 owns."""
+    """The index and constraint names ``model`` declares, less those migration 0003 owns,
+    and as format 1 had them before 0014."""
     declared = {index.name for index in model._meta.indexes}
     declared |= {constraint.name for constraint in model._meta.constraints}
+    if declared & V6_CLAIM_INDEXES:
+        declared = declared - V6_CLAIM_INDEXES | {"soniq_jobs_claim_any_idx"}
     return declared - OWNED_OBJECTS
 
 

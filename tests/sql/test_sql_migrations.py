@@ -140,9 +140,9 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
     assert _function_source("soniq_complete") == v2
     assert _function_source("soniq_complete_many") == _file_source(
         "claim_protocol_v2.sql", "soniq_complete_many")
-    # soniq_claim_many has version 5's body since migration 0013 (tested below).
+    # soniq_claim_many has version 6's body since migration 0014 (tested below).
     assert _function_source("soniq_claim_many") == _file_source(
-        "claim_protocol_v5.sql", "soniq_claim_many")
+        "claim_protocol_v6.sql", "soniq_claim_many")
     try:
         call_command("migrate", "soniq_django", "0008", verbosity=0)
         assert _function_source("soniq_complete") == v1
@@ -261,7 +261,9 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
     v5 = _file_source("claim_protocol_v5.sql", "soniq_claim_many")
     assert v2 != v5 and "soniq_queue_budget_v1" in v5
     before = _soniq_functions()
-    assert before["soniq_claim_many"] == v5 and "soniq_queue_budget_v1" in before
+    # Version 6 (0014, tested below) has the body now; going back to 0012 reverses it too.
+    assert before["soniq_claim_many"] == _file_source("claim_protocol_v6.sql", "soniq_claim_many")
+    assert "soniq_queue_budget_v1" in before
     try:
         call_command("migrate", "soniq_django", "0012", verbosity=0)
         after = _soniq_functions()
@@ -278,3 +280,38 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
     fetch("SELECT soniq_enqueue('again.v5', queue => 'paused')")
     fetch("INSERT INTO soniq_queue_settings (queue, paused) VALUES ('paused', true)")
     assert fetch("SELECT * FROM soniq_claim_many('w', ARRAY['nonce-v5'])") == []
+
+
+def _claim_indexes() -> set[str]:
+    return {name for (name,) in fetch(
+        "SELECT indexname FROM pg_indexes WHERE tablename = 'soniq_jobs' "
+        "AND indexname LIKE 'soniq_jobs_claim%%idx'")}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives_version_6():
+    v5 = _file_source("claim_protocol_v5.sql", "soniq_claim_many")
+    v6 = _file_source("claim_protocol_v6.sql", "soniq_claim_many")
+    assert v5 != v6
+    v6_indexes = {"soniq_jobs_claim_idx", "soniq_jobs_claim_now_idx",
+                  "soniq_jobs_claim_scheduled_idx", "soniq_jobs_claim_due_idx"}
+    before = _soniq_functions()
+    assert before["soniq_claim_many"] == v6 and _claim_indexes() == v6_indexes
+    try:
+        call_command("migrate", "soniq_django", "0013", verbosity=0)
+        after = _soniq_functions()
+        assert after["soniq_claim_many"] == v5
+        assert {n: b for n, b in after.items() if n != "soniq_claim_many"} == {
+            n: b for n, b in before.items() if n != "soniq_claim_many"}
+        assert _claim_indexes() == {"soniq_jobs_claim_idx", "soniq_jobs_claim_any_idx"}
+        # Version 5's claim works again, a due scheduled job and all.
+        fetch("SELECT soniq_enqueue('back.to_v5', run_at => now() - interval '1 second')")
+        assert len(fetch("SELECT * FROM soniq_claim_many('w', ARRAY['nonce-v5'])")) == 1
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before and _claim_indexes() == v6_indexes
+    fetch("SELECT soniq_enqueue('again.v6', run_at => now() - interval '1 second')")
+    fetch("SELECT soniq_enqueue('again.v6_later', run_at => now() + interval '1 hour')")
+    assert [row[1] for row in fetch(
+        "SELECT job_id, job_name FROM soniq_claim_many('w', ARRAY['nonce-v6', 'nonce-v6b'])")] == [
+        "again.v6"]

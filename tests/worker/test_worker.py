@@ -663,6 +663,50 @@ def test_the_worker_purges_expired_rows_but_never_protected_ones():
     assert Job.objects.filter(id=owned).exists()
 
 
+def _expired_rows(count: int) -> list:
+    ids = bulk_enqueue(JobRequest("a.plain", {"i": i}) for i in range(count))
+    Job.objects.filter(id__in=ids).update(
+        status="done", expires_at=timezone.now() - dt.timedelta(seconds=1))
+    return ids
+
+
+def test_a_purge_goes_on_while_its_batches_come_back_full(settings, monkeypatch):
+    # One batch a beat was at most PURGE_BATCH rows per HEARTBEAT_SECONDS per
+    # worker (100 rows/s by default): a faster drain grew the table forever.
+    from soniq_django.worker import heartbeat
+
+    soniq(settings, HEARTBEAT_SECONDS=10, LEASE_SECONDS=60)  # half a beat: 5 s to purge
+    monkeypatch.setattr(heartbeat, "PURGE_BATCH", 3)
+    _expired_rows(8)
+    worker = Worker(burst=True)
+    worker.heartbeat.housekeep()
+    assert not Job.objects.exists()
+    assert worker.heartbeat._next_purge > time.monotonic() + 50  # all gone: in a minute
+
+
+def test_a_purge_stops_after_half_a_beat_and_goes_on_at_the_next(settings, monkeypatch):
+    from soniq_django.worker import heartbeat
+
+    soniq(settings, HEARTBEAT_SECONDS=0.2, LEASE_SECONDS=60)  # half a beat: 0.1 s
+    monkeypatch.setattr(heartbeat, "PURGE_BATCH", 2)
+    calls = []
+
+    def slow_purge(using, *, batch, batches):
+        calls.append(batch)
+        time.sleep(0.15)
+        return real_purge(using, batch=batch, batches=batches)
+
+    real_purge = heartbeat.purge_expired
+    monkeypatch.setattr(heartbeat, "purge_expired", slow_purge)
+    _expired_rows(6)
+    worker = Worker(burst=True)
+    worker.heartbeat.housekeep()
+    assert calls == [2] and Job.objects.count() == 4
+    assert worker.heartbeat._next_purge <= time.monotonic()  # due again at the next beat
+    worker.heartbeat.housekeep()
+    assert Job.objects.count() == 2
+
+
 def test_a_stopped_worker_exits_soon_after_its_last_job_not_a_heartbeat_later(settings, run_log):
     # The heartbeat thread keeps renewing leases while running jobs drain, and
     # the worker's exit waits for it: it must end when the last job's write

@@ -1,0 +1,684 @@
+"""Hours of load: enqueue and drain at a steady rate for a long time, one row a minute.
+
+    python -m bench.soak [--minutes 30] [--rate R] [--workers P --concurrency C]
+    make soak SOAK_ARGS="--minutes 60"      make soak-quick   (3 minutes)
+
+The run owns its PostgreSQL: a throwaway cluster (initdb/pg_ctl under /tmp on
+a free port, tests/chaos/cluster.py) with the server's *stock* settings --
+autovacuum on, fsync on, shared_buffers 128MB -- except that autovacuum runs
+are logged. So the figures are those of a default server, whatever the
+machine's shared one is set to (here autovacuum is off globally).
+
+1. **Maximum.** Unless ``--rate`` is given, P worker processes
+   (``soniq_worker --concurrency C``) drain while a producer enqueues as fast
+   as it can, for ``--measure-seconds``; the maximum is the rate at which
+   handlers started over the second half of that window (the pipeline's
+   capacity: the producer and the workers share the CPUs, as in the soak).
+   Then the workers stop and the table is truncated and vacuumed.
+2. **Soak.** Fresh workers; one producer process enqueues
+   ``SELECT soniq_enqueue('bench.soak', '{"t": <time>}')`` (one job per
+   transaction, prepared) at half the maximum, paced against the clock. The
+   workers run with every SONIQ default except ``RESULT_TTL`` (``--result-ttl``,
+   120 s), so their once-a-minute purge runs many cycles (bench/soak_settings.py).
+3. **Every minute** a row: jobs enqueued and started per second, queued
+   backlog, start latency p50/p99 (handler start - the producer's clock just
+   before its enqueue call), worker and server CPU per job (/proc: the worker
+   processes; the postmaster with its children, live and reaped),
+   ``soniq_jobs`` heap, index and total size, live and dead tuples, rows
+   deleted, the HOT share of updates, autovacuum/autoanalyze runs.
+4. **Verdicts** at the end (see ``verdicts``), the table as text and CSV under
+   bench/results/ (or ``--out``), and a plot (matplotlib, from bench/.venv-plot,
+   which bench/plot-venv.sh makes; never a project dependency).
+
+Only the standard library at import time: ``--plot-only`` runs in the plot venv.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT_PY = ROOT / ".venv" / "bin" / "python"
+PLOT_PY = ROOT / "bench" / ".venv-plot" / "bin" / "python"
+DB = "soniq_soak"
+JOB = "bench.soak"
+ENQUEUE = "SELECT soniq_enqueue(%s, %s::jsonb)"
+TICK = os.sysconf("SC_CLK_TCK")
+
+#: Verdict thresholds (docs/performance.md#hours-of-load).
+FLAT = 1.2  # last window / first window, latency and CPU per job
+BOUNDED = 1.1  # size at the end / size right after the first purge cycle
+WINDOW = 5  # minutes
+
+
+# The server -------------------------------------------------------------------
+
+
+def soak_cluster():
+    """A private cluster with stock settings (tests/chaos's, without its fsync=off)."""
+    from tests.chaos.cluster import Cluster
+
+    class SoakCluster(Cluster):
+        def start(self) -> None:
+            options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} "
+                       "-c log_autovacuum_min_duration=0")
+            result = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-w",
+                               "-t", "120", "-o", options, "start")
+            self._check("pg_ctl start", result)
+            self.running = True
+
+    return SoakCluster(database=DB)
+
+
+def postmaster_pid(cluster) -> int:
+    return int((cluster.data / "postmaster.pid").read_text().split()[0])
+
+
+# /proc --------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()  # fields from "state" on
+
+
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """utime + stime of ``pid`` (with ``children``: plus those of its reaped children)."""
+    fields = _stat(pid)
+    if fields is None:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / TICK
+
+
+def server_cpu(postmaster: int) -> float:
+    """The whole server's CPU: the postmaster, its reaped children, its live children."""
+    total = cpu_seconds(postmaster, children=True)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields is not None and int(fields[1]) == postmaster:
+                total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
+
+
+# Processes ----------------------------------------------------------------------
+
+
+class Run:
+    """The server, the workers and the producer of one run; ``close()`` stops them all."""
+
+    def __init__(self, cluster, opts, log_dir: Path):
+        self.cluster = cluster
+        self.opts = opts
+        self.log_dir = log_dir
+        self.workers: list[subprocess.Popen] = []
+        self.producer: subprocess.Popen | None = None
+        self.stamps_dir = Path(tempfile.mkdtemp(prefix="stamps-", dir=log_dir))
+        self.offsets: dict[str, int] = {}
+        self.tail: dict[str, bytes] = {}
+
+    def env(self) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_")}
+        path = str(ROOT) if not self.opts.source else f"{self.opts.source}{os.pathsep}{ROOT}"
+        env.update(PYTHONPATH=path, BENCH_DB_NAME=DB, PYTHONUNBUFFERED="1",
+                   BENCH_DATABASE_URL=self.cluster.url("postgres"),
+                   DJANGO_SETTINGS_MODULE="bench.soak_settings",
+                   SOAK_RESULT_TTL=str(self.opts.result_ttl),
+                   SOAK_STAMPS_DIR=str(self.stamps_dir))
+        return env
+
+    def migrate(self) -> None:
+        subprocess.run([str(PROJECT_PY), "-m", "django", "migrate", "--skip-checks",
+                        "--verbosity", "0"], cwd=self.cwd, env=self.env(), check=True)
+
+    @property
+    def cwd(self) -> Path:
+        """Where the workers run: ``python -m`` puts it first on sys.path, ahead of PYTHONPATH."""
+        return self.opts.source or ROOT
+
+    def start_workers(self, tag: str) -> None:
+        cmd = [str(PROJECT_PY), "-m", "django", "soniq_worker", "--concurrency",
+               str(self.opts.concurrency), "--verbosity", "0"]
+        for index in range(self.opts.workers):
+            log = open(self.log_dir / f"worker-{tag}-{index}.log", "w")
+            self.workers.append(subprocess.Popen(cmd, cwd=self.cwd, env=self.env(), stdout=log,
+                                                 stderr=subprocess.STDOUT))
+            log.close()
+
+    def start_producer(self, rate: float | None, tag: str) -> None:
+        cmd = [str(PROJECT_PY), "-m", "bench.soak", "--produce", str(rate or 0)]
+        (self.log_dir / "produced").unlink(missing_ok=True)
+        log = open(self.log_dir / f"producer-{tag}.log", "w")
+        self.producer = subprocess.Popen(cmd, cwd=ROOT, env=self.env(), stdout=subprocess.PIPE,
+                                         stderr=log, text=True)
+        log.close()
+
+    def produced(self) -> int:
+        """How many jobs the producer has enqueued (it reports on each line it writes)."""
+        path = self.log_dir / "produced"
+        try:
+            return int(path.read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def stop_producer(self) -> int:
+        if self.producer is None:
+            return 0
+        self.producer.send_signal(signal.SIGTERM)
+        out, _ = self.producer.communicate(timeout=60)
+        self.producer = None
+        return int(out.strip().splitlines()[-1]) if out.strip() else 0
+
+    def stop_workers(self) -> None:
+        for child in self.workers:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in self.workers:
+            try:
+                child.wait(60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        self.workers = []
+
+    def worker_cpu(self) -> float:
+        return sum(cpu_seconds(child.pid) for child in self.workers)
+
+    def producer_cpu(self) -> float:
+        return cpu_seconds(self.producer.pid) if self.producer else 0.0
+
+    def new_stamps(self) -> list[tuple[float, float]]:
+        """(enqueue time, start time) of every handler start since the last call."""
+        found = []
+        for name in os.listdir(self.stamps_dir):
+            path = self.stamps_dir / name
+            with open(path, "rb") as handle:
+                handle.seek(self.offsets.get(name, 0))
+                data = self.tail.get(name, b"") + handle.read()
+                self.offsets[name] = handle.tell()
+            lines = data.split(b"\n")
+            self.tail[name] = lines.pop()  # an unfinished last line, if any
+            for line in lines:
+                t, started = line.split()
+                found.append((float(t), float(started)))
+        return found
+
+    def close(self) -> None:
+        if self.producer is not None and self.producer.poll() is None:
+            self.producer.kill()
+            self.producer.wait()
+        self.stop_workers()
+
+
+# The producer (its own process) ------------------------------------------------
+
+
+def produce(rate: float, out: Path) -> None:
+    """Enqueue one job per transaction, ``rate`` per second (0: as fast as possible)."""
+    import psycopg
+
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    params = dict(os.environ)
+    conn = psycopg.connect(params["BENCH_DATABASE_URL"].rsplit("/", 1)[0] + "/" + DB,
+                           autocommit=True)
+    sent = 0
+    started = time.perf_counter()
+    last_report = started
+    while not stop:
+        now = time.perf_counter()
+        due = int((now - started) * rate) + 1 if rate else sent + 50
+        while sent < due and not stop:
+            conn.execute(ENQUEUE, [JOB, '{"t": %.6f}' % time.time()], prepare=True)
+            sent += 1
+        if now - last_report >= 1.0:
+            report(out, sent)
+            last_report = now
+        if rate:
+            pause = started + sent / rate - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+    conn.close()
+    report(out, sent)
+    print(sent, flush=True)
+
+
+def report(out: Path, sent: int) -> None:
+    """Write the count whole (a reader never sees a half-written file)."""
+    part = out.with_suffix(".part")
+    part.write_text(str(sent))
+    part.replace(out)
+
+
+# Measurements ------------------------------------------------------------------
+
+TABLE_SQL = """
+SELECT n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd, n_tup_del, autovacuum_count,
+       autoanalyze_count, pg_relation_size(relid), pg_indexes_size(relid),
+       pg_total_relation_size(relid)
+  FROM pg_stat_user_tables WHERE relname = 'soniq_jobs'
+"""
+TABLE_KEYS = ("live", "dead", "upd", "hot_upd", "deleted", "autovacuums", "autoanalyzes",
+              "heap_bytes", "index_bytes", "total_bytes")
+INDEX_SQL = """
+SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes
+ WHERE relname = 'soniq_jobs' ORDER BY indexrelname
+"""
+COUNT_SQL = "SELECT count(*) FILTER (WHERE status = 'queued'), count(*) FROM soniq_jobs"
+
+
+def snapshot(conn, run: Run, postmaster: int) -> dict:
+    snap = dict(zip(TABLE_KEYS, conn.execute(TABLE_SQL).fetchone()))
+    snap["indexes"] = dict(conn.execute(INDEX_SQL).fetchall())
+    snap["queued"], snap["rows"] = conn.execute(COUNT_SQL).fetchone()
+    snap.update(at=time.time(), worker_cpu=run.worker_cpu(), server_cpu=server_cpu(postmaster),
+                producer_cpu=run.producer_cpu(), produced=run.produced(),
+                load=os.getloadavg()[0])
+    return snap
+
+
+def minute_row(minute: int, before: dict, after: dict, stamps: list) -> dict:
+    seconds = after["at"] - before["at"]
+    started = len(stamps)
+    latencies = sorted((s - t) * 1000 for t, s in stamps)
+    upd = after["upd"] - before["upd"]
+    row = {
+        "minute": minute,
+        "enqueued_per_s": (after["produced"] - before["produced"]) / seconds,
+        "started_per_s": started / seconds,
+        "queued": after["queued"],
+        "rows": after["rows"],
+        "p50_ms": percentile(latencies, 0.50),
+        "p99_ms": percentile(latencies, 0.99),
+        "worker_cpu_ms_per_job": cpu_per_job(after["worker_cpu"] - before["worker_cpu"], started),
+        "server_cpu_ms_per_job": cpu_per_job(after["server_cpu"] - before["server_cpu"], started),
+        "producer_cpu_ms_per_job": cpu_per_job(after["producer_cpu"] - before["producer_cpu"],
+                                               after["produced"] - before["produced"]),
+        "heap_mb": after["heap_bytes"] / 2**20,
+        "index_mb": after["index_bytes"] / 2**20,
+        "total_mb": after["total_bytes"] / 2**20,
+        "live": after["live"],
+        "dead": after["dead"],
+        "deleted": after["deleted"] - before["deleted"],
+        "hot_pct": 100.0 * (after["hot_upd"] - before["hot_upd"]) / upd if upd else float("nan"),
+        "autovacuums": after["autovacuums"] - before["autovacuums"],
+        "autoanalyzes": after["autoanalyzes"] - before["autoanalyzes"],
+        "load": after["load"],
+    }
+    for name, size in after["indexes"].items():
+        row[f"idx_{name}_kb"] = size // 1024
+    row["_latencies"] = latencies
+    return row
+
+
+def cpu_per_job(seconds: float, jobs: int) -> float:
+    return seconds * 1000 / jobs if jobs else float("nan")
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return float("nan")
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def measure_max(run: Run, conn, seconds: float, say) -> float:
+    """Handler starts per second with an unpaced producer, over the window's second half."""
+    run.start_workers("max")
+    time.sleep(3)
+    run.start_producer(None, "max")
+    time.sleep(seconds / 2)
+    run.new_stamps()
+    begin = time.time()
+    time.sleep(seconds / 2)
+    stamps = [s for _, s in run.new_stamps() if s >= begin]
+    produced = run.stop_producer()
+    run.stop_workers()
+    rate = len(stamps) / (time.time() - begin)
+    say(f"maximum: {rate:,.0f} jobs/s started over {seconds / 2:.0f} s with an unpaced "
+        f"producer ({produced:,} enqueued in all)")
+    conn.execute("TRUNCATE soniq_jobs, soniq_dead_letter_jobs, soniq_workers, soniq_throughput")
+    conn.execute("VACUUM ANALYZE")
+    conn.execute("SELECT pg_stat_reset()")
+    conn.execute("CHECKPOINT")
+    run.new_stamps()
+    return rate
+
+
+# Verdicts -------------------------------------------------------------------------
+
+
+def verdicts(rows: list[dict], rate: float) -> list[tuple[str, str, str, str]]:
+    """(figure, value, target, verdict) for each target of the soak.
+
+    Windows: minutes 2 to WINDOW+1 against the last ``WINDOW`` (minute 1 is
+    warm-up: new connections, cold caches, the first autovacuum of an empty
+    table; on a run shorter than 2 x WINDOW + 1 minutes, each half of the
+    minutes after the first). Latency p50/p99 over every job
+    started in a window; CPU per job = CPU of the window / jobs of the window.
+    Size: ``soniq_jobs`` heap + indexes (pg_total_relation_size); the first
+    purge cycle is the first minute in which rows were deleted; bounded means
+    the largest size of the last window is at most BOUNDED x the largest of
+    the WINDOW minutes after that one. Drain kept up: the last window started
+    at least 98% of what was enqueued in it, and the backlog at the end is
+    under 10 s of enqueueing.
+    """
+    n = len(rows)
+    warm = 1 if n >= 3 else 0
+    w = min(WINDOW, (n - warm) // 2)
+    out = []
+    if w < 1:
+        return [("(run too short for verdicts)", "", "", "n/a")]
+    first, last = rows[warm:warm + w], rows[-w:]
+    span = f"minutes {warm + 1}-{warm + w} -> last {w}"
+
+    def joined(window, key):
+        return sorted(x for row in window for x in row[key])
+
+    def flat(label, a, b):
+        ratio = b / a if a else float("nan")
+        out.append((label, f"{a:.2f} -> {b:.2f} ({ratio:.2f}x)", f"<= {FLAT}x",
+                    "met" if ratio <= FLAT else "MISSED"))
+
+    for q, name in ((0.50, "p50"), (0.99, "p99")):
+        flat(f"start latency {name} ms, {span}",
+             percentile(joined(first, "_latencies"), q), percentile(joined(last, "_latencies"), q))
+    for key, name in (("worker_cpu_ms_per_job", "worker"), ("server_cpu_ms_per_job", "server")):
+        def per_job(window):
+            jobs = sum(r["started_per_s"] for r in window)
+            return sum(r[key] * r["started_per_s"] for r in window) / jobs if jobs else math.nan
+        flat(f"{name} CPU ms/job, {span}", per_job(first), per_job(last))
+
+    purged = [i for i, row in enumerate(rows) if row["deleted"] > 0]
+    if not purged or purged[0] + 1 + WINDOW > n - WINDOW:
+        out.append(("soniq_jobs size after the first purge", "", f"<= {BOUNDED}x",
+                    "n/a (no purge, or too few minutes after it)"))
+    else:
+        p = purged[0]
+        ref = max(r["total_mb"] for r in rows[p + 1:p + 1 + WINDOW])
+        end = max(r["total_mb"] for r in rows[-WINDOW:])
+        out.append((f"soniq_jobs size MB, max of minutes {p + 2}-{p + 1 + WINDOW} -> last {WINDOW}",
+                    f"{ref:.1f} -> {end:.1f} ({end / ref:.2f}x)", f"<= {BOUNDED}x",
+                    "met" if end <= BOUNDED * ref else "MISSED"))
+    enq = sum(r["enqueued_per_s"] for r in last)
+    done = sum(r["started_per_s"] for r in last)
+    backlog = rows[-1]["queued"]
+    kept = done >= 0.98 * enq and backlog < 10 * rate
+    out.append((f"drain kept up: started/enqueued last {w}, backlog at end",
+                f"{done / enq if enq else math.nan:.3f}, {backlog:,}",
+                ">= 0.98, < 10 s of jobs", "met" if kept else "MISSED"))
+    return out
+
+
+# Output -----------------------------------------------------------------------------
+
+COLUMNS = [  # (header, key, format)
+    ("min", "minute", "{:>3d}"), ("enq/s", "enqueued_per_s", "{:>6.0f}"),
+    ("done/s", "started_per_s", "{:>6.0f}"), ("queued", "queued", "{:>6d}"),
+    ("p50ms", "p50_ms", "{:>6.1f}"), ("p99ms", "p99_ms", "{:>7.1f}"),
+    ("wCPU", "worker_cpu_ms_per_job", "{:>5.2f}"), ("dbCPU", "server_cpu_ms_per_job", "{:>5.2f}"),
+    ("heapMB", "heap_mb", "{:>6.1f}"), ("idxMB", "index_mb", "{:>6.1f}"),
+    ("live", "live", "{:>7d}"), ("dead", "dead", "{:>7d}"), ("del/min", "deleted", "{:>7d}"),
+    ("HOT%", "hot_pct", "{:>5.1f}"), ("av", "autovacuums", "{:>2d}"),
+    ("aa", "autoanalyzes", "{:>2d}"), ("load", "load", "{:>4.1f}"),
+]
+
+
+def header_line() -> str:
+    return " ".join(f"{h:>{len(fmt.format(0 if 'd' in fmt else 0.0))}}" for h, _, fmt in COLUMNS)
+
+
+def format_row(row: dict) -> str:
+    return " ".join(fmt.format(row[key]) for _, key, fmt in COLUMNS)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    keys = [k for k in rows[0] if not k.startswith("_")]
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=keys, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in row.items()
+                             if not k.startswith("_")})
+
+
+def plot(csv_path: Path, png: Path, title: str) -> None:
+    """Four panels over the minutes: rate, latency, CPU per job, sizes and dead tuples."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(csv_path) as handle:
+        rows = list(csv.DictReader(handle))
+    x = [int(r["minute"]) for r in rows]
+
+    def col(key):
+        return [float(r[key]) for r in rows]
+
+    fig, axes = plt.subplots(4, 1, figsize=(9, 11), sharex=True)
+    axes[0].plot(x, col("enqueued_per_s"), label="enqueued/s")
+    axes[0].plot(x, col("started_per_s"), label="started/s")
+    axes[0].set_ylabel("jobs/s")
+    axes[1].plot(x, col("p50_ms"), label="p50")
+    axes[1].plot(x, col("p99_ms"), label="p99")
+    axes[1].set_ylabel("start latency, ms")
+    axes[1].set_yscale("log")
+    axes[2].plot(x, col("worker_cpu_ms_per_job"), label="workers")
+    axes[2].plot(x, col("server_cpu_ms_per_job"), label="PostgreSQL")
+    axes[2].plot(x, col("producer_cpu_ms_per_job"), label="producer")
+    axes[2].set_ylabel("CPU ms per job")
+    axes[3].plot(x, col("heap_mb"), label="heap MB")
+    axes[3].plot(x, col("index_mb"), label="indexes MB")
+    axes[3].set_ylabel("MB")
+    dead = axes[3].twinx()
+    dead.plot(x, [v / 1000 for v in col("dead")], color="grey", linestyle=":", label="dead tuples (k)")
+    dead.set_ylabel("dead tuples, thousands")
+    for minute, runs in zip(x, col("autovacuums")):
+        if runs:
+            axes[3].axvline(minute, color="green", alpha=0.25)
+    axes[3].set_xlabel("minute (green: an autovacuum of soniq_jobs)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=8)
+    dead.legend(loc="upper right", fontsize=8)
+    import textwrap
+
+    fig.suptitle("\n".join(textwrap.wrap(title, 110)), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+
+
+# Main -------------------------------------------------------------------------------
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=int, default=30, help="length of the soak (30)")
+    parser.add_argument("--rate", type=float, help="jobs/s to enqueue (default: half the measured maximum)")
+    parser.add_argument("--fraction", type=float, default=0.5,
+                        help="share of the measured maximum to enqueue at (0.5)")
+    parser.add_argument("--measure-seconds", type=float, default=20)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (2)")
+    parser.add_argument("--concurrency", type=int, default=4, help="--concurrency of each (4)")
+    parser.add_argument("--result-ttl", type=float, default=120, help="RESULT_TTL, s (120)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results",
+                        help="directory of the CSV, the text report and the plot")
+    parser.add_argument("--name", help="file name stem (default soak-<UTC time>)")
+    parser.add_argument("--plot", type=Path, help="where the PNG goes (default next to the CSV)")
+    parser.add_argument("--preload-done", type=int, default=0, metavar="N",
+                        help="start with N finished rows that expire only after the run: "
+                             "a big soniq_jobs (results kept long, or a history) under the same load")
+    parser.add_argument("--source", type=Path,
+                        help="a directory whose soniq_django package the run uses instead of "
+                             "this tree's (e.g. `git archive main soniq_django | tar -x -C DIR`)")
+    parser.add_argument("--produce", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--plot-only", nargs=3, metavar=("CSV", "PNG", "TITLE"),
+                        help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def header(opts, rate: float, maximum: float | None) -> str:
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return "?"
+
+    dirty = " + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    if opts.source:
+        dirty += f", soniq_django from {opts.source}"
+    source = f"max {maximum:,.0f} jobs/s measured, x{opts.fraction}" if maximum else "--rate"
+    return (f"soniq_django soak — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"HEAD {git('rev-parse', '--short', 'HEAD')}{dirty}; {opts.minutes} min at "
+            f"{rate:,.0f} jobs/s ({source}); {opts.workers} worker proc x conc "
+            f"{opts.concurrency}; RESULT_TTL {opts.result_ttl:.0f} s; "
+            + (f"{opts.preload_done:,} finished rows preloaded; " if opts.preload_done else "")
+            + "private PostgreSQL "
+            f"cluster, stock settings (autovacuum on); {os.cpu_count()} CPUs shared with "
+            f"whatever else runs")
+
+
+def _terminate(signum, frame):
+    raise SystemExit(f"stopped by signal {signum}")  # so that the cluster and workers go too
+
+
+def soak(opts) -> int:
+    import psycopg
+
+    signal.signal(signal.SIGTERM, _terminate)
+
+    opts.out.mkdir(parents=True, exist_ok=True)
+    name = opts.name or time.strftime("soak-%Y%m%d-%H%M", time.gmtime())
+    report_lines: list[str] = []
+
+    def say(text: str = "") -> None:
+        print(text, flush=True)
+        report_lines.append(text)
+
+    log_dir = Path(tempfile.mkdtemp(prefix=f"soniq-soak-{os.getpid()}-", dir="/tmp"))
+    with soak_cluster() as cluster:
+        run = Run(cluster, opts, log_dir)
+        try:
+            run.migrate()
+            with psycopg.connect(cluster.url(DB), autocommit=True) as conn:
+                version = conn.execute("SHOW server_version").fetchone()[0]
+                autovac = conn.execute("SHOW autovacuum").fetchone()[0]
+                print(f"cluster: PostgreSQL {version}, autovacuum={autovac}, logs in {log_dir}",
+                      flush=True)
+                maximum = None
+                if opts.rate is None:
+                    maximum = measure_max(run, conn, opts.measure_seconds, print)
+                rate = opts.rate or maximum * opts.fraction
+                if opts.preload_done:
+                    preload_done(conn, opts.preload_done)
+                rows = soak_minutes(run, conn, cluster, opts, rate)
+            shutil_copy(cluster.log_path, log_dir / "server.log")
+        finally:
+            run.close()
+    say(header(opts, rate, maximum))
+    say(header_line())
+    for row in rows:
+        say(format_row(row))
+    say()
+    say(f"{'figure':<60} {'value':<28} {'target':<24} verdict")
+    missed = 0
+    for figure, value, target, verdict in verdicts(rows, rate):
+        missed += verdict == "MISSED"
+        say(f"{figure:<60} {value:<28} {target:<24} {verdict}")
+    csv_path = opts.out / f"{name}.csv"
+    write_csv(rows, csv_path)
+    (opts.out / f"{name}.txt").write_text("\n".join(report_lines) + "\n")
+    png = opts.plot or opts.out / f"{name}.png"
+    if PLOT_PY.exists():
+        title = report_lines[0]
+        subprocess.run([str(PLOT_PY), "-m", "bench.soak", "--plot-only", str(csv_path), str(png),
+                        title], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+        print(f"plot: {png}")
+    else:
+        print("no plot: bench/.venv-plot is missing (bash bench/plot-venv.sh makes it)")
+    print(f"table: {opts.out / name}.txt, CSV: {csv_path}; worker and server logs: {log_dir}")
+    return 1 if missed else 0
+
+
+def shutil_copy(src: Path, dst: Path) -> None:
+    import shutil
+
+    try:
+        shutil.copy(src, dst)
+    except OSError:
+        pass
+
+
+def preload_done(conn, count: int) -> None:
+    """``count`` finished rows, as soniq's completion leaves them, expiring in a day."""
+    conn.execute(
+        "INSERT INTO soniq_jobs (id, job_name, args, status, attempts, max_attempts, queue, "
+        "priority, unique_job, producer_id, created_at, updated_at, expires_at) "
+        "SELECT gen_random_uuid(), %s, jsonb_build_object('t', 0), 'done', 1, 4, 'default', "
+        "100, false, 'soak', now() - interval '1 hour', now(), now() + interval '1 day' "
+        "FROM generate_series(1, %s)", [JOB, count])
+    conn.execute("VACUUM ANALYZE soniq_jobs")
+    conn.execute("SELECT pg_stat_reset()")
+
+
+def soak_minutes(run: Run, conn, cluster, opts, rate: float) -> list[dict]:
+    postmaster = postmaster_pid(cluster)
+    run.start_workers("soak")
+    time.sleep(3)
+    run.start_producer(rate, "soak")
+    print(f"soak: {opts.minutes} min at {rate:,.0f} jobs/s", flush=True)
+    print(header_line(), flush=True)
+    before = snapshot(conn, run, postmaster)
+    started = before["at"]
+    rows = []
+    for minute in range(1, opts.minutes + 1):
+        time.sleep(max(0.0, started + 60 * minute - time.time()))
+        if run.producer is None or run.producer.poll() is not None:
+            raise RuntimeError("the producer died: see its log in " + str(run.log_dir))
+        if any(child.poll() is not None for child in run.workers):
+            raise RuntimeError("a worker died: see its log in " + str(run.log_dir))
+        stamps = run.new_stamps()
+        after = snapshot(conn, run, postmaster)
+        row = minute_row(minute, before, after, stamps)
+        print(format_row(row), flush=True)
+        if WINDOW + 1 < minute <= opts.minutes - WINDOW:
+            row["_latencies"] = []  # only the first and last windows' are needed
+        rows.append(row)
+        before = after
+    run.stop_producer()
+    return rows
+
+
+def main(argv=None) -> int:
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    if opts.produce is not None:
+        produce(opts.produce, Path(os.environ["SOAK_STAMPS_DIR"]).parent / "produced")
+        return 0
+    if opts.plot_only:
+        csv_path, png, title = opts.plot_only
+        plot(Path(csv_path), Path(png), title)
+        return 0
+    return soak(opts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Migration 0015: soniq_jobs' storage parameters on PostgreSQL, nothing on SQLite.
+
+Storage parameters change how PostgreSQL stores and vacuums the table, not
+its format: the admission check passes with them and after they are reset,
+and the table's columns, indexes and constraints stay what they were.
+"""
+
+import importlib
+
+from django.db import connection
+
+from soniq_django.schema.admission import check_owned_schema
+from tests.support.schema import fetchall, migrate, schema_snapshot
+
+tuning = importlib.import_module("soniq_django.migrations.0015_storage_tuning")
+BEFORE = "0014"  # the migration 0015 follows
+
+
+def reloptions() -> list[str] | None:
+    if connection.vendor != "postgresql":
+        return None
+    [(options,)] = fetchall("SELECT reloptions FROM pg_class WHERE oid = 'soniq_jobs'::regclass")
+    return sorted(options or [])
+
+
+def expected() -> list[str]:
+    return sorted(f"{key}={value}" for key, value in tuning.PARAMETERS.items())
+
+
+def test_the_latest_schema_has_the_tuned_storage_and_passes_the_check(at_latest_afterwards):
+    if connection.vendor == "postgresql":
+        assert reloptions() == expected()
+    else:
+        assert reloptions() is None
+    assert check_owned_schema(connection) == []
+
+
+def test_reversing_resets_the_parameters_and_changes_nothing_else(at_latest_afterwards):
+    latest_shape, latest_applied = schema_snapshot()
+    migrate(BEFORE)
+    shape, applied = schema_snapshot()
+    assert "0015_storage_tuning" not in applied and "0015_storage_tuning" in latest_applied
+    assert reloptions() in ([], None)
+    assert check_owned_schema(connection) == []
+    migrate()
+    assert reloptions() == (expected() if connection.vendor == "postgresql" else None)
+    assert schema_snapshot() == (latest_shape, latest_applied)
+    assert shape == latest_shape  # columns, indexes, constraints: the same without the tuning
+
+
+def test_the_parameters_are_reset_on_the_way_down_even_if_changed_by_hand(at_latest_afterwards):
+    # An operator may have changed one of them since: the reverse resets what 0015 set,
+    # whatever its value now, and leaves a parameter 0015 never set alone.
+    key = "autovacuum_vacuum_scale_factor"
+    assert key in tuning.PARAMETERS
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE soniq_jobs SET ({key} = 0.3, toast_tuple_target = 4096)")
+    migrate(BEFORE)
+    if connection.vendor == "postgresql":
+        assert reloptions() == ["toast_tuple_target=4096"]
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE soniq_jobs RESET (toast_tuple_target)")
+    migrate()
+    assert reloptions() == (expected() if connection.vendor == "postgresql" else None)
+    assert check_owned_schema(connection) == []
