@@ -76,6 +76,16 @@ def worker_flaky(fail_times: int) -> dict:
     return _trace()
 
 
+@job(name="tests.worker.slow_flaky", retries=5)
+def worker_slow_flaky(fail_times: int, seconds: float) -> dict:
+    """``tests.worker.flaky``, sleeping ``seconds`` before each failure."""
+    record("start")
+    if current_job().attempts <= fail_times:
+        time.sleep(seconds)
+        raise RuntimeError(f"flaky failure on attempt {current_job().attempts}")
+    return _trace()
+
+
 @job(name="tests.worker.always_fails", retries=2)
 def worker_always_fails(message: str = "boom") -> None:
     record("start")
