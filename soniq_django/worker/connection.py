@@ -263,11 +263,16 @@ def handler_connections() -> Iterator[None]:
     the database. Only connections open before the run are watched: a
     handler that touches no database costs nothing here.
     """
-    opened = [conn for conn in connections.all(initialized_only=True)
-              if conn.connection is not None]
+    initialized = _initialized()
+    if not initialized:  # the common case, kept cheap: no connection on this thread at all
+        yield
+        for conn in _initialized():  # the handler opened these: kept while healthy
+            keep_healthy(conn)
+        return
+    opened = [conn for conn in initialized if conn.connection is not None]
     watched = {id(conn) for conn in opened}
     used: set[str] = set()
-    if not opened:  # the common case, kept cheap: nothing to watch
+    if not opened:
         yield
     else:
         with ExitStack() as watching:
@@ -279,6 +284,11 @@ def handler_connections() -> Iterator[None]:
             conn.close()
         else:
             keep_healthy(conn)
+
+
+def _initialized() -> list[Any]:
+    """This thread's connection wrappers (``connections.all(initialized_only=True)``)."""
+    return list(connections.all(initialized_only=True))
 
 
 def _noting(used: set[str], alias: str) -> Callable[..., Any]:
