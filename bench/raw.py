@@ -30,6 +30,17 @@ RAW_CLAIM = (
     "RETURNING id, job_name, args"
 )
 RAW_COMPLETE = "UPDATE raw_jobs SET status = 'done', updated_at = now() WHERE id = %s"
+#: The batched ceiling: one statement, so one round trip and one commit, completes the
+#: last batch this connection claimed and claims the next RAW_BATCH jobs.
+RAW_BATCH = 10
+RAW_COMPLETE_AND_CLAIM = (
+    "WITH done AS (UPDATE raw_jobs SET status = 'done', updated_at = now() "
+    "WHERE id = ANY(%s::uuid[]) RETURNING id) "
+    "UPDATE raw_jobs SET status = 'processing', attempts = attempts + 1, updated_at = now() "
+    "WHERE id IN (SELECT id FROM raw_jobs WHERE status = 'queued' "
+    "ORDER BY priority, created_at LIMIT %s FOR UPDATE SKIP LOCKED) "
+    "RETURNING id, job_name, args"
+)
 
 SONIQ_ENQUEUE = "SELECT soniq_enqueue(%s, %s::jsonb)"
 SONIQ_CLAIM = "SELECT job_id, queue, generation FROM soniq_claim(%s, %s)"
@@ -95,7 +106,10 @@ def insert_threads(dbname: str, connections: int, count: int, sql: str = RAW_INS
 
 def _drain_threads(dbname: str, connections: int, window: float | None, one_job) -> dict:
     """Run ``one_job(conn)`` on ``connections`` threads until the queue is empty or
-    ``window`` seconds pass; return jobs/s from the first claim to the last completion."""
+    ``window`` seconds pass; return jobs/s from the first claim to the last completion.
+
+    ``one_job`` returns how many jobs it completed (True: one), or None (or False) when
+    the queue has nothing left for it, which ends that thread."""
     conns = [connect(dbname) for _ in range(connections)]
     stop = threading.Event()
     start_gate = threading.Barrier(connections + 1)
@@ -108,10 +122,12 @@ def _drain_threads(dbname: str, connections: int, window: float | None, one_job)
         try:
             start_gate.wait()
             while not stop.is_set():
-                if not one_job(conn):
+                finished = one_job(conn)
+                if finished is None or finished is False:
                     return
-                done[index] += 1
-                last[index] = time.perf_counter()
+                if finished:
+                    done[index] += int(finished)
+                    last[index] = time.perf_counter()
         except BaseException as error:  # reported by the caller
             errors.append(error)
 
@@ -144,6 +160,28 @@ def raw_drain(dbname: str, connections: int, window: float | None) -> dict:
         return True
 
     return _drain_threads(dbname, connections, window, one_job)
+
+
+def raw_batch_drain(dbname: str, connections: int, window: float | None,
+                    batch: int = RAW_BATCH) -> dict:
+    """The batched ceiling: each connection completes its last ``batch`` jobs and claims the
+    next ``batch`` (FOR UPDATE SKIP LOCKED) in one statement -- one commit per ``batch`` jobs.
+
+    A job counts once the statement that completed it committed (the data-modifying CTE
+    runs whether or not the claim found rows). A window that ends leaves the last claims
+    of each connection unfinished, as a stopped worker would.
+    """
+    held: dict[int, list] = {}
+
+    def one_batch(conn) -> int | None:
+        previous = held.get(id(conn), [])
+        rows = conn.execute(RAW_COMPLETE_AND_CLAIM, [previous, batch], prepare=True).fetchall()
+        held[id(conn)] = [row[0] for row in rows]
+        if not rows and not previous:
+            return None  # the queue is empty and nothing is held: this connection is done
+        return len(previous)
+
+    return _drain_threads(dbname, connections, window, one_batch)
 
 
 def protocol_drain(dbname: str, connections: int, window: float | None) -> dict:

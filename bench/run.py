@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import raw
+from bench import drain_race, raw
 from bench.common import (
     connect,
     create_database,
@@ -445,6 +445,9 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
             raw.copy_rows(raw_db, rows)
         quiesce(raw_db)
 
+    if cfg.only == "drain":  # the drain race alone
+        drain_race.measure(cfg, systems, raw_db, res, fresh_raw, drain, run_workers)
+        return
     if cfg.only == "atomic":  # the ceiling, then the plain and atomic write drains
         for conc in cfg.concurrency:
             fresh_raw(cfg.drain_jobs)
@@ -510,6 +513,7 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
         for system in peers:
             res.add(f"{system.name}.drain.1x{conc}", drain(system, cfg, conc, 1)["rate"])
         measure_writes(cfg, soniq, res, conc, rep)  # after the peers: theirs stay near the ceiling
+    drain_race.measure(cfg, systems, raw_db, res, fresh_raw, drain, run_workers)
     for conc in cfg.concurrency:
         conns = 2 * conc
         if conns not in cfg.concurrency:
@@ -653,6 +657,7 @@ def render(cfg, res: Results, header: str) -> str:
             row(f"1-row write, atomic job, 1 proc × conc {conc}", atomic,
                 ratio=ratio(atomic, f"raw.drain.{conc}", f"raw@{conc}")[1],
                 target=f"price: {price}" if price else "")
+    drain_race.render(cfg, res, lines, row, verdict)
     if cfg.only:
         return "\n".join(lines)
     row("latency enqueue→start p50 (idle worker)", "soniq.latency.p50", unit="ms",
@@ -725,8 +730,10 @@ def parse_args(argv):
     parser.add_argument("--soniq-rev", metavar="REV",
                         help="measure soniq_django as committed at REV (e.g. HEAD) instead of "
                              "the working tree")
-    parser.add_argument("--only", choices=["atomic"],
-                        help="measure only these rows and their ceiling (atomic: plain and "
+    parser.add_argument("--only", choices=["atomic", "drain"],
+                        help="measure only these rows and their ceiling (drain: the drain "
+                             "race, bench/drain_race.py, with pgqueuer unless --no-peers; "
+                             "atomic: plain and "
                              "atomic jobs with a one-row write; no peers, latency or RSS)")
     parser.add_argument("--profile", type=int, metavar="CONCURRENCY",
                         help="instead of the table: drain once under py-spy and print hotspots")
@@ -746,6 +753,8 @@ def parse_args(argv):
     cfg.peer_latency = cfg.peer_latency and not quick
     cfg.what_if_concurrency = (1, 8)
     cfg.concurrency = (1, 4, 8)
+    cfg.race_concurrency = drain_race.RACE_CONCURRENCY
+    cfg.cpu_jobs = 2000 if quick else 10_000  # a full drain, for the worker's CPU per job
     cfg.raw_connections = (1, 2, 4, 8, 16)
     cfg.idle_warmup = 3.0
     cfg.producers = 8
@@ -786,7 +795,8 @@ def _header(cfg) -> str:
 
 def main(argv=None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
-    if not PEERS_PY.exists() and not cfg.no_peers and cfg.profile is None and not cfg.only:
+    if not PEERS_PY.exists() and not cfg.no_peers and cfg.profile is None and (
+            cfg.only in (None, "drain")):
         print("bench: bench/.venv-peers is missing; run `make bench` (it creates it) or "
               "pass --no-peers", file=sys.stderr)
         return 2
@@ -801,8 +811,10 @@ def main(argv=None) -> int:
     else:
         cfg.soniq_commit = None
     systems = make_systems(pid, log_dir)
-    if cfg.no_peers or cfg.profile is not None or cfg.only:
+    if cfg.no_peers or cfg.profile is not None or cfg.only == "atomic":
         systems = {"soniq": systems["soniq"]}
+    elif cfg.only == "drain":  # the race's one peer
+        systems = {name: systems[name] for name in ("soniq", "pgqueuer")}
     raw_db = f"soniq_bench_{pid}_raw"
     created: list[str] = []
     ok = False

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import threading
+import time
 from collections import Counter
 
 from django.db import connections, transaction
@@ -22,12 +23,26 @@ class ThroughputCounter:
     def __init__(self) -> None:
         self._counts: Counter[tuple[dt.datetime, str, str]] = Counter()
         self._lock = threading.Lock()
+        # The current minute, read from the clock once a minute rather than once a job:
+        # (the epoch second it ends at, minute_of(timezone.now()) during it).
+        self._minute: tuple[float, dt.datetime] = (0.0, minute_of(timezone.now()))
 
     def add(self, queue: str, kind: str, when: dt.datetime | None = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown outcome {kind!r}")
+        minute = minute_of(when) if when is not None else self._now()
         with self._lock:
-            self._counts[(minute_of(when or timezone.now()), queue, kind)] += 1
+            self._counts[(minute, queue, kind)] += 1
+
+    def _now(self) -> dt.datetime:
+        """``minute_of(timezone.now())``, built once per minute (every UTC offset in use is
+        a whole number of minutes, so a local minute ends when the UTC one does)."""
+        ends, minute = self._minute
+        now = time.time()
+        if now >= ends:
+            minute = minute_of(timezone.now())
+            self._minute = (now - now % 60 + 60, minute)
+        return minute
 
     def flush(self, using: str) -> None:
         """Add the counts to the table (one upsert per minute and queue); keep them on failure."""

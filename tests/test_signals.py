@@ -177,6 +177,21 @@ def test_a_job_that_returns_sends_started_then_finished_done(heard, concurrency)
     assert heard.of(signals.job_refused) == []
 
 
+@pytest.mark.parametrize("concurrency", [1, 3])  # the job thread runs the loop; its own thread
+def test_an_async_job_on_the_workers_event_loop_sends_started_then_finished(heard, concurrency):
+    ids = [enqueue("tests.worker.async_ok", {"n": n}) for n in range(4)]
+    failing = enqueue("tests.worker.async_fails", {}, max_attempts=1)
+    worker = burst(concurrency)
+    for job_id in ids:
+        [start] = heard.of(signals.job_started, job_id)
+        assert start["worker_id"] == worker.worker_id and start["attempt"] == 1
+        [end] = heard.of(signals.job_finished, job_id)
+        assert end["outcome"] == "done"
+    assert len(heard.of(signals.job_started, failing)) == 1
+    [end] = heard.of(signals.job_finished, failing)
+    assert end["outcome"] == "dead" and end["error"] == "ValueError: async boom"
+
+
 def test_a_failing_job_sends_retry_each_time_then_dead_with_max_retries_exceeded(heard):
     job_id = enqueue("tests.worker.always_fails", {"message": "out of paper"}, max_attempts=None)
     burst()

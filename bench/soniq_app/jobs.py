@@ -31,3 +31,9 @@ def write(i: int = 0) -> None:
 @job(name="bench.write_atomic", atomic=True)
 def write_atomic(i: int = 0) -> None:
     _write_one_row(i)
+
+
+@job(name="bench.anoop")
+async def anoop(i: int = 0) -> None:
+    """The no-op as an ``async def`` handler: it runs on the worker's event loop."""
+    stamp()

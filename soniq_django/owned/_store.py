@@ -86,7 +86,22 @@ def guarded(alias: str, *, atomic: bool) -> Iterator[Any]:
 
 
 def _json_text(value: Any) -> str | None:
+    if value is None:  # most results: spare building an encoder
+        return "null"
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def array_text(values: list[Any]) -> str:
+    """A PostgreSQL array literal of ``values`` (str or int), for a ``%s::text[]`` parameter.
+
+    One string parameter costs psycopg one quote, where a list costs it a
+    dumper per element: the batched calls pass their arrays this way. Every
+    element is double-quoted, with backslash and double quote escaped, so any
+    text goes through unchanged (text holds no NUL in PostgreSQL).
+    """
+    return "{" + ",".join(
+        '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' if type(value) is str
+        else str(int(value)) for value in values) + "}"
 
 
 class PostgresClaims:
@@ -127,7 +142,7 @@ class PostgresClaims:
                    lease: float, ttl: float, pid: int | None = None) -> list[dict[str, Any]]:
         rows = self._rows(
             "SELECT * FROM soniq_claim_many(%s, %s::text[], %s::text[], %s, %s, %s)",
-            [owner, tokens, queues, lease, ttl, pid],
+            [owner, array_text(tokens), queues, lease, ttl, pid],
         )
         return [self._claim_dict(row) for row in rows]
 
@@ -175,13 +190,15 @@ class PostgresClaims:
             fences = [f for f, _ in completions]
             statements.append("SELECT soniq_complete_many(%s::text[], %s, %s::bigint[], "
                               "%s::text[], %s::text[], %s::jsonb[], %s)")
-            params += [[f.job_id for f in fences], owner, [f.generation for f in fences],
-                       [f.claim_token for f in fences], [f.queue for f in fences],
-                       [_json_text(result) for _, result in completions], ttl]
+            params += [array_text([f.job_id for f in fences]), owner,
+                       array_text([f.generation for f in fences]),
+                       array_text([f.claim_token for f in fences]),
+                       array_text([f.queue for f in fences]),
+                       array_text([_json_text(result) for _, result in completions]), ttl]
         if tokens:
             statements.append(
                 "SELECT * FROM soniq_claim_many(%s, %s::text[], %s::text[], %s, %s, %s)")
-            params += [owner, tokens, queues, lease, ttl, pid]
+            params += [owner, array_text(tokens), queues, lease, ttl, pid]
         with guarded(self.alias, atomic=False) as connection, connection.cursor() as cursor:
             cursor.execute("; ".join(statements), params)
             completed = [value is True for value in cursor.fetchone()[0]] if completions else []

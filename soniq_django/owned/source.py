@@ -459,6 +459,8 @@ def _claim_args(worker_id: Any, claim_token: Any, queues: Any, pid: Any
 
 
 def _result(result: Any) -> Any:
+    if result is None:  # most results, already JSON
+        return None
     try:
         return normalize_json(result)
     except Exception:

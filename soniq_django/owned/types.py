@@ -7,6 +7,7 @@ accepted as integers, and numbers stay within their SQL ranges.
 """
 
 import datetime as dt
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ MAX_DLQ_RECORD_ID = 32
 INT32_MAX = 2**31 - 1
 MAX_CLAIM_BATCH = 1000  # nonces one soniq_claim_many call may carry
 INT64_MAX = 2**63 - 1
+#: UUID text as every claim writes it into a fence (what ``str(uuid.UUID(...))`` gives).
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,8 @@ def fence(value: Any) -> QueueClaimFence:
     positive_int(value.generation, "fence generation", INT64_MAX)
     if type(value.job_id) is not str or not value.job_id or len(value.job_id) > MAX_JOB_ID:
         raise ConfigValidationError("fence job_id must be UUID text of at most 36 characters")
+    if _CANONICAL_UUID.fullmatch(value.job_id):  # a claim's own fence: no UUID to build
+        return value
     try:
         uuid.UUID(value.job_id)
     except ValueError:

@@ -201,6 +201,28 @@ class InlineCompleter(Completer):
 class BatchCompleter(Completer):
     """Several slots: completions go to the main loop, which writes them with its claims."""
 
+    def hand_over(self, flight: InFlight, outcome: Outcome) -> bool:
+        """``settle`` a completion without ever waiting (the event loop's thread calls it).
+
+        False, nothing done: ``settle`` it on a job thread instead. So it is
+        when its final write is taken or being taken (the deadline thread's
+        timeout holds ``flight.settled`` until the main loop wrote it), or
+        when the job is no longer this worker's (its write is a refusal to
+        record, a database call), or after ``abort()``.
+        """
+        if (outcome.kind is not OutcomeKind.DONE or self._aborted.is_set()
+                or not flight.settled.acquire(blocking=False)):
+            return False
+        try:
+            if flight.done or flight.lost:
+                return False
+            flight.done = True
+            flight.outcome = outcome
+        finally:
+            flight.settled.release()
+        self._complete(flight)
+        return True
+
     def _complete(self, flight: InFlight) -> None:
         # The slot first, then the completion: the round that writes the
         # completion also fills this slot (the loop reads pending writes first).

@@ -2,8 +2,10 @@
 
 import asyncio
 import enum
+import inspect
 import time
 import traceback
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +65,44 @@ def _error_text(error: BaseException) -> str:
     return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "\n[truncated]"
 
 
+Keywords = tuple[frozenset[str], frozenset[str]]
+#: By ``id`` of a handler's signature (kept with it, so the id is not reused): (every
+#: keyword it takes, the ones it needs), or None when only ``Signature.bind`` can tell (it
+#: takes ``**kwargs``, or a positional-only parameter; or it is not an
+#: ``inspect.Signature``: a Django task's ``TaskSignature``). Signatures with unhashable
+#: defaults cannot be dictionary keys themselves.
+_KEYWORDS: dict[int, tuple[object, Keywords | None]] = {}
+
+
+def _keywords(signature: object) -> Keywords | None:
+    known = _KEYWORDS.get(id(signature))
+    if known is not None and known[0] is signature:
+        return known[1]
+    if not isinstance(signature, inspect.Signature):  # a resolver's handler: its own bind()
+        return None
+    params = signature.parameters.values()
+    by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    found = None
+    if all(p.kind in by_keyword or p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        found = (frozenset(p.name for p in params if p.kind in by_keyword),
+                 frozenset(p.name for p in params
+                           if p.kind in by_keyword and p.default is inspect.Parameter.empty))
+    _KEYWORDS[id(signature)] = (signature, found)
+    return found
+
+
+def _binds(signature: Any, args: dict[str, Any]) -> None:
+    """Raise TypeError if ``args`` cannot be passed to ``signature`` by keyword.
+
+    What ``signature.bind(**args)`` decides, without building its bound
+    arguments when a set comparison can tell (the common case).
+    """
+    keywords = _keywords(signature)
+    if keywords is not None and keywords[1] <= args.keys() <= keywords[0]:
+        return
+    signature.bind(**args)
+
+
 class _Expired:
     """What ``_run_async`` returns when the deadline cancelled the coroutine."""
 
@@ -76,8 +116,10 @@ async def _run_async(handler: JobHandler[..., Any], args: dict[str, Any], contex
 
     A ``TimeoutError`` the handler raises itself (a socket's, a client's)
     is its own failure, not the job's timeout: only an expired scope is.
+    The scope is the running loop's own timer, so on the worker's shared
+    event loop it cancels this task alone, without blocking the loop.
     """
-    token = bind(context)  # each asyncio.run has its own context: bind inside it
+    token = bind(context)  # each task has its own context: bind inside it
     try:
         scope = asyncio.timeout(None if seconds is None else max(seconds, 0.0))
         try:
@@ -92,15 +134,18 @@ async def _run_async(handler: JobHandler[..., Any], args: dict[str, Any], contex
 
 
 def execute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | None, *,
-            started: float | None = None, atomic: bool = False) -> Outcome:
+            started: float | None = None, atomic: bool = False,
+            run_async: Callable[[Coroutine[Any, Any, Any]], Any] | None = None) -> Outcome:
     """Run the job's handler with its stored keyword arguments; never raises.
 
     ``atomic``: the caller opened the job's transaction on this thread
     (worker/atomic.py). An ``async def`` handler then runs through
-    ``async_to_sync`` rather than its own ``asyncio.run``: Django's async ORM
+    ``async_to_sync`` rather than on an event loop: Django's async ORM
     (``sync_to_async``, thread-sensitive) calls back into this thread, so
     the handler's queries run on this thread's connection, in that
-    transaction.
+    transaction. Otherwise an ``async def`` handler runs through
+    ``run_async`` (the worker's event loop, worker/eventloop.py), or its
+    own ``asyncio.run`` without one.
 
     Unknown job name → unknown (unknown.py decides: deferred, or dead as
     ``job_not_found`` after the grace period); args that do not bind →
@@ -112,34 +157,81 @@ def execute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | None, *
     None) is cancelled → retry, as "timed out". A plain function cannot be
     stopped: the deadline thread times it out (deadlines.py).
     """
-    handler = get_handler(claimed.job_name)
-    if handler is None:
-        return Outcome(OutcomeKind.UNKNOWN,
-                       error=f"no handler is registered for job {claimed.job_name!r}")
-    try:
-        handler.signature.bind(**claimed.args)
-    except TypeError as error:
-        return Outcome(OutcomeKind.DEAD, error=f"args do not fit {claimed.job_name}: {error}",
-                       reason=DeadLetterReason.INVALID_ARGUMENTS)
-    seconds = None if limit is None else limit.remaining(started, time.monotonic())
+    handler, refused = _prepare(claimed)
+    if refused is not None:
+        return refused
+    assert handler is not None
+    seconds = _seconds(limit, started)
     try:
         if handler.is_async and atomic:
             result = async_to_sync(_run_async)(handler, claimed.args, context, seconds)
         elif handler.is_async:
-            result = asyncio.run(_run_async(handler, claimed.args, context, seconds))
+            result = (run_async or asyncio.run)(
+                _run_async(handler, claimed.args, context, seconds))
         else:
             token = bind(context)
             try:
                 result = handler.func(**claimed.args)
             finally:
                 unbind(token)
-    except JobCancelled:
+    except Exception as error:
+        return _failed(error)
+    return _returned(claimed, context, result, limit, atomic=atomic)
+
+
+async def aexecute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | None, *,
+                   started: float | None = None) -> Outcome:
+    """``execute`` of an ``async def`` handler, on the running event loop; never raises.
+
+    Cancelled at its deadline (``started`` plus ``limit``) as in ``execute``:
+    this task only, the loop's other tasks run on.
+    """
+    handler, refused = _prepare(claimed)
+    if refused is not None:
+        return refused
+    assert handler is not None
+    try:
+        result = await _run_async(handler, claimed.args, context, _seconds(limit, started))
+    except Exception as error:
+        return _failed(error)
+    return _returned(claimed, context, result, limit)
+
+
+def _seconds(limit: TimeLimit | None, started: float | None) -> float | None:
+    """Seconds left to the run's deadline; None: it has no limit."""
+    return None if limit is None else limit.remaining(started, time.monotonic())
+
+
+def _prepare(claimed: ClaimedJob) -> tuple[JobHandler[..., Any] | None, Outcome | None]:
+    """The job's handler, or the outcome of a job that cannot run (no handler, bad args)."""
+    handler = get_handler(claimed.job_name)
+    if handler is None:
+        return None, Outcome(OutcomeKind.UNKNOWN,
+                             error=f"no handler is registered for job {claimed.job_name!r}")
+    try:
+        _binds(handler.signature, claimed.args)
+    except TypeError as error:
+        return None, Outcome(OutcomeKind.DEAD,
+                             error=f"args do not fit {claimed.job_name}: {error}",
+                             reason=DeadLetterReason.INVALID_ARGUMENTS)
+    return handler, None
+
+
+def _failed(error: Exception) -> Outcome:
+    """The outcome of a handler that raised ``error`` (its own ``TimeoutError`` included)."""
+    if isinstance(error, JobCancelled):
         return Outcome(OutcomeKind.CANCELLED)
-    except PermanentFailure as error:
+    if isinstance(error, PermanentFailure):
         return Outcome(OutcomeKind.DEAD, error=_error_text(error),
                        reason=DeadLetterReason.PERMANENT_FAILURE, exception=error)
-    except Exception as error:  # the handler's failure is the job's failure
-        return Outcome(OutcomeKind.RETRY, error=_error_text(error), exception=error)
+    # The handler's failure is the job's failure.
+    return Outcome(OutcomeKind.RETRY, error=_error_text(error), exception=error)
+
+
+def _returned(claimed: ClaimedJob, context: JobContext, result: Any, limit: TimeLimit | None,
+              *, atomic: bool = False) -> Outcome:
+    """The outcome of a handler that returned ``result`` (``_EXPIRED``: cancelled at its deadline).
+    """
     if result is _EXPIRED and limit is not None:
         return Outcome(OutcomeKind.RETRY, error=limit.error(atomic=atomic))
     if context.cancel_requested:

@@ -55,10 +55,11 @@ class Flights:
         self._by_claim: dict[tuple[str, int], InFlight] = {}
 
     def track(self, claimed: ClaimedJob) -> InFlight:
-        flight = InFlight(claimed, JobContext(
-            job_id=str(claimed.job_id), job_name=claimed.job_name, queue=claimed.queue,
+        fence = claimed.claim_fence
+        flight = InFlight(claimed, JobContext(  # the fence holds the id as text already
+            job_id=fence.job_id, job_name=claimed.job_name, queue=claimed.queue,
             attempts=claimed.attempts, max_attempts=claimed.max_attempts,
-            generation=claimed.claim_fence.generation))
+            generation=fence.generation))
         with self._lock:
             self._by_claim[flight.key] = flight
         return flight

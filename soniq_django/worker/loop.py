@@ -17,6 +17,11 @@ Threads, and what each one writes:
   next round (``BatchCompleter``). An atomic job's completion is written by
   its job thread, on that thread's own connection, in the handler's
   transaction (atomic.py).
+- ``async def`` handlers run as tasks on the worker's **one event loop**
+  (eventloop.py): above one slot on its own thread, to which the main loop
+  hands a round's async jobs at once; a completion is handed over there
+  (no database call), any other final write goes to a job thread. With
+  one slot the job thread runs the loop itself.
 - the **heartbeat thread** (heartbeat.py) renews every lease, reads cancel
   requests, refreshes the worker's row and throughput counts, and purges
   expired rows.
@@ -70,7 +75,7 @@ import random
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from django.db import close_old_connections, connections
 
@@ -84,13 +89,15 @@ from . import peers, planner, registration
 from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
-from .connection import KeptConnections, SharedConnection, handler_connections
+from .connection import SharedConnection, handler_connections
 from .deadlines import Deadlines
-from .execution import execute
+from .eventloop import EventLoop
+from .execution import Outcome, OutcomeKind, execute
 from .flight import Flights, InFlight
 from .throttle import RatePoll
 from .heartbeat import Heartbeat
-from .timeouts import limit_for
+from .threads import JobThreads
+from .timeouts import TimeLimit, limit_for
 from .wakeup import Listener
 from .writes import NOT_RECORDED, RECORDED, Writes, retrying
 
@@ -133,7 +140,6 @@ class Worker:
         self.wake = threading.Event()
         self.source = OwnedJobSource(using)
         self.shared = SharedConnection(using, self.stopping)
-        self.kept = KeptConnections()  # the job threads' own, closed when they ended
         self.flights = Flights()
         self.slots = Slots(concurrency)
         self.budget = Budget(max_jobs)
@@ -152,8 +158,12 @@ class Worker:
         self.deadlines = Deadlines(time_out=self.completer.time_out, concurrency=concurrency,
                                    is_atomic=is_atomic, is_async=_is_async)
         self.rate_poll = RatePoll(using, queues, self.shared)
+        self.threads = JobThreads(concurrency)
+        self.event_loop = EventLoop(self._async_start, self._async_done,
+                                    threaded=concurrency > 1)
         # What the loop remembers from one round to the next (see planner.Snapshot).
         self._found_nothing = False
+        self._requeued_then = 0  # Writes.requeued when the round that found nothing began
         self._unknown_streak = 0
         self._backoff_due = False
         self._drain_deadline: float | None = None
@@ -196,7 +206,7 @@ class Worker:
             return 0
         logger.info("%s", self._banner())
         background = self._start_background()
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="soniq-job")
+        pool = self.threads
         try:
             self.stopping.wait(self._jitter())  # workers started together claim apart
             self._loop(pool)
@@ -204,8 +214,8 @@ class Worker:
             self.completer.close()
             self.deadlines.close()
             self.stopping.set()
-            pool.shutdown(wait=not self.aborted.is_set(), cancel_futures=True)
-            self.kept.close_ended()
+            pool.shutdown(wait=not self.aborted.is_set())
+            self.event_loop.close()
             for thread in background:
                 thread.join(timeout=5)
             try:
@@ -266,7 +276,7 @@ class Worker:
 
         return bool(retrying(register, math.inf, self.stopping))
 
-    def _loop(self, pool: ThreadPoolExecutor) -> None:
+    def _loop(self, pool: JobThreads) -> None:
         """Plan, then act; until the planner says stop."""
         while True:
             step = planner.plan(self._snapshot())
@@ -290,7 +300,7 @@ class Worker:
             now=time.monotonic(), aborted=self.aborted.is_set(),
             stopping=self.stopping.is_set(), pending=pending, free_slots=free_slots,
             idle=not pending and not len(self.flights), claims_left=self.budget.left,
-            max_jobs_reached=self.budget.reached, found_nothing=self._found_nothing,
+            max_jobs_reached=self.budget.reached, found_nothing=self._nothing_found(),
             unknown_streak=self._unknown_streak, backoff_due=self._backoff_due,
             burst=self.burst, wait_for_leases=self.wait_for_leases,
             held_elsewhere=self._held_elsewhere, drain_deadline=self._drain_deadline,
@@ -299,10 +309,21 @@ class Worker:
     def _poll_interval(self) -> float:
         """POLL_INTERVAL; after a claim that found nothing, shorter for a rate-limited queue."""
         seconds = float(get_settings().POLL_INTERVAL)
-        return self.rate_poll.seconds(seconds) if self._found_nothing else seconds
+        return self.rate_poll.seconds(seconds) if self._nothing_found() else seconds
 
-    def _claim(self, n: int, pool: ThreadPoolExecutor) -> None:
+    def _nothing_found(self) -> bool:
+        """The last claim found the queue empty, and no job went back to it since.
+
+        A failure written while that round was on the wire (by a job thread,
+        or the main thread's own write of a timeout) may have queued a job
+        again, due at once: the empty answer is out of date then, and a burst
+        worker must not exit on it.
+        """
+        return self._found_nothing and self.writes.requeued == self._requeued_then
+
+    def _claim(self, n: int, pool: JobThreads) -> None:
         """One round: the pending writes, and ``n`` claims; start each job claimed."""
+        requeued = self.writes.requeued  # before the round: what it may not have seen
         answer = self.completer.round(n)
         if answer.unknown:
             self._unknown_streak += 1
@@ -310,10 +331,18 @@ class Worker:
             return
         self._unknown_streak = 0
         self.slots.take(len(answer.jobs))
+        on_the_loop = []
         for job in answer.jobs:
-            pool.submit(self._run_jobs, self.flights.track(job))
+            flight = self.flights.track(job)
+            if self.concurrency > 1 and _runs_on_the_loop(job.job_name):
+                on_the_loop.append(flight)
+            else:
+                pool.submit(partial(self._run_jobs, flight))
+        if on_the_loop:  # one hand-over for the round's async jobs
+            self.event_loop.start(on_the_loop)
         if answer.found_nothing:
             self._found_nothing = True  # the queue is empty: wait for news
+            self._requeued_then = requeued
             if self.burst and self.wait_for_leases:
                 held = self._held()
                 self._held_elsewhere = None if held is None else held.leased
@@ -379,12 +408,6 @@ class Worker:
 
     def _run_jobs(self, flight: InFlight | None) -> None:
         """Run the job and settle it; then each next job its (inline) completion claimed."""
-        try:
-            self._run_chain(flight)
-        finally:
-            self.kept.note()  # what this thread keeps open until its next job, or its end
-
-    def _run_chain(self, flight: InFlight | None) -> None:
         while flight is not None:
             try:
                 signals.started(flight, self.worker_id, self.using)
@@ -395,12 +418,55 @@ class Worker:
                         outcome = self.atomic.run(flight, limit)
                     else:
                         outcome = execute(flight.claimed, flight.context, limit,
-                                          started=flight.started)
+                                          started=flight.started,
+                                          run_async=self.event_loop.run)
             except Exception:  # execute() never raises; if it did, the lease lapses
                 logger.exception("worker error while running %s", flight.claimed.job_name)
                 outcome = None
             settled, flight = flight, self.completer.settle(flight, outcome)
             self.deadlines.forget(settled)
+
+    # The event loop's thread ------------------------------------------
+
+    def _async_start(self, flight: InFlight) -> TimeLimit | None:
+        """On the event loop's thread: an async job begins; its time limit, watched from now.
+
+        At its deadline the deadline thread takes its final write, and the
+        task's own timeout scope (execution.py) cancels it on the loop: this
+        task alone, the loop and its other tasks run on.
+        """
+        signals.started(flight, self.worker_id, self.using)
+        limit = limit_for(flight.claimed.job_name)
+        self.deadlines.watch(flight, limit)
+        return limit
+
+    def _async_done(self, flight: InFlight, outcome: Outcome) -> None:
+        """On the event loop's thread: an async job ended; settle it without blocking the loop.
+
+        A completion handed to the main loop's next round takes two locks and
+        no database call: it is settled here, unless its final write is taken
+        or being taken (the deadline thread's, for its timeout). Every other
+        final write goes to a job thread.
+        """
+        try:
+            if (outcome.kind is OutcomeKind.DONE and isinstance(self.completer, BatchCompleter)
+                    and self.completer.hand_over(flight, outcome)):
+                self.deadlines.forget(flight)
+            else:
+                self.threads.submit(partial(self._settle, flight, outcome))
+        except Exception:  # the job threads are shut down: the worker is aborting
+            logger.exception("worker error while settling %s", flight.claimed.job_name)
+
+    def _settle(self, flight: InFlight, outcome: Outcome) -> None:
+        """On a job thread: the final write of an async job that ran on the event loop."""
+        self.completer.settle(flight, outcome)
+        self.deadlines.forget(flight)
+
+
+def _runs_on_the_loop(job_name: str) -> bool:
+    """Whether a job runs on the worker's event loop: an ``async def`` handler, not atomic."""
+    handler = get_handler(job_name)
+    return handler is not None and handler.is_async and not is_atomic(job_name)
 
 
 def _is_async(job_name: str) -> bool:

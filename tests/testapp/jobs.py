@@ -33,6 +33,7 @@ def positional_only(a, /, b):
 
 import asyncio  # noqa: E402
 import os  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 
 from soniq_django.errors import JobCancelled, PermanentFailure  # noqa: E402
@@ -71,6 +72,16 @@ def worker_flaky(fail_times: int) -> dict:
     """Fail on the first ``fail_times`` attempts (the row's attempts counter), then succeed."""
     record("start")
     if current_job().attempts <= fail_times:
+        raise RuntimeError(f"flaky failure on attempt {current_job().attempts}")
+    return _trace()
+
+
+@job(name="tests.worker.slow_flaky", retries=5)
+def worker_slow_flaky(fail_times: int, seconds: float) -> dict:
+    """``tests.worker.flaky``, sleeping ``seconds`` before each failure."""
+    record("start")
+    if current_job().attempts <= fail_times:
+        time.sleep(seconds)
         raise RuntimeError(f"flaky failure on attempt {current_job().attempts}")
     return _trace()
 
@@ -137,6 +148,30 @@ async def worker_async_sleep(seconds: float) -> dict:
     record("start")
     await asyncio.sleep(seconds)
     return _trace()
+
+
+#: Jobs of tests.worker.async_together that have started (reset by the test).
+TOGETHER: list[str] = []
+
+
+@job(name="tests.worker.async_together")
+async def worker_async_together(expected: int, seconds: float = 5.0) -> dict:
+    """Wait (up to ``seconds``) until ``expected`` of these jobs have started; say on which loop
+    and thread it ran, and whether the others came."""
+    record("start")
+    TOGETHER.append(current_job().job_id)
+    deadline = time.monotonic() + seconds
+    while len(TOGETHER) < expected and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    return _trace(loop=id(asyncio.get_running_loop()), thread=threading.current_thread().name,
+                  met=len(TOGETHER) >= expected)
+
+
+@job(name="tests.worker.async_fails", retries=1)
+async def worker_async_fails(message: str = "async boom") -> None:
+    record("start")
+    await asyncio.sleep(0)
+    raise ValueError(message)
 
 
 @job(name="tests.worker.touch_db")
@@ -265,6 +300,15 @@ async def timeouts_async_short(seconds: float) -> dict:
     except asyncio.CancelledError:
         record("cancelled")
         raise
+    record("end")
+    return _trace()
+
+
+@job(name="tests.timeouts.async_blocking", timeout=1, retries=0)
+async def timeouts_async_blocking(seconds: float) -> dict:
+    """An ``async def`` that blocks its event loop (a sync sleep) past its 1 s limit."""
+    record("start")
+    time.sleep(seconds)
     record("end")
     return _trace()
 

@@ -184,6 +184,77 @@ def test_an_async_handler_is_cancelled_at_its_deadline(run_log):
     assert not run_log.events("end", job_id)
 
 
+@pytest.fixture
+def heard():
+    """``(signal name, job id, thread name, outcome, error)`` for each job_started/finished."""
+    from soniq_django import signals
+
+    calls: list[tuple[str, object, str, str | None, str | None]] = []
+    lock = threading.Lock()
+
+    def receiver(signal, sender, **kwargs):
+        name = "started" if signal is signals.job_started else "finished"
+        with lock:
+            calls.append((name, kwargs["job_id"], threading.current_thread().name,
+                          kwargs.get("outcome"), kwargs.get("error")))
+
+    for signal in (signals.job_started, signals.job_finished):
+        signal.connect(receiver, weak=False, dispatch_uid="tests.timeouts.heard")
+    yield calls
+    for signal in (signals.job_started, signals.job_finished):
+        signal.disconnect(dispatch_uid="tests.timeouts.heard")
+
+
+def test_an_async_job_on_the_shared_loop_is_cancelled_while_another_on_it_runs_on(run_log,
+                                                                                   heard):
+    # Above one slot, async jobs are tasks on the worker's one event loop
+    # (worker/eventloop.py): the timed-out task alone is cancelled, and its
+    # failure written at the deadline; the loop's other task runs on to done.
+    short = enqueue("tests.timeouts.async_short", {"seconds": 60}, max_attempts=1)
+    other = enqueue("tests.worker.async_sleep", {"seconds": 2.5}, max_attempts=1)
+    worker = Worker(concurrency=3)
+    with WorkerThread(worker) as running:
+        start = run_log.wait_for("start", short)[0].at
+        other_start = run_log.wait_for("start", other)[0].at
+        seen = _dead_letter_seen(short)
+        assert seen - start <= 1.0 + TOLERANCE, seen - start
+        run_log.wait_for("cancelled", short, timeout=5)  # the task itself stopped
+        assert other_start < start + 1.0  # it was on the loop when the deadline came
+        assert Job.objects.get(id=other).status == "processing"  # and is still running
+        wait_until(lambda: Job.objects.get(id=other).status == "done", 20, "the other job")
+        wait_until(lambda: not len(worker.flights), 5, "both runs settled")
+        assert running.stop() == 0
+    assert DeadLetterJob.objects.get(id=short).last_error == (
+        "timed out after 1 s (@job(timeout=1))")
+    assert not run_log.events("end", short)
+    assert Job.objects.get(id=other).attempts == 1
+    started = {job_id: thread for name, job_id, thread, _, _ in heard if name == "started"}
+    assert started == {short: "soniq-asyncio", other: "soniq-asyncio"}  # one loop
+    finished = {job_id: (outcome, error) for name, job_id, _, outcome, error in heard
+                if name == "finished"}
+    assert finished == {short: ("dead", "timed out after 1 s (@job(timeout=1))"),
+                        other: ("done", None)}
+
+
+def test_an_async_job_that_blocks_the_shared_loop_is_still_failed_at_its_deadline(run_log):
+    # A sync sleep inside ``async def`` holds the loop: the task's own timer
+    # cannot fire, but the deadline thread (not on the loop) takes the final
+    # write, and the main thread writes it. What the handler returns is discarded.
+    job_id = enqueue("tests.timeouts.async_blocking", {"seconds": 3}, max_attempts=1)
+    worker = Worker(concurrency=3)
+    with WorkerThread(worker) as running:
+        start = run_log.wait_for("start", job_id)[0].at
+        seen = _dead_letter_seen(job_id)
+        assert seen - start <= 1.0 + TOLERANCE, seen - start
+        assert not run_log.events("end", job_id)  # written while the handler still ran
+        run_log.wait_for("end", job_id, timeout=10)
+        wait_until(lambda: not len(worker.flights), 5, "the late handler's return")
+        assert running.stop() == 0
+    assert DeadLetterJob.objects.get(id=job_id).last_error == (
+        "timed out after 1 s (@job(timeout=1))")
+    assert not Job.objects.filter(id=job_id).exists()
+
+
 def test_a_handlers_own_timeout_error_is_its_failure_not_a_time_limit(run_log):
     # No limit applies here: the TimeoutError is the handler's (a client that gave up).
     job_id = enqueue("tests.timeouts.own_timeout_error", max_attempts=1)

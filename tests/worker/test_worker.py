@@ -442,6 +442,35 @@ def test_a_burst_worker_does_not_take_a_failed_claim_for_an_empty_queue(run_log)
     assert Job.objects.get(id=job_id).status == "done"
 
 
+def test_a_burst_worker_claims_a_job_failed_back_into_the_queue_after_it_found_nothing(
+        run_log):
+    # The race: a round claims and finds the queue empty while a running job
+    # fails and goes back to the queue (due at once); the slot then frees.
+    # That empty claim is out of date: a burst worker must not exit on it.
+    # The first run fails after 0.5 s: the worker's second round (a free slot) finds nothing
+    # while it runs.
+    job_id = enqueue("tests.worker.slow_flaky", {"fail_times": 1, "seconds": 0.5},
+                     max_attempts=2)
+    worker = Worker(burst=True, concurrency=2)
+    round_, held = worker.completer.round, []
+
+    def first_run_in_flight() -> bool:
+        return any(flight.claimed.attempts == 1 for flight in worker.flights.all())
+
+    def round_outrun_by_the_failure(n):
+        answer = round_(n)
+        if answer.found_nothing and first_run_in_flight() and not held:
+            held.append(True)  # this round's answer comes back after the failure landed
+            wait_until(lambda: not first_run_in_flight(), 10, "the first run's failure")
+        return answer
+
+    worker.completer.round = round_outrun_by_the_failure
+    assert WorkerThread(worker).start().join(timeout=30) == 0
+    assert held
+    row = Job.objects.get(id=job_id)
+    assert (row.status, row.attempts) == ("done", 2)
+
+
 def test_a_batch_claim_whose_answer_was_lost_is_recovered_job_by_job(run_log):
     ids = [enqueue("tests.worker.ok", {"n": n}) for n in range(3)]
     worker = Worker(burst=True, concurrency=4)
