@@ -6,7 +6,6 @@ connected here hear them. docs/metrics.md lists the arguments these tests check.
 """
 
 import datetime as dt
-import gc
 import logging
 import threading
 import time
@@ -278,10 +277,6 @@ def test_an_atomic_completion_the_fence_refuses_sends_job_refused(heard, run_log
     assert heard.of(signals.job_finished, job_id) == []
     # The stale run wrote nothing: the new owner's completion is the one that applies.
     assert OwnedJobSource().complete_owned(other.claim_fence, {"by": "the new owner"}) is True
-    # The refused run's job-thread connection is closed only when a reference cycle around
-    # it is collected (its thread is gone): collect now, or the test database's teardown
-    # may find that session still open.
-    gc.collect()
 
 
 def test_a_lapsed_lease_sends_lease_lost_once(heard, run_log):

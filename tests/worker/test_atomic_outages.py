@@ -12,7 +12,6 @@ until the run's failure is written on the worker's own, already open,
 connection.
 """
 
-import gc
 import logging
 
 import psycopg
@@ -38,8 +37,7 @@ FAST = {
 @pytest.fixture(autouse=True)
 def fast(settings):
     settings.SONIQ = dict(FAST)
-    yield settings
-    gc.collect()  # no job thread's connection outlives the test
+    return settings
 
 
 @pytest.fixture

@@ -7,12 +7,14 @@ holds up lease renewals; a database that cannot be reached is waited for.
 tests/worker/test_connections_processes.py counts real workers' backends.
 """
 
+import gc
 import logging
 import threading
 import time
 
 import pytest
 from django.db import connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from soniq_django import enqueue
 from soniq_django.errors import ErrorCode, SoniqError
@@ -66,8 +68,14 @@ def test_a_job_thread_holds_no_connection_while_its_handlers_touch_no_database(c
 
 
 @BOTH_PATHS
-def test_every_call_the_worker_makes_for_itself_goes_through_one_connection(concurrency):
-    enqueue("tests.worker.sleep", {"seconds": 0.5})  # long enough for heartbeats
+def test_every_call_the_worker_makes_for_itself_goes_through_one_connection(settings,
+                                                                            tmp_path,
+                                                                            concurrency):
+    # Beats a second apart: a turn that a loaded machine makes slow must last half a
+    # beat before a beat goes aside, on a second connection (the slow-call tests below).
+    settings.SONIQ = {**FAST, "HEARTBEAT_SECONDS": 1}
+    beaten = tmp_path / "beaten"
+    enqueue("tests.worker.wait_for_file", {"path": str(beaten)})  # runs until a lease renewal
     for n in range(4):
         enqueue("tests.worker.ok", {"n": n})
     enqueue("tests.worker.permanent")
@@ -75,9 +83,11 @@ def test_every_call_the_worker_makes_for_itself_goes_through_one_connection(conc
     used: set[tuple[int, str]] = set()
     for name in ("claim_many_owned", "complete_many_and_claim_owned", "complete_many_owned",
                  "fail_owned", "heartbeat_owned", "get_owned_state"):
-        def recording(*args, _method=getattr(worker.source, name), **kwargs):
+        def recording(*args, _method=getattr(worker.source, name), _name=name, **kwargs):
             thread = threading.current_thread().name
             used.add((id(connections[worker.using]), thread.rstrip("_0123456789")))
+            if _name == "heartbeat_owned":
+                beaten.touch()
             return _method(*args, **kwargs)
         setattr(worker.source, name, recording)
     assert WorkerThread(worker).start().join() == 0
@@ -93,6 +103,46 @@ def test_a_job_thread_keeps_its_connection_while_its_handlers_use_it(run_log):
     assert Job.objects.get(id=touch).status == "done"
     # Kept after the job that used it, for the next one; closed after one that did not.
     assert [_opened(probe) for probe in probes] == [1, 0]
+
+
+@BOTH_PATHS
+def test_a_stopped_worker_leaves_none_of_its_job_threads_connections_open(run_log,
+                                                                        concurrency):
+    # The job threads keep the connection their last handler used, and end with the
+    # worker. run() closes what they kept: a Django connection is a reference cycle,
+    # and with the garbage collector off (as between two of its runs) nothing else would.
+    for n in range(concurrency):
+        enqueue("tests.worker.touch_db")
+        enqueue("tests.atomic.effect", {"note": str(n)})
+    before = _sessions()
+    gc.collect()
+    gc.disable()
+    try:
+        assert run_burst(concurrency=concurrency) == 0
+        assert _open_connections_of_other_threads() == []
+        # What the server sees (PostgreSQL): none of the worker's sessions is left.
+        wait_until(lambda: not _sessions() - before, 5, "the worker's sessions to end")
+    finally:
+        gc.enable()
+    assert Job.objects.filter(status="done").count() == 2 * concurrency
+
+
+def _open_connections_of_other_threads() -> list[str]:
+    """The aliases of the open Django connections that are not this thread's."""
+    mine = {id(conn) for conn in connections.all(initialized_only=True)}
+    return [wrapper.alias for wrapper in gc.get_objects()
+            if isinstance(wrapper, BaseDatabaseWrapper) and id(wrapper) not in mine
+            and wrapper.connection is not None]
+
+
+def _sessions() -> set[int]:
+    """The other server sessions on the test database (PostgreSQL; none on SQLite)."""
+    if connection.vendor != "postgresql":
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND pid <> pg_backend_pid()")
+        return {pid for pid, in cursor.fetchall()}
 
 
 def test_a_slow_call_on_the_shared_connection_does_not_hold_up_lease_renewals(settings,

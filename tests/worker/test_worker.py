@@ -648,11 +648,22 @@ def test_the_task_registry_lists_every_handler_for_this_worker():
     assert TaskRegistration.objects.filter(worker_id=worker.worker_id).count() == len(rows)
 
 
+@pytest.fixture
+def housekeeper():
+    """A worker that is never run: the tests call its heartbeat's housekeeping directly.
+
+    Its shared connection opens at the first turn; run() would close it at its end,
+    so the fixture does, or that session stays open until the garbage collector runs.
+    """
+    worker = Worker(burst=True)
+    yield worker.heartbeat
+    worker.shared.close()
+
+
 @pytest.mark.django_db(transaction=True)
-def test_the_worker_purges_expired_rows_but_never_protected_ones():
+def test_the_worker_purges_expired_rows_but_never_protected_ones(housekeeper):
     from soniq_django.producer.request import JobRequest
     from soniq_django.owned import OwnedJobSource
-    from soniq_django.worker import Worker
     from tests.support.owned import nonce, rewrite
 
     source = OwnedJobSource()
@@ -663,8 +674,7 @@ def test_the_worker_purges_expired_rows_but_never_protected_ones():
     past = timezone.now() - dt.timedelta(seconds=1)
     rewrite(owned, expires_at=past)
     rewrite(expired, expires_at=past)
-    worker = Worker(burst=True)
-    worker.heartbeat.housekeep()
+    housekeeper.housekeep()
     assert not Job.objects.filter(id=expired).exists()
     assert Job.objects.filter(id=owned).exists()
 
@@ -676,7 +686,7 @@ def _expired_rows(count: int) -> list:
     return ids
 
 
-def test_a_purge_goes_on_while_its_batches_come_back_full(settings, monkeypatch):
+def test_a_purge_goes_on_while_its_batches_come_back_full(settings, monkeypatch, housekeeper):
     # One batch a beat was at most PURGE_BATCH rows per HEARTBEAT_SECONDS per
     # worker (100 rows/s by default): a faster drain grew the table forever.
     from soniq_django.worker import heartbeat
@@ -684,13 +694,13 @@ def test_a_purge_goes_on_while_its_batches_come_back_full(settings, monkeypatch)
     soniq(settings, HEARTBEAT_SECONDS=10, LEASE_SECONDS=60)  # half a beat: 5 s to purge
     monkeypatch.setattr(heartbeat, "PURGE_BATCH", 3)
     _expired_rows(8)
-    worker = Worker(burst=True)
-    worker.heartbeat.housekeep()
+    housekeeper.housekeep()
     assert not Job.objects.exists()
-    assert worker.heartbeat._next_purge > time.monotonic() + 50  # all gone: in a minute
+    assert housekeeper._next_purge > time.monotonic() + 50  # all gone: in a minute
 
 
-def test_a_purge_stops_after_half_a_beat_and_goes_on_at_the_next(settings, monkeypatch):
+def test_a_purge_stops_after_half_a_beat_and_goes_on_at_the_next(settings, monkeypatch,
+                                                                 housekeeper):
     from soniq_django.worker import heartbeat
 
     soniq(settings, HEARTBEAT_SECONDS=0.2, LEASE_SECONDS=60)  # half a beat: 0.1 s
@@ -705,11 +715,10 @@ def test_a_purge_stops_after_half_a_beat_and_goes_on_at_the_next(settings, monke
     real_purge = heartbeat.purge_expired
     monkeypatch.setattr(heartbeat, "purge_expired", slow_purge)
     _expired_rows(6)
-    worker = Worker(burst=True)
-    worker.heartbeat.housekeep()
+    housekeeper.housekeep()
     assert calls == [2] and Job.objects.count() == 4
-    assert worker.heartbeat._next_purge <= time.monotonic()  # due again at the next beat
-    worker.heartbeat.housekeep()
+    assert housekeeper._next_purge <= time.monotonic()  # due again at the next beat
+    housekeeper.housekeep()
     assert Job.objects.count() == 2
 
 
