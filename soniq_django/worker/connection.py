@@ -8,8 +8,8 @@ turns. A *turn* is one call (never a retry loop: retries wait outside
 it). A handler that uses the ORM does so on its job thread's own
 connection, as any Django code does; a job thread keeps that connection
 while its handlers use it, and closes it after a job that did not
-(``handler_connections``); what the job threads kept is closed once they
-ended with the worker (``KeptConnections``).
+(``handler_connections``), and closes what it kept when it ends with the
+worker (threads.py).
 
 Connections per worker process (docs/deployment.md#connections-per-worker):
 
@@ -252,48 +252,6 @@ class Turns:
                 return value(*args, **kwargs)
 
         return in_a_turn
-
-
-class KeptConnections:
-    """The connections the job threads keep between jobs, closed once those threads ended.
-
-    A job thread keeps the connection its last handler used (see
-    ``handler_connections``). Nothing else would close it when the thread
-    ends with the worker: a Django connection object is a reference cycle,
-    so its server session would stay open until the garbage collector
-    freed it -- one per job thread that used the database, for as long as
-    the process outlives ``Worker.run()`` (a worker run in a thread, a
-    test). Each job thread notes what it keeps when it has run its jobs
-    (``note``); the worker closes it after its job threads ended
-    (``close_ended``).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kept: dict[threading.Thread, list[Any]] = {}
-
-    def note(self) -> None:
-        """On a job thread, after its jobs: the connections it keeps open for the next."""
-        kept = [conn for conn in connections.all(initialized_only=True)
-                if conn.connection is not None]
-        thread = threading.current_thread()
-        with self._lock:
-            if kept:
-                self._kept[thread] = kept
-            else:
-                self._kept.pop(thread, None)
-
-    def close_ended(self) -> None:
-        """Close what the ended job threads kept; a thread still running keeps its own."""
-        with self._lock:
-            ended = [thread for thread in self._kept if not thread.is_alive()]
-            closing = [conn for thread in ended for conn in self._kept.pop(thread)]
-        for conn in closing:
-            conn.inc_thread_sharing()  # its thread is gone: this one may close it
-            try:
-                conn.close()
-            finally:
-                conn.dec_thread_sharing()
 
 
 @contextmanager

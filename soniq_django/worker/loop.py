@@ -89,7 +89,7 @@ from . import peers, planner, registration
 from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
-from .connection import KeptConnections, SharedConnection, handler_connections
+from .connection import SharedConnection, handler_connections
 from .deadlines import Deadlines
 from .eventloop import EventLoop
 from .execution import Outcome, OutcomeKind, execute
@@ -140,7 +140,6 @@ class Worker:
         self.wake = threading.Event()
         self.source = OwnedJobSource(using)
         self.shared = SharedConnection(using, self.stopping)
-        self.kept = KeptConnections()  # the job threads' own, closed when they ended
         self.flights = Flights()
         self.slots = Slots(concurrency)
         self.budget = Budget(max_jobs)
@@ -217,7 +216,6 @@ class Worker:
             self.stopping.set()
             pool.shutdown(wait=not self.aborted.is_set())
             self.event_loop.close()
-            self.kept.close_ended()
             for thread in background:
                 thread.join(timeout=5)
             try:
@@ -410,12 +408,6 @@ class Worker:
 
     def _run_jobs(self, flight: InFlight | None) -> None:
         """Run the job and settle it; then each next job its (inline) completion claimed."""
-        try:
-            self._run_chain(flight)
-        finally:
-            self.kept.note()  # what this thread keeps open until its next job, or its end
-
-    def _run_chain(self, flight: InFlight | None) -> None:
         while flight is not None:
             try:
                 signals.started(flight, self.worker_id, self.using)

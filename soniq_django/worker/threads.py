@@ -6,12 +6,21 @@ item and an idle-thread semaphore per job. Here a job is one put on a
 queue. Threads start one per job handed over until there are ``size`` of
 them; the main loop never hands over more jobs than it has free slots,
 so no job waits behind a busy thread for long.
+
+A thread closes its own database connections when it ends (at the
+worker's stop): what its handlers used is kept between jobs
+(connection.py ``handler_connections``), and a Django connection object is
+a reference cycle, so nothing else would close its server session before
+the garbage collector came by -- one session per job thread, for as long
+as the process outlives ``Worker.run()`` (a worker run in a thread, a test).
 """
 
 import logging
 import queue
 import threading
 from collections.abc import Callable
+
+from django.db import connections
 
 logger = logging.getLogger("soniq_django.worker")
 
@@ -54,11 +63,14 @@ class JobThreads:
                 thread.join()
 
     def _serve(self) -> None:
-        while True:
-            item = self._items.get()
-            if item is None:
-                return
-            try:
-                item()
-            except BaseException:  # keep the thread: the worker's own code failed, not the job
-                logger.exception("worker error on a job thread")
+        try:
+            while True:
+                item = self._items.get()
+                if item is None:
+                    return
+                try:
+                    item()
+                except BaseException:  # keep the thread: the worker's own code failed, not the job
+                    logger.exception("worker error on a job thread")
+        finally:
+            connections.close_all()  # this thread's own: what its last jobs kept open

@@ -109,8 +109,8 @@ def test_a_job_thread_keeps_its_connection_while_its_handlers_use_it(run_log):
 def test_a_stopped_worker_leaves_none_of_its_job_threads_connections_open(run_log,
                                                                         concurrency):
     # The job threads keep the connection their last handler used, and end with the
-    # worker. run() closes what they kept: a Django connection is a reference cycle,
-    # and with the garbage collector off (as between two of its runs) nothing else would.
+    # worker, closing it as they end: a Django connection is a reference cycle, and
+    # with the garbage collector off (as between two of its runs) nothing else would.
     for n in range(concurrency):
         enqueue("tests.worker.touch_db")
         enqueue("tests.atomic.effect", {"note": str(n)})
