@@ -106,33 +106,52 @@ def _press(driver, queue: str, action: str) -> str:
     The live refresh redraws the table every second, so a button found may be
     replaced before the click lands: find it again then.
     """
-    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     page = driver.find_element(By.TAG_NAME, "html")
-    for _ in range(5):
-        try:
-            driver.find_element(
-                By.CSS_SELECTOR, f'tr[data-queue="{queue}"] button[value="{action}"]').click()
-            break
-        except StaleElementReferenceException:
-            continue
+    _redrawn_retry(lambda: driver.find_element(
+        By.CSS_SELECTOR, f'tr[data-queue="{queue}"] button[value="{action}"]').click())
     wait = WebDriverWait(driver, 10)
     wait.until(expected_conditions.staleness_of(page))
     return wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "ul.messagelist li"))[0].text
 
 
-def _queued_cell(driver, queue: str) -> str:
+def _redrawn(error: Exception) -> bool:
+    """Whether ``error`` says the element was replaced by a live redraw since it was found.
+
+    Selenium raises StaleElementReferenceException for most of those; Chromium's
+    click reports the same race as an inspector error on a node that left the document.
+    """
     from selenium.common.exceptions import StaleElementReferenceException
+
+    return (isinstance(error, StaleElementReferenceException)
+            or "does not belong to the document" in str(error))
+
+
+def _redrawn_retry(action, tries: int = 10):
+    """``action()``, tried again while a live redraw replaced its element under it."""
+    from selenium.common.exceptions import WebDriverException
+
+    for _ in range(tries - 1):
+        try:
+            return action()
+        except WebDriverException as error:
+            if not _redrawn(error):
+                raise
+    return action()
+
+
+def _text(driver, css: str) -> str:
+    """The text of the element at ``css``, read again if a live redraw replaced it meanwhile."""
     from selenium.webdriver.common.by import By
 
-    try:
-        return driver.find_element(
-            By.CSS_SELECTOR, f'tr[data-queue="{queue}"] td[data-status="queued"]').text
-    except StaleElementReferenceException:  # redrawn between the find and the read
-        return ""
+    return _redrawn_retry(lambda: driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def _queued_cell(driver, queue: str) -> str:
+    return _text(driver, f'tr[data-queue="{queue}"] td[data-status="queued"]')
 
 
 def _dashboard_live(driver, shots, live_server) -> None:
@@ -148,7 +167,7 @@ def _dashboard_live(driver, shots, live_server) -> None:
     assert _press(driver, "mail", "pause") == "Paused queue “mail”."
     row = QueueSetting.objects.get(queue="mail")
     assert (row.paused, row.paused_by) == (True, "admin")
-    assert "Paused" in driver.find_element(By.CSS_SELECTOR, 'tr[data-queue="mail"]').text
+    assert "Paused" in _text(driver, 'tr[data-queue="mail"]')
 
     # The figures refresh in place: a job enqueued now shows up, and the page is the same
     # page (a marker set on its window survives; a reload would drop it).
@@ -193,7 +212,7 @@ def _dashboard_live(driver, shots, live_server) -> None:
     # Resume it again.
     assert _press(driver, "mail", "resume") == "Resumed queue “mail”."
     assert not QueueSetting.objects.get(queue="mail").paused
-    assert "Running" in driver.find_element(By.CSS_SELECTOR, 'tr[data-queue="mail"]').text
+    assert "Running" in _text(driver, 'tr[data-queue="mail"]')
 
 
 def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monkeypatch):
