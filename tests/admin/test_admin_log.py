@@ -244,3 +244,15 @@ def test_the_entries_name_whoever_did_it(client, django_user_model):
         _act(client, "deadletterjob", "replay_selected", [job_id])
     assert _entries() == sorted([("alice", Job, str(dead[0]), CHANGE, "Replayed from the admin."),
                                  ("bob", Job, str(dead[1]), CHANGE, "Replayed from the admin.")])
+
+
+def test_a_changed_row_gone_before_it_is_logged_is_logged_on_its_id(rf, admin_user):
+    from soniq_django.admin.base import log_changed
+
+    kept = enqueue("a.job", queue="mail")
+    gone = uuid.uuid4()  # say, made due and then deleted before the log read it
+    request = rf.post("/")
+    request.user = admin_user
+    log_changed(request, Job, "default", [kept, gone], "Made due now from the admin.")
+    assert _entries() == _expected(Job, [kept, gone], CHANGE, "Made due now from the admin.")
+    assert LogEntry.objects.get(object_id=str(kept)).object_repr == "a.job (queued)"
