@@ -13,6 +13,10 @@ from django.conf import settings
 
 BACKEND = settings.BACKEND
 
+# Fixtures any test may name (none of them autouse): ``run_log`` and
+# ``fast`` (tests/support/workers.py), ``children`` (worker_processes.py).
+pytest_plugins = ["tests.support.workers", "tests.support.worker_processes"]
+
 
 def pytest_report_header(config):
     # The first lines of every pass say what it ran on (scripts/run-tests
