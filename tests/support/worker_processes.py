@@ -4,15 +4,19 @@ Each child runs with ``tests.worker_settings``: the database from
 ``SONIQ_WORKER_DATABASE_URL`` (passed in the environment, never printed),
 soniq settings from ``SONIQ_*`` variables, and the test handlers of
 tests/testapp/jobs.py. The children are ``tests.support.processes``
-children; whoever starts them kills them at the end (``kill_all()``).
+children; whoever starts them kills them at the end (``kill_all()``), as
+the ``children`` fixture does (offered to the suite by tests/conftest.py).
 """
 
 from pathlib import Path
 from urllib.parse import quote
 
+import pytest
+from django.db import connection as test_connection
+
 from tests.support.processes import Child, Processes
 
-__all__ = ["Child", "Children", "database_url"]
+__all__ = ["Child", "Children", "children", "database_url"]
 
 
 def database_url(connection) -> str:
@@ -51,3 +55,13 @@ class Children(Processes):
 
     def kill_all(self) -> None:
         self.cleanup()
+
+
+@pytest.fixture
+def children(tmp_path, run_log):
+    """``Children`` on the test database, writing to the test's run log; killed at the end."""
+    pool = Children(tmp_path, database_url(test_connection))
+    try:
+        yield pool
+    finally:
+        pool.kill_all()
