@@ -5,18 +5,15 @@ Each child runs with ``tests.worker_settings``: the database from
 soniq settings from ``SONIQ_*`` variables, and the test handlers of
 tests/testapp/jobs.py. The children are ``tests.support.processes``
 children; whoever starts them kills them at the end (``kill_all()``), as
-the ``children`` fixture does (offered to the suite by tests/conftest.py).
+the ``children`` fixture of tests/conftest.py does.
 """
 
 from pathlib import Path
 from urllib.parse import quote
 
-import pytest
-from django.db import connection as test_connection
-
 from tests.support.processes import Child, Processes
 
-__all__ = ["Child", "Children", "children", "database_url"]
+__all__ = ["Child", "Children", "database_url"]
 
 
 def database_url(connection) -> str:
@@ -55,13 +52,3 @@ class Children(Processes):
 
     def kill_all(self) -> None:
         self.cleanup()
-
-
-@pytest.fixture
-def children(tmp_path, run_log):
-    """``Children`` on the test database, writing to the test's run log; killed at the end."""
-    pool = Children(tmp_path, database_url(test_connection))
-    try:
-        yield pool
-    finally:
-        pool.kill_all()

@@ -1,8 +1,6 @@
 """Shared helpers for the worker tests: the run log, polling, in-process workers.
 
-Also fixtures, which tests/conftest.py offers to the whole suite
-(``pytest_plugins``); none is autouse: ``run_log`` where a test names it,
-``fast`` where a module asks for it (``pytest.mark.usefixtures("fast")``).
+The fixtures built on them (``run_log``, ``fast``) are in tests/conftest.py.
 """
 
 import threading
@@ -11,7 +9,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from django.db import connections
 
 from soniq_django.worker import Worker
@@ -29,13 +26,6 @@ FAST = {
 def soniq(settings, **values) -> None:
     """``SONIQ`` for the test: ``FAST`` with ``values`` over it (``settings``: pytest-django's)."""
     settings.SONIQ = {**FAST, **values}
-
-
-@pytest.fixture
-def fast(settings):
-    """``SONIQ = FAST`` for the test."""
-    soniq(settings)
-    return settings
 
 
 @dataclass(frozen=True)
@@ -84,14 +74,6 @@ class RunLog:
             ),
             timeout, f"{count} {kind!r} event(s) for {job_id or 'any job'}",
         )
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch) -> RunLog:
-    """The test's run log: ``SONIQ_TEST_RUN_LOG`` names it, for this process and its children."""
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
 
 
 def wait_until(condition, timeout: float, what: str, interval: float = 0.02):
