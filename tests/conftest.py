@@ -10,6 +10,10 @@ import platform
 import django
 import pytest
 from django.conf import settings
+from django.db import connection
+
+from tests.support.worker_processes import Children, database_url
+from tests.support.workers import RunLog, soniq
 
 BACKEND = settings.BACKEND
 
@@ -27,6 +31,36 @@ def pytest_report_header(config):
 def backend(request):
     """The database backend this test runs on: ``sqlite`` or ``postgresql``."""
     return request.param
+
+
+# Worker tests' fixtures; none autouse: a module that wants ``fast`` for
+# every test says ``pytest.mark.usefixtures("fast")``.
+
+
+@pytest.fixture
+def fast(settings):
+    """``SONIQ = FAST`` (tests/support/workers.py) for the test."""
+    soniq(settings)
+    return settings
+
+
+@pytest.fixture
+def run_log(tmp_path, monkeypatch) -> RunLog:
+    """The test's run log: ``SONIQ_TEST_RUN_LOG`` names it, for this process and its children."""
+    path = tmp_path / "runs.log"
+    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
+    return RunLog(path)
+
+
+@pytest.fixture
+def children(tmp_path, run_log):
+    """``manage.py`` children on the test database, writing to the test's run log; killed at
+    the end."""
+    pool = Children(tmp_path, database_url(connection))
+    try:
+        yield pool
+    finally:
+        pool.kill_all()
 
 
 def pytest_collection_modifyitems(config, items):

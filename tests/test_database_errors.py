@@ -22,6 +22,7 @@ from soniq_django.errors import (
 )
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.producer.request import JobRequest
+from tests.support.outages import lose_connection
 from tests.support.owned import drop_refusal, refuse_updates
 
 PG = connection.vendor == "postgresql"
@@ -322,13 +323,7 @@ def test_a_locked_database_is_persistence_failed_on_the_enqueue_path(call):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("call", list(CALLS))
 def test_a_terminated_backend_is_persistence_failed_on_the_enqueue_path(call):
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        (pid,) = cursor.fetchone()
-    other = connections.create_connection("default")
-    with other.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-    other.close()
+    lose_connection()
     try:
         assert _translated_failure(CALLS[call]).code is ErrorCode.QUEUE_PERSISTENCE_FAILED
     finally:

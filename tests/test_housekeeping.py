@@ -2,18 +2,18 @@
 
 import datetime as dt
 import io
-import threading
 import uuid
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, connections
+from django.db import connection
 from django.utils import timezone
 
 from soniq_django import enqueue
 from soniq_django.housekeeping import purge_dead_letters, purge_expired
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.owned import JobRequest, OwnedJobSource
+from tests.support.concurrency import run_threads
 from tests.support.owned import nonce, rewrite
 
 pytestmark = pytest.mark.django_db
@@ -158,24 +158,7 @@ def test_concurrent_purges_share_the_work_without_errors():
     Job.objects.bulk_create(
         Job(job_name="a.job", status="done", expires_at=timezone.now() - HOUR) for _ in range(400)
     )
-    totals, errors = [], []
-    barrier = threading.Barrier(4)
-
-    def purge():
-        try:
-            barrier.wait()
-            totals.append(purge_expired(batch=7))
-        except BaseException as error:  # reported below
-            errors.append(error)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=purge) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors
+    totals = run_threads(lambda _: purge_expired(batch=7), 4)
     assert sum(totals) == 400
     assert not Job.objects.exists()
 

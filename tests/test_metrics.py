@@ -25,8 +25,7 @@ from soniq_django.models import DeadLetterJob, Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker import Worker
 from tests.support.owned import nonce, rewrite
-from tests.support.worker_processes import Children, database_url
-from tests.support.workers import RunLog, WorkerThread, wait_until
+from tests.support.workers import WorkerThread, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -180,13 +179,6 @@ def _sample(name: str, **labels) -> float:
     return registry.get_sample_value(name, labels) or 0.0
 
 
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
-
-
 def test_a_refused_completion_and_a_lost_lease_are_counted(settings, run_log):
     # As tests/test_signals.py provokes them: a changed claim token under a running job
     # (heartbeats far apart), then a lapsed lease under another one.
@@ -214,15 +206,6 @@ def test_a_refused_completion_and_a_lost_lease_are_counted(settings, run_log):
 
 
 # A real worker process ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def children(tmp_path, run_log):
-    pool = Children(tmp_path, database_url(connection))
-    try:
-        yield pool
-    finally:
-        pool.kill_all()
 
 
 def _port(child) -> int:

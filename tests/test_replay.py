@@ -16,6 +16,7 @@ from soniq_django.housekeeping import purge_expired
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.owned import JobRequest, OwnedJobSource
 from soniq_django.replay import GENERATION_STRIDE, replay_dead_letters
+from tests.support.concurrency import run_threads
 from tests.support.owned import nonce
 
 pytestmark = pytest.mark.django_db
@@ -251,24 +252,7 @@ def test_replayed_owned_jobs_stay_protected_from_housekeeping():
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_replays_never_double_a_job():
     dead = [dead_letter() for _ in range(20)]
-    barrier = threading.Barrier(4)
-    reports, errors = [], []
-
-    def replay():
-        try:
-            barrier.wait()
-            reports.append(replay_dead_letters(all=True))
-        except BaseException as error:  # reported below
-            errors.append(error)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=replay) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors
+    reports = run_threads(lambda _: replay_dead_letters(all=True), 4)
     replayed = [i for report in reports for i in report.replayed]
     assert sorted(replayed) == sorted(d.id for d in dead)  # each exactly once
     assert Job.objects.count() == 20

@@ -25,14 +25,12 @@ from soniq_django.producer.request import JobRequest
 from soniq_django.registry import get_handler
 from soniq_django.worker import Worker
 from tests.support.owned import nonce, rewrite
-from tests.support.workers import RunLog, WorkerThread, wait_until
+from tests.support.workers import FAST, WorkerThread, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ALL = (signals.job_enqueued, signals.job_started, signals.job_finished, signals.job_refused,
        signals.lease_lost, signals.worker_heartbeat)
-FAST = {"RETRY_BASE_SECONDS": 0, "LEASE_SECONDS": 5, "HEARTBEAT_SECONDS": 0.1,
-        "POLL_INTERVAL": 0.2}
 
 #: The keyword arguments each signal is documented to carry (docs/metrics.md).
 ARGUMENTS = {
@@ -78,13 +76,6 @@ def heard(settings):
     yield receiver
     for signal in ALL:
         signal.disconnect(dispatch_uid="tests.heard")
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
 
 
 def burst(concurrency: int = 1) -> Worker:

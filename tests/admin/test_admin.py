@@ -55,14 +55,6 @@ class Rows:
     dead: uuid.UUID
 
 
-@pytest.fixture
-def admin_client(client, django_user_model):
-    """A client logged in as a superuser, without hashing a password (that takes a second)."""
-    client.force_login(django_user_model.objects.create_superuser("admin", "admin@example.com",
-                                                                  password=None))
-    return client
-
-
 def _claim(queue: str):
     return OwnedJobSource().claim_next_owned("worker-a", claim_token=nonce(), queues=[queue])
 

@@ -30,13 +30,6 @@ LIVE = "admin:soniq_django_dashboard_live"
 QUEUE = "admin:soniq_django_dashboard_queue"
 
 
-@pytest.fixture
-def admin_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_superuser("admin", "admin@example.com",
-                                                                  password=None))
-    return client
-
-
 def _staff(client, django_user_model, *codenames: str) -> Client:
     user = django_user_model.objects.create_user("staff", is_staff=True)
     user.user_permissions.set(Permission.objects.filter(codename__in=codenames))

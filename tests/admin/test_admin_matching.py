@@ -29,13 +29,6 @@ RETRY = "admin:soniq_django_job_matching"
 DEAD_LIST = "admin:soniq_django_deadletterjob_changelist"
 
 
-@pytest.fixture
-def admin_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_superuser("admin", "admin@example.com",
-                                                                  password=None))
-    return client
-
-
 def _dead(queue: str, count: int, job_name: str = "billing.charge") -> list:
     source, ids = OwnedJobSource(), []
     for i in range(count):

@@ -12,13 +12,6 @@ pytestmark = pytest.mark.django_db
 CHANGELIST = "admin:soniq_django_queuesetting_changelist"
 
 
-@pytest.fixture
-def admin_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_superuser("admin", "admin@example.com",
-                                                                  password=None))
-    return client
-
-
 def _change(queue: str) -> str:
     return reverse("admin:soniq_django_queuesetting_change", args=[queue])
 

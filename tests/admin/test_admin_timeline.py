@@ -25,13 +25,6 @@ TRACEBACK = ('Traceback (most recent call last):\n  File "x.py", line 1, in run\
 DECLINED = "ValueError: card <script>alert(1)</script> declined"
 
 
-@pytest.fixture
-def admin_client(client, django_user_model):
-    client.force_login(django_user_model.objects.create_superuser("admin", "admin@example.com",
-                                                                  password=None))
-    return client
-
-
 def _claim(worker: str, queue: str):
     claimed = OwnedJobSource().claim_next_owned(worker, claim_token=nonce(), queues=[queue])
     assert claimed is not None

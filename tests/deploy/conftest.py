@@ -19,7 +19,6 @@ from django.db import connections
 from tests.support.ci import unavailable
 from tests.support.pgbouncer import PgBouncer, PgBouncerUnavailable, Pool, Server
 from tests.support.processes import Processes
-from tests.support.workers import RunLog
 
 SETTINGS = "tests.deploy.settings"
 
@@ -38,13 +37,6 @@ def bouncer(django_db_setup):
         unavailable(f"the deployment tests need PgBouncer: {error}")
     with instance:
         yield instance
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from django.utils import timezone
 from soniq_django import enqueue
 from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError
 from soniq_django.models import DeadLetterJob, Job, Worker
-from soniq_django.owned import ClaimedJob, OwnedJobSource, OwnedJobState, QueueClaimFence
-from tests.support.owned import nonce, rewrite
+from soniq_django.owned import OwnedJobSource, OwnedJobState, QueueClaimFence
+from tests.support.owned import claim, nonce, rewrite
 
 pytestmark = pytest.mark.django_db
 
@@ -22,12 +22,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def source():
     return OwnedJobSource()
-
-
-def claim(source, worker="worker-1", queues=None) -> ClaimedJob:
-    claimed = source.claim_next_owned(worker, claim_token=nonce(), queues=queues)
-    assert claimed is not None
-    return claimed
 
 
 # Claims -------------------------------------------------------------------

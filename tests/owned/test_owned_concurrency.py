@@ -13,6 +13,7 @@ from soniq_django.producer.request import JobRequest
 from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 from tests.support.concurrency import run_threads
+from tests.support.outages import lose_connection
 from tests.support.owned import nonce
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -162,13 +163,7 @@ def test_a_lost_connection_raises_persistence_failed_never_false():
     enqueue("a.job")
     source = OwnedJobSource()
     claimed = source.claim_next_owned("worker-a", claim_token=nonce())
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        (pid,) = cursor.fetchone()
-    other = connections.create_connection("default")
-    with other.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-    other.close()
+    lose_connection()
     with pytest.raises(SoniqError) as caught:
         source.complete_owned(claimed.claim_fence)
     assert caught.value.code is ErrorCode.QUEUE_PERSISTENCE_FAILED

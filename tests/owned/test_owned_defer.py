@@ -15,8 +15,8 @@ from django.utils import timezone
 from soniq_django import enqueue
 from soniq_django.errors import ConfigValidationError
 from soniq_django.models import DeadLetterJob, Job
-from soniq_django.owned import ClaimedJob, OwnedJobSource
-from tests.support.owned import nonce, rewrite
+from soniq_django.owned import OwnedJobSource
+from tests.support.owned import claim, nonce, rewrite
 
 pytestmark = pytest.mark.django_db
 
@@ -24,12 +24,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def source():
     return OwnedJobSource()
-
-
-def claim(source, worker="worker-1") -> ClaimedJob:
-    claimed = source.claim_next_owned(worker, claim_token=nonce())
-    assert claimed is not None
-    return claimed
 
 
 def test_a_deferred_job_is_queued_for_later_and_its_attempt_given_back(source):

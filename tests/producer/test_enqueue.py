@@ -3,7 +3,6 @@
 import contextlib
 import datetime as dt
 import math
-import threading
 import uuid
 
 import pytest
@@ -16,6 +15,7 @@ from soniq_django import args_hash, bulk_enqueue, enqueue, get_job
 from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError
 from soniq_django.producer.request import JobRequest
 from soniq_django.models import DeadLetterJob, Job
+from tests.support.concurrency import run_threads
 
 pytestmark = pytest.mark.django_db
 
@@ -450,24 +450,7 @@ def test_get_job_rejects_a_non_uuid():
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_unique_enqueues_make_one_job():
-    barrier = threading.Barrier(6)
-    results, errors = [], []
-
-    def producer():
-        try:
-            barrier.wait()
-            results.append(enqueue("reports.build", {"day": "race"}, unique_job=True))
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=producer) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    results = run_threads(lambda _: enqueue("reports.build", {"day": "race"}, unique_job=True), 6)
     assert len(set(results)) == 1
     assert Job.objects.filter(job_name="reports.build").count() == 1
 

@@ -21,7 +21,7 @@ from soniq_django.owned.types import ClaimedJob
 from soniq_django.worker.context import JobContext
 from soniq_django.worker.flight import InFlight
 from soniq_django.worker.loop import Worker
-from tests.support.owned import nonce, refuse_updates, rewrite
+from tests.support.owned import claim, nonce, refuse_updates, rewrite
 
 pytestmark = pytest.mark.django_db
 
@@ -29,12 +29,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def source():
     return OwnedJobSource()
-
-
-def claim(source, worker="worker-1") -> ClaimedJob:
-    claimed = source.claim_next_owned(worker, claim_token=nonce())
-    assert claimed is not None
-    return claimed
 
 
 def lapse(job_id) -> None:

@@ -19,15 +19,7 @@ from soniq_django.worker.timeouts import TimeLimit
 from tests.support.owned import drop_refusal, nonce, refuse_updates
 from tests.support.workers import run_burst, wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-FAST = {"RETRY_BASE_SECONDS": 0, "LEASE_SECONDS": 5, "HEARTBEAT_SECONDS": 0.1,
-        "POLL_INTERVAL": 0.2}
-
-
-@pytest.fixture(autouse=True)
-def fast(settings):
-    settings.SONIQ = dict(FAST)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast")]
 
 
 def _refuse_requeueing() -> None:

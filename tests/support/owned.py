@@ -5,10 +5,18 @@ import secrets
 from django.db import connection
 
 from soniq_django.models import Job
+from soniq_django.owned import ClaimedJob
 
 
 def nonce() -> str:
     return secrets.token_hex(16)
+
+
+def claim(source, worker="worker-1", queues=None) -> ClaimedJob:
+    """``source.claim_next_owned(worker)`` with a fresh nonce: a job must be there to claim."""
+    claimed = source.claim_next_owned(worker, claim_token=nonce(), queues=queues)
+    assert claimed is not None
+    return claimed
 
 
 def rewrite(job_id, **values) -> None:

@@ -4,7 +4,8 @@ Each child runs with ``tests.worker_settings``: the database from
 ``SONIQ_WORKER_DATABASE_URL`` (passed in the environment, never printed),
 soniq settings from ``SONIQ_*`` variables, and the test handlers of
 tests/testapp/jobs.py. The children are ``tests.support.processes``
-children; whoever starts them kills them at the end (``kill_all()``).
+children; whoever starts them kills them at the end (``kill_all()``), as
+the ``children`` fixture of tests/conftest.py does.
 """
 
 from pathlib import Path

@@ -1,4 +1,7 @@
-"""Shared helpers for the worker tests: the run log, polling, in-process workers."""
+"""Shared helpers for the worker tests: the run log, polling, in-process workers.
+
+The fixtures built on them (``run_log``, ``fast``) are in tests/conftest.py.
+"""
 
 import threading
 import time
@@ -9,6 +12,20 @@ from pathlib import Path
 from django.db import connections
 
 from soniq_django.worker import Worker
+
+
+#: Worker settings for tests: no retry back-off, a short lease, quick heartbeats and polls.
+FAST = {
+    "RETRY_BASE_SECONDS": 0,
+    "LEASE_SECONDS": 5,
+    "HEARTBEAT_SECONDS": 0.1,
+    "POLL_INTERVAL": 0.2,
+}
+
+
+def soniq(settings, **values) -> None:
+    """``SONIQ`` for the test: ``FAST`` with ``values`` over it (``settings``: pytest-django's)."""
+    settings.SONIQ = {**FAST, **values}
 
 
 @dataclass(frozen=True)

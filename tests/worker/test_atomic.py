@@ -21,35 +21,12 @@ from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker import Worker
 from tests.support.owned import nonce, rewrite
-from tests.support.workers import RunLog, WorkerThread, run_burst, wait_until
+from tests.support.workers import WorkerThread, run_burst, soniq, wait_until
 from tests.testapp.models import Effect
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast")]
 
-FAST = {
-    "RETRY_BASE_SECONDS": 0,
-    "LEASE_SECONDS": 5,
-    "HEARTBEAT_SECONDS": 0.1,
-    "POLL_INTERVAL": 0.2,
-}
 BOTH_PATHS = pytest.mark.parametrize("concurrency", [1, 3])
-
-
-@pytest.fixture(autouse=True)
-def fast(settings):
-    settings.SONIQ = dict(FAST)
-    return settings
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
-
-
-def soniq(settings, **values):
-    settings.SONIQ = {**FAST, **values}
 
 
 def effects(job_id) -> list[tuple[int, int, str]]:

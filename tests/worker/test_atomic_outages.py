@@ -21,30 +21,11 @@ from django.db import connection
 from soniq_django import enqueue
 from soniq_django.models import Job
 from soniq_django.worker import Worker
-from tests.support.workers import RunLog, WorkerThread, wait_until
+from tests.support.workers import WorkerThread, wait_until
 from tests.testapp.models import Effect
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql_only]
-
-FAST = {
-    "RETRY_BASE_SECONDS": 0,
-    "LEASE_SECONDS": 5,
-    "HEARTBEAT_SECONDS": 0.1,
-    "POLL_INTERVAL": 0.2,
-}
-
-
-@pytest.fixture(autouse=True)
-def fast(settings):
-    settings.SONIQ = dict(FAST)
-    return settings
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql_only,
+              pytest.mark.usefixtures("fast")]
 
 
 def _backend_idle_in_transaction() -> int | None:

@@ -22,30 +22,15 @@ from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker import Worker
 from soniq_django.worker.connection import connect_patiently
-from tests.support.workers import RunLog, WorkerThread, run_burst, wait_until
+from tests.support.workers import FAST, WorkerThread, run_burst, wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast")]
 
-FAST = {"RETRY_BASE_SECONDS": 0, "LEASE_SECONDS": 5, "HEARTBEAT_SECONDS": 0.1,
-        "POLL_INTERVAL": 0.2}
 WAITING = "cannot connect to the database"
 ASIDE = "renewing leases on a second connection"
 
 # One slot: the job thread completes and claims; more: the main thread does.
 BOTH_PATHS = pytest.mark.parametrize("concurrency", [1, 3])
-
-
-@pytest.fixture(autouse=True)
-def fast(settings):
-    settings.SONIQ = dict(FAST)
-    return settings
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
 
 
 def _opened(job_id) -> int:

@@ -21,29 +21,13 @@ from soniq_django import enqueue
 from soniq_django.models import Worker as WorkerRow
 from tests.chaos.cluster import Cluster, ClusterUnavailable
 from tests.support.ci import unavailable
-from tests.support.worker_processes import Children, database_url
-from tests.support.workers import RunLog, wait_until
+from tests.support.worker_processes import Children
+from tests.support.workers import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql_only]
 
 WAITING = "cannot connect to the database"
 QUIET = {"HEARTBEAT_SECONDS": 1, "POLL_INTERVAL": 0.2}
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
-
-
-@pytest.fixture
-def children(tmp_path, run_log):
-    pool = Children(tmp_path, database_url(connection))
-    try:
-        yield pool
-    finally:
-        pool.kill_all()
 
 
 def _backends(name: str) -> int:

@@ -21,28 +21,11 @@ from django.db import connection, connections
 from soniq_django import bulk_enqueue, pause_queue, resume_queue
 from soniq_django.models import Job
 from soniq_django.producer.request import JobRequest
-from tests.support.worker_processes import Children, database_url
-from tests.support.workers import RunLog, wait_until
+from tests.support.workers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 QUIET = {"HEARTBEAT_SECONDS": 1, "POLL_INTERVAL": 0.2}
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
-
-
-@pytest.fixture
-def children(tmp_path, run_log):
-    pool = Children(tmp_path, database_url(connection))
-    try:
-        yield pool
-    finally:
-        pool.kill_all()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from soniq_django import enqueue
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker import Worker
-from tests.support.workers import RunLog, WorkerThread, run_burst, wait_until
+from tests.support.workers import WorkerThread, run_burst, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,13 +38,6 @@ TOLERANCE = 0.8
 @pytest.fixture(autouse=True)
 def slow_beats(settings):
     settings.SONIQ = dict(SLOW_BEATS)
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
 
 
 def _dead_letter_seen(job_id) -> float:

@@ -17,22 +17,11 @@ from soniq_django.models import DeadLetterJob, Job, TaskRegistration, Worker as 
 from soniq_django.worker import Worker
 from soniq_django.worker.unknown import DEFER_SECONDS, decide
 from tests.support.owned import rewrite
-from tests.support.workers import WorkerThread, run_burst
+from tests.support.workers import WorkerThread, run_burst, soniq
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast")]
 
-FAST = {"RETRY_BASE_SECONDS": 0, "LEASE_SECONDS": 5, "HEARTBEAT_SECONDS": 0.1,
-        "POLL_INTERVAL": 0.2}
 NEW_NAME = "tests.rolling.added_by_the_next_release"  # no handler in this process
-
-
-@pytest.fixture(autouse=True)
-def fast(settings):
-    settings.SONIQ = dict(FAST)
-
-
-def soniq(settings, **values):
-    settings.SONIQ = {**FAST, **values}
 
 
 def enqueued_ago(seconds: float, **options) -> uuid.UUID:

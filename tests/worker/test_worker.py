@@ -26,34 +26,9 @@ from soniq_django.owned import OwnedJobSource
 from soniq_django.registry import registered_handlers
 from soniq_django.worker import Worker, registration
 from tests.support.owned import rewrite
-from tests.support.workers import RunLog, WorkerThread, run_burst, wait_until
+from tests.support.workers import WorkerThread, run_burst, soniq, wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-FAST = {
-    "RETRY_BASE_SECONDS": 0,
-    "LEASE_SECONDS": 5,
-    "HEARTBEAT_SECONDS": 0.1,
-    "POLL_INTERVAL": 0.2,
-}
-
-
-@pytest.fixture(autouse=True)
-def fast(settings):
-    settings.SONIQ = dict(FAST)
-    return settings
-
-
-@pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
-
-
-def soniq(settings, **values):
-    settings.SONIQ = {**FAST, **values}
-
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast")]
 
 def dead(job_id) -> DeadLetterJob:
     assert not Job.objects.filter(id=job_id).exists(), "a dead-lettered job leaves soniq_jobs"

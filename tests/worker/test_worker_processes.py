@@ -51,13 +51,6 @@ class Workers(Children):
 
 
 @pytest.fixture
-def run_log(tmp_path, monkeypatch):
-    path = tmp_path / "runs.log"
-    monkeypatch.setenv("SONIQ_TEST_RUN_LOG", str(path))
-    return RunLog(path)
-
-
-@pytest.fixture
 def workers(tmp_path, run_log):
     pool = Workers(tmp_path, run_log)
     try:
