@@ -47,9 +47,18 @@ from .request import PreparedJob
 #: 500 on COPY was ahead.
 COPY_MIN_JOBS = 500
 
-#: The columns ``soniq_enqueue_many``'s INSERT writes, in COPY order.
-COLUMNS = ("id", "job_name", "args", "args_hash", "status", "attempts", "max_attempts", "queue",
-           "priority", "unique_job", "dedup_key", "scheduled_at", "producer_id")
+#: The columns ``soniq_enqueue_many``'s INSERT writes, in COPY order: first those that
+#: many jobs of a batch share (their text is made once per distinct combination, see
+#: ``_copy``), then the id and the args.
+COLUMNS = ("job_name", "status", "attempts", "max_attempts", "queue", "priority", "unique_job",
+           "args_hash", "dedup_key", "scheduled_at", "producer_id", "id", "args")
+
+#: How many rows ``_copy`` formats before it hands them to psycopg as one block.
+ROWS_PER_WRITE = 1000
+
+#: What COPY's text format escapes in a field (a NUL never gets here: ``prepare()`` refuses
+#: it in args, queue, dedup_key and producer_id, and psycopg in the names ``_CHECK`` sends).
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 # Privileges first, in a statement of their own: a statement that reads a
 # table the role may not read fails, whatever it would do with the rows.
@@ -118,14 +127,48 @@ def enqueue_many(jobs: list[PreparedJob], connection: Any, alias: str
 
 def _copy(cursor: Any, connection: Any, table: str, jobs: list[PreparedJob],
           producer: str) -> None:
-    """COPY ``jobs`` into ``table`` on the psycopg ``cursor`` (its errors as Django's)."""
+    """COPY ``jobs`` into ``table`` on the psycopg ``cursor`` (its errors as Django's).
+
+    The rows are formatted here, as COPY's text format, and written
+    ``ROWS_PER_WRITE`` at a time: what psycopg's ``write_row`` would send,
+    without its per-field dumping. The fields that jobs of a batch share are
+    formatted once per distinct combination.
+    """
     sql = f"COPY {table} ({', '.join(COLUMNS)}) FROM STDIN"
+    heads: dict[tuple[Any, ...], str] = {}
+    rows: list[str] = []
     with connection.wrap_database_errors, cursor.copy(sql) as copy:
-        write = copy.write_row
         for job in jobs:
-            write((job.job_id, job.job_name, job.args_json, None, "queued", 0, job.max_attempts,
-                   job.queue, job.priority, False, None, job.scheduled_at,
-                   job.producer_id if job.producer_id is not None else producer))
+            key = (job.job_name, job.max_attempts, job.queue, job.priority, job.scheduled_at,
+                   job.producer_id)
+            head = heads.get(key)
+            if head is None:
+                head = heads[key] = _head(job, producer)
+            args = job.args_json
+            if "\\" in args:  # JSON text holds no tab, newline or CR: it escapes them
+                args = args.replace("\\", "\\\\")
+            rows.append(f"{head}{job.job_id.hex}\t{args}\n")
+            if len(rows) == ROWS_PER_WRITE:
+                copy.write("".join(rows))
+                rows.clear()
+        if rows:
+            copy.write("".join(rows))
+
+
+def _head(job: PreparedJob, producer: str) -> str:
+    """The text of ``job``'s row up to its id: the fields that jobs of a batch share."""
+    at = job.scheduled_at
+    return "\t".join((
+        _text(job.job_name), "queued", "0",
+        "\\N" if job.max_attempts is None else str(job.max_attempts),
+        _text(job.queue), str(job.priority), "f", "\\N", "\\N",
+        "\\N" if at is None else str(at),  # as psycopg's text dumper writes it
+        _text(job.producer_id if job.producer_id is not None else producer), ""))
+
+
+def _text(value: str) -> str:
+    """``value`` as a field of COPY's text format."""
+    return value.translate(_ESCAPES)
 
 
 def _first_run_per_queue(jobs: list[PreparedJob]) -> tuple[list[str], list[Any]]:
