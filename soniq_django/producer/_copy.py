@@ -90,9 +90,11 @@ def applies(jobs: list[PreparedJob], connection: Any) -> bool:
         return False
     plain = 0
     for job in jobs:
-        if not job.deduplicates:
+        if not (job.unique_job or job.dedup_key is not None):  # job.deduplicates, inline
             plain += 1
-    return plain >= COPY_MIN_JOBS
+            if plain >= COPY_MIN_JOBS:
+                return True
+    return False
 
 
 def enqueue_many(jobs: list[PreparedJob], connection: Any, alias: str
@@ -102,8 +104,15 @@ def enqueue_many(jobs: list[PreparedJob], connection: Any, alias: str
     None when step 1 (see the module) says no: nothing was written, and
     ``_pg.enqueue_many`` is to take the batch. Raises ``SoniqError``.
     """
-    plain = [job for job in jobs if not job.deduplicates]
-    others = [job for job in jobs if job.deduplicates]
+    plain: list[PreparedJob] = []
+    others: list[PreparedJob] = []
+    names: set[str] = set()
+    requested: list[uuid.UUID] = []
+    for job in jobs:  # one pass over the batch
+        (others if job.unique_job or job.dedup_key is not None else plain).append(job)
+        names.add(job.job_name)
+        if not job.job_id_generated:
+            requested.append(job.job_id)
     quote = connection.ops.quote_name
     jobs_table, dead_table = quote(Job._meta.db_table), quote(DeadLetterJob._meta.db_table)
     with translating(alias), transaction.atomic(using=alias):
@@ -112,9 +121,7 @@ def enqueue_many(jobs: list[PreparedJob], connection: Any, alias: str
             may, producer = cursor.fetchone()
             if not may:
                 return None
-            cursor.execute(_CHECK.format(dead=dead_table), [
-                sorted({job.job_name for job in jobs}),
-                [job.job_id for job in jobs if not job.job_id_generated]])
+            cursor.execute(_CHECK.format(dead=dead_table), [sorted(names), requested])
             names_ok, ids_free = cursor.fetchone()
             if not (names_ok and ids_free):
                 return None
@@ -122,6 +129,8 @@ def enqueue_many(jobs: list[PreparedJob], connection: Any, alias: str
             queues, firsts = _first_run_per_queue(plain)
             cursor.execute(_NOTIFY, [queues, firsts])
         resolved = iter(_pg.enqueue_many(others, connection, alias) if others else ())
+    if not others:
+        return [job.job_id for job in jobs]
     return [next(resolved) if job.deduplicates else job.job_id for job in jobs]
 
 
