@@ -134,3 +134,23 @@ def test_flat_args_come_out_as_the_full_walk_makes_them(args):
     assert fast == outcome(lambda: _normalize(args, _named))
     if fast[0] == "ok":
         assert fast[1] is not args
+
+
+def test_prepare_fills_each_field_of_the_prepared_job():
+    # _prepare builds PreparedJob positionally: every field must get its own value.
+    import datetime as dt
+
+    when = dt.datetime(2030, 1, 2, tzinfo=dt.UTC)
+    given_id = uuid.uuid4()
+    job = request.prepare(JobRequest("a.b", {"x": 1}, queue="q", priority=7, run_at=when,
+                                     max_attempts=9, unique_job=True, dedup_key="d",
+                                     producer_id="p", job_id=given_id))
+    assert (job.job_id, job.job_id_generated, job.job_name, job.args, job.queue, job.priority,
+            job.scheduled_at, job.max_attempts, job.unique_job, job.dedup_key, job.producer_id,
+            job.args_json, job.delay) == (given_id, False, "a.b", {"x": 1}, "q", 7, when, 9,
+                                          True, "d", "p", '{"x":1}', None)
+    assert job.args_hash == request.hash_normalized_args({"x": 1})
+    later = request.prepare(JobRequest("a.b", delay=5))
+    assert (later.job_id_generated, later.scheduled_at, later.delay, later.args_hash,
+            later.unique_job, later.dedup_key) == (True, None, dt.timedelta(seconds=5), None,
+                                                   False, None)
