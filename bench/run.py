@@ -58,6 +58,19 @@ def _snapshot(rev: str, into: Path) -> str:
                           text=True, check=True).stdout.strip()
 
 
+def _check_snapshot_is_imported(system: "System") -> None:
+    """Fail unless a child of ``system`` (and this process) import soniq_django from SONIQ_SOURCE."""
+    import soniq_django
+
+    probe = subprocess.run([str(system.python), "-c", "import soniq_django; print(soniq_django.__file__)"],
+                           cwd=ROOT, env=system.env(), capture_output=True, text=True, check=True)
+    for where, found in (("this process", soniq_django.__file__),
+                         ("a child process", probe.stdout.strip())):
+        if not str(Path(found).resolve()).startswith(str(Path(SONIQ_SOURCE or "").resolve())):
+            raise SystemExit(f"bench: --soniq-rev: {where} imports soniq_django from {found}, "
+                             f"not from the snapshot in {SONIQ_SOURCE}")
+
+
 # Child processes -------------------------------------------------------------
 
 _children: list[subprocess.Popen] = []
@@ -98,6 +111,9 @@ class System:
         path = str(ROOT)
         if SONIQ_SOURCE and self.python == PROJECT_PY:
             path = f"{SONIQ_SOURCE}{os.pathsep}{path}"  # ahead of the editable install
+            # ``python -m`` would put the working directory (ROOT, whose
+            # soniq_django is the working tree's) ahead of PYTHONPATH.
+            env["PYTHONSAFEPATH"] = "1"
         env.update(PYTHONPATH=path, BENCH_DB_NAME=self.db, PYTHONUNBUFFERED="1")
         if self.settings:
             env["DJANGO_SETTINGS_MODULE"] = self.settings
@@ -811,6 +827,8 @@ def main(argv=None) -> int:
     else:
         cfg.soniq_commit = None
     systems = make_systems(pid, log_dir)
+    if SONIQ_SOURCE:
+        _check_snapshot_is_imported(systems["soniq"])
     if cfg.no_peers or cfg.profile is not None or cfg.only == "atomic":
         systems = {"soniq": systems["soniq"]}
     elif cfg.only == "drain":  # the race's one peer

@@ -10,13 +10,13 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from .models import Job, JobStatus, RecurringJob, ScheduleStatus
 from .owned import OwnedJobSource
-from .owned._store import fenced_writes
+from .owned._store import fenced_writes, take_sqlite_write_lock
 
 PROTECTED = Q(fence_required=True) | Q(submission_id__isnull=False)
 
@@ -134,29 +134,73 @@ def retry_now(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> int:
 
     Returns how many jobs changed; jobs in any other state are left alone.
     """
-    now = timezone.now()
-    with fenced_writes(connections[using]):
-        changed: int = Job.objects.using(using).filter(
-            id__in=list(job_ids), status=JobStatus.QUEUED, scheduled_at__gt=now
-        ).update(scheduled_at=now, updated_at=now)
+    return len(retry_now_ids(job_ids, using=using))
+
+
+def retry_now_ids(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> list[uuid.UUID]:
+    """``retry_now``, returning the ids of the jobs it made due (what the admin logs).
+
+    The waiting jobs are locked (PostgreSQL) or the write lock is taken
+    (SQLite) before they are read, and "now" is read after that lock: a
+    job another call made due meanwhile no longer waits, so every id
+    returned is one this call changed.
+    """
+    connection = connections[using]
+    with fenced_writes(connection):
+        if connection.vendor == "sqlite":
+            take_sqlite_write_lock(connection)
+        waiting = list(Job.objects.using(using).filter(
+            id__in=list(job_ids), status=JobStatus.QUEUED, scheduled_at__gt=timezone.now(),
+        ).select_for_update().values_list("id", "scheduled_at"))
+        now = timezone.now()
+        changed = [job_id for job_id, scheduled_at in waiting if scheduled_at > now]
+        if changed:
+            Job.objects.using(using).filter(id__in=changed).update(
+                scheduled_at=now, updated_at=now)
         return changed
 
 
 def delete_finished(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> int:
     """Delete done or cancelled jobs; never queued, running or protected owned ones."""
-    finished = Job.objects.using(using).filter(
-        id__in=list(job_ids), status__in=[JobStatus.DONE, JobStatus.CANCELLED]
-    ).exclude(PROTECTED)
-    deleted: int
-    deleted, _ = finished.delete()
-    return deleted
+    return len(delete_finished_rows(job_ids, using=using))
+
+
+def delete_finished_rows(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> list[Job]:
+    """``delete_finished``, returning the rows it deleted (what the admin logs).
+
+    Each row has its ``id``, ``job_name`` and ``status`` loaded (what its
+    ``str()`` shows), read under the same lock as the delete.
+    """
+    connection = connections[using]
+    with transaction.atomic(using=using):
+        if connection.vendor == "sqlite":
+            take_sqlite_write_lock(connection)
+        finished = list(Job.objects.using(using).filter(
+            id__in=list(job_ids), status__in=[JobStatus.DONE, JobStatus.CANCELLED]
+        ).exclude(PROTECTED).select_for_update().only("id", "job_name", "status"))
+        if finished:
+            Job.objects.using(using).filter(id__in=[job.id for job in finished]).delete()
+        return finished
 
 
 def set_schedule_status(schedule_ids: Iterable[uuid.UUID], status: str, *,
                         using: str = "default") -> int:
     """Pause or resume recurring jobs; returns how many changed."""
+    return len(set_schedule_status_ids(schedule_ids, status, using=using))
+
+
+def set_schedule_status_ids(schedule_ids: Iterable[uuid.UUID], status: str, *,
+                            using: str = "default") -> list[uuid.UUID]:
+    """``set_schedule_status``, returning the ids of the schedules it changed."""
     if status not in ScheduleStatus.values:
         raise ValueError("status must be 'active' or 'paused'")
-    changed: int = RecurringJob.objects.using(using).filter(
-        id__in=list(schedule_ids)).exclude(status=status).update(status=status)
-    return changed
+    connection = connections[using]
+    with transaction.atomic(using=using):
+        if connection.vendor == "sqlite":
+            take_sqlite_write_lock(connection)
+        changed = list(RecurringJob.objects.using(using).filter(
+            id__in=list(schedule_ids)).exclude(status=status)
+            .select_for_update().values_list("id", flat=True))
+        if changed:
+            RecurringJob.objects.using(using).filter(id__in=changed).update(status=status)
+        return changed

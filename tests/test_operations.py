@@ -9,9 +9,18 @@ from django.utils import timezone
 from soniq_django import enqueue
 from soniq_django.producer.request import JobRequest
 from soniq_django.models import Job, RecurringJob
-from soniq_django.operations import cancel_jobs, delete_finished, retry_now, set_schedule_status
+from soniq_django.operations import (
+    cancel_jobs,
+    delete_finished,
+    delete_finished_rows,
+    retry_now,
+    retry_now_ids,
+    set_schedule_status,
+    set_schedule_status_ids,
+)
 from soniq_django.owned import OwnedJobSource
 from soniq_django.throughput import ThroughputCounter, per_minute
+from tests.support.concurrency import run_threads
 from tests.support.owned import nonce, rewrite
 
 pytestmark = pytest.mark.django_db
@@ -85,3 +94,38 @@ def test_throughput_counts_add_up_per_minute():
     assert totals[minute] == {"done": 4, "failed": 1, "dead_lettered": 1, "cancelled": 1}
     with pytest.raises(ValueError):
         counter.add("q1", "exploded")
+
+
+# -- the *_ids/*_rows variants: exactly what this call changed, even racing another --------
+
+def test_the_variants_return_what_they_changed():
+    later = timezone.now() + dt.timedelta(hours=1)
+    waiting, due = enqueue("a.later", run_at=later), enqueue("a.due")
+    assert retry_now_ids([waiting, due]) == [waiting]
+    assert retry_now_ids([waiting, due]) == []
+    Job.objects.filter(id=due).update(status="done")
+    [row] = delete_finished_rows([waiting, due, uuid.uuid4()])
+    assert (row.id, row.job_name, row.status) == (due, "a.due", "done")
+    assert not Job.objects.filter(id=due).exists()
+    schedule = RecurringJob.objects.create(job_name="a.nightly", schedule_type="cron",
+                                           schedule_value="0 3 * * *")
+    assert set_schedule_status_ids([schedule.id, uuid.uuid4()], "paused") == [schedule.id]
+    assert set_schedule_status_ids([schedule.id], "paused") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_calls_each_return_only_the_rows_they_changed():
+    # Four threads at once on the same rows: each row is reported by one
+    # call only (so the admin logs each change once), and all are reported.
+    later = timezone.now() + dt.timedelta(hours=1)
+    waiting = [enqueue("a.later", {"n": n}, run_at=later) for n in range(40)]
+    retried = run_threads(lambda index: retry_now_ids(waiting), 4)
+    assert sorted(job_id for ids in retried for job_id in ids) == sorted(waiting)
+    Job.objects.filter(id__in=waiting).update(status="done")
+    deleted = run_threads(lambda index: [row.id for row in delete_finished_rows(waiting)], 4)
+    assert sorted(job_id for ids in deleted for job_id in ids) == sorted(waiting)
+    assert not Job.objects.filter(id__in=waiting).exists()
+    schedules = [RecurringJob.objects.create(job_name=f"a.nightly_{n}", schedule_type="cron",
+                                             schedule_value="0 3 * * *").id for n in range(20)]
+    paused = run_threads(lambda index: set_schedule_status_ids(schedules, "paused"), 4)
+    assert sorted(i for ids in paused for i in ids) == sorted(schedules)

@@ -1,13 +1,15 @@
 """What every soniq admin shares: offered lookups only, read-only rows, listed columns only."""
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin import FieldListFilter, ListFilter, SimpleListFilter
 from django.contrib.admin.utils import get_fields_from_path
 from django.contrib.admin.views.main import ChangeList
 from django.db import router
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest
 
@@ -96,3 +98,43 @@ def write_alias(queryset: QuerySet) -> str:
     routers' write alias for the model.
     """
     return queryset._db or router.db_for_write(queryset.model)
+
+
+REPR_COLUMNS: dict[str, tuple[str, ...]] = {
+    "job": ("id", "job_name", "status"),
+    "deadletterjob": ("id", "job_name", "dead_letter_reason"),
+    "recurringjob": ("id", "job_name", "schedule_type", "schedule_value"),
+    "queuesetting": ("queue",),
+}
+"""The columns each logged model's ``str()`` reads: all a log entry needs of a row."""
+
+
+def log_rows(request: HttpRequest, rows: Sequence[Model], message: str, *,
+             action_flag: int = CHANGE) -> None:
+    """Record an operator's change of ``rows`` in the admin log, one entry a row.
+
+    ``LogEntry.objects.log_actions``, as Django's own admin calls it: the
+    rows' History pages and the admin's "Recent actions" list them, with
+    the user. The entries go to the database the routers give ``LogEntry``
+    (``default``, usually), in one insert, wherever the rows live; their
+    object ids are text. ``message`` says what happened -- never a job's
+    args.
+    """
+    if rows:
+        LogEntry.objects.log_actions(user_id=request.user.pk, queryset=list(rows),
+                                     action_flag=action_flag, change_message=message)
+
+
+def log_changed(request: HttpRequest, model: type[Model], using: str, ids: Iterable[Any],
+                message: str) -> None:
+    """``log_rows`` for the rows of ``model`` with these ids, read in one query on ``using``.
+
+    ``using`` is the alias the change was written to (a replica may lag
+    behind it). A row gone meanwhile is still logged, on its id alone.
+    """
+    wanted = list(ids)
+    if not wanted:
+        return
+    found = {row.pk: row for row in model._default_manager.using(using).filter(
+        pk__in=wanted).only(*REPR_COLUMNS[model._meta.model_name or ""])}
+    log_rows(request, [found.get(pk) or model(pk=pk) for pk in wanted], message)

@@ -5,6 +5,7 @@ from collections import Counter
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.models import DELETION
 from django.contrib.auth import get_permission_codename
 from django.db import router
 from django.db.models import QuerySet
@@ -16,8 +17,8 @@ from django.utils.translation import ngettext
 from .. import operations, replay
 from ..errors import SoniqError
 from ..models import DeadLetterJob, Job, JobStatus
-from .base import OnlyListedColumns, ReadOnlyAdmin, write_alias
-from .matching import AllMatching, MatchingOperation
+from .base import OnlyListedColumns, ReadOnlyAdmin, log_changed, log_rows, write_alias
+from .matching import AllMatching, Batch, MatchingOperation
 from .timeline import dead_letter_events, job_events, job_url, render_timeline
 from .display import parse_uuid, plural, pre, pretty_json, sentence, when
 
@@ -67,9 +68,19 @@ class _JobRowAdmin(ReadOnlyAdmin):
         return pre(obj.last_error)
 
 
-def _retry_now(using: str, ids: list[Any]) -> Counter[str]:
-    changed = operations.retry_now(ids, using=using)
-    return Counter(changed=changed, skipped=len(ids) - changed)
+# The admin log's messages: a selected-rows action ends them with ".", an
+# all-matching operation with " (all matching)." (docs/admin.md, "What the
+# admin log records"). Never a job's args.
+RETRIED = "Made due now from the admin"
+REPLAYED = "Replayed from the admin"
+CANCELLED = "Cancelled from the admin"
+CANCEL_REQUESTED = "Cancel requested from the admin: its worker was asked to stop it"
+DELETED = "Deleted from the admin (a finished job)"
+
+
+def _retry_now(using: str, ids: list[Any]) -> Batch:
+    changed = operations.retry_now_ids(ids, using=using)
+    return Batch(Counter(changed=len(changed), skipped=len(ids) - len(changed)), changed)
 
 
 def _retry_summary(counts: Counter[str]) -> tuple[str, int]:
@@ -80,11 +91,14 @@ def _retry_summary(counts: Counter[str]) -> tuple[str, int]:
     ), messages.SUCCESS if changed else messages.WARNING
 
 
-def _replay(using: str, ids: list[Any]) -> Counter[str]:
+def _replay(using: str, ids: list[Any]) -> Batch:
     report = replay.replay_dead_letters(using, ids=ids)
-    return Counter(replayed=len(report.replayed), live=len(report.live),
-                   already_replayed=len(report.already_replayed),
-                   conflicts=len(report.conflicts), missing=len(report.missing))
+    # A replayed dead letter's change is the job it became (same id): that
+    # row is what the log entry is on.
+    return Batch(Counter(replayed=len(report.replayed), live=len(report.live),
+                         already_replayed=len(report.already_replayed),
+                         conflicts=len(report.conflicts), missing=len(report.missing)),
+                 list(report.replayed))
 
 
 def _replay_summary(counts: Counter[str]) -> tuple[str, int]:
@@ -104,11 +118,13 @@ def _replay_summary(counts: Counter[str]) -> tuple[str, int]:
 RETRY_ALL_MATCHING = MatchingOperation(
     label="Retry all matching now", verb="make due now", noun="job", permission="operate",
     run=_retry_now, summary=_retry_summary,
-    beyond_cap="Narrow the filter (by queue, job name or date), or call operations.retry_now().")
+    beyond_cap="Narrow the filter (by queue, job name or date), or call operations.retry_now().",
+    logged=Job, log_message=RETRIED)
 REPLAY_ALL_MATCHING = MatchingOperation(
     label="Replay all matching", verb="replay", noun="dead letter", permission="replay",
     run=_replay, summary=_replay_summary,
-    beyond_cap="Narrow the filter, or use manage.py soniq_replay --reason REASON (or --all).")
+    beyond_cap="Narrow the filter, or use manage.py soniq_replay --reason REASON (or --all).",
+    logged=Job, log_message=REPLAYED)
 
 
 _LIVE = (JobStatus.QUEUED, JobStatus.PROCESSING)
@@ -225,15 +241,27 @@ class JobAdmin(AllMatching, _JobRowAdmin):
         # The states before and after are both read where the cancel writes:
         # a replica the list came from may lag behind it.
         jobs = Job.objects.using(using).filter(id__in=list(queryset.values_list("id", flat=True)))
-        before = dict(jobs.values_list("id", "status"))
-        operations.cancel_jobs(list(before), using=using)
+        before = {job_id: (status, cancel_requested) for job_id, status, cancel_requested in
+                  jobs.values_list("id", "status", "cancel_requested")}
+        report = operations.cancel_jobs(list(before), using=using)
         # What happened is read from the rows, not inferred from the status
         # before: the service may cancel a running job at once (its lease
         # had lapsed), and a worker may finish a job meanwhile.
-        after = {job_id: (status, cancel_requested) for job_id, status, cancel_requested in
-                 jobs.values_list("id", "status", "cancel_requested")}
-        outcomes = Counter(_cancel_outcome(before[job_id], after.get(job_id))
-                           for job_id in before)
+        rows = {job.id: job for job in
+                jobs.only("id", "job_name", "status", "cancel_requested")}
+        outcome_of = {job_id: _cancel_outcome(
+            before[job_id][0], (rows[job_id].status, rows[job_id].cancel_requested)
+            if job_id in rows else None) for job_id in before}
+        outcomes = Counter(outcome_of.values())
+        # Logged: what this call did -- the service acted on the job, and
+        # the row shows it cancelled, or newly asked to stop (asking again
+        # changes nothing).
+        acted = {job_id for job_id, result in report.outcomes if result != operations.SKIPPED}
+        log_rows(request, [rows[job_id] for job_id in before if job_id in acted
+                           and outcome_of[job_id] == "cancelled"], f"{CANCELLED}.")
+        log_rows(request, [rows[job_id] for job_id in before if job_id in acted
+                           and outcome_of[job_id] == "requested" and not before[job_id][1]],
+                 f"{CANCEL_REQUESTED}.")
         for outcome, level in (("cancelled", messages.SUCCESS), ("requested", messages.SUCCESS),
                                ("nothing", messages.WARNING), ("changed", messages.WARNING)):
             if outcomes[outcome]:
@@ -241,14 +269,18 @@ class JobAdmin(AllMatching, _JobRowAdmin):
 
     @admin.action(description="Retry selected jobs now (skip the wait)", permissions=["operate"])
     def retry_selected_now(self, request: HttpRequest, queryset: QuerySet) -> None:
-        counts = _retry_now(write_alias(queryset), list(queryset.values_list("id", flat=True)))
-        self.message_user(request, *_retry_summary(counts))
+        using = write_alias(queryset)
+        batch = _retry_now(using, list(queryset.values_list("id", flat=True)))
+        log_changed(request, Job, using, batch.changed, f"{RETRIED}.")
+        self.message_user(request, *_retry_summary(batch.counts))
 
     @admin.action(description="Delete selected finished jobs (done or cancelled)",
                   permissions=["purge"])
     def delete_selected_finished(self, request: HttpRequest, queryset: QuerySet) -> None:
         ids = list(queryset.values_list("id", flat=True))
-        deleted = operations.delete_finished(ids, using=write_alias(queryset))
+        rows = operations.delete_finished_rows(ids, using=write_alias(queryset))
+        log_rows(request, rows, f"{DELETED}.", action_flag=DELETION)
+        deleted = len(rows)
         self.message_user(request, sentence(
             f"deleted {plural(deleted, 'finished job')}",
             f"kept {len(ids) - deleted} that are queued, running or protected owned submissions"
@@ -312,10 +344,12 @@ class DeadLetterJobAdmin(AllMatching, _JobRowAdmin):
     @admin.action(description="Replay selected dead letters (queue them again)",
                   permissions=["replay"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        using = write_alias(queryset)
         try:
-            counts = _replay(write_alias(queryset), list(queryset.values_list("id", flat=True)))
+            batch = _replay(using, list(queryset.values_list("id", flat=True)))
         except SoniqError as error:
             self.message_user(request, f"Replay stopped: {error.reason}. Dead letters replayed "
                                        "before the failure stay replayed.", messages.ERROR)
             return
-        self.message_user(request, *_replay_summary(counts))
+        log_changed(request, Job, using, batch.changed, f"{REPLAYED}.")
+        self.message_user(request, *_replay_summary(batch.counts))

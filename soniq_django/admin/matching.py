@@ -6,7 +6,9 @@ checked the same way (a lookup no filter offers is refused with 400). The
 page says how many rows match and asks for confirmation; the POST reads the
 matching ids again, refuses more than ``matching_cap`` of them, and hands
 them to the operation in batches of ``matching_batch``, each batch through
-the same service the per-row action calls.
+the same service the per-row action calls. After each batch the rows it
+changed are recorded in the admin log (``LogEntry``, one insert a batch),
+with the user and "(all matching)" in the message.
 """
 
 from collections import Counter
@@ -25,11 +27,19 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from ..errors import SoniqError
-from .base import write_alias
+from .base import log_changed, write_alias
 
 MATCHING_CAP = 10_000
 """The most rows one "all matching" operation takes; narrow the filter, or use the commands."""
 MATCHING_BATCH = 500
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What an operation did to one batch: counts by outcome, and the ids it changed."""
+
+    counts: Counter[str]
+    changed: list[Any]
 
 
 @dataclass(frozen=True)
@@ -40,9 +50,11 @@ class MatchingOperation:
     verb: str  # the confirmation: "replay"
     noun: str  # what one row is: "dead letter"
     permission: str  # the admin's has_<permission>_permission decides
-    run: Callable[[str, list[Any]], Counter[str]]  # (write alias, ids) -> counts by outcome
+    run: Callable[[str, list[Any]], Batch]  # (write alias, ids) -> what it did
     summary: Callable[[Counter[str]], tuple[str, int]]  # counts -> (message, level)
     beyond_cap: str  # what to do instead when more rows than the cap match
+    logged: Any  # the model whose rows a change is logged on (the ids are its pks)
+    log_message: str  # the admin log's message for one changed row
 
 
 class AllMatching:
@@ -133,7 +145,10 @@ class AllMatching:
         counts: Counter[str] = Counter()
         try:
             for start in range(0, len(ids), self.matching_batch):
-                counts += operation.run(using, ids[start:start + self.matching_batch])
+                batch = operation.run(using, ids[start:start + self.matching_batch])
+                counts += batch.counts
+                log_changed(request, operation.logged, using, batch.changed,
+                            f"{operation.log_message} (all matching).")
         except SoniqError as error:
             done, _ = operation.summary(counts)
             self.message_user(request, (

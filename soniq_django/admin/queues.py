@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from .. import flow
 from ..models import QueueSetting
-from .base import OfferedLookupsOnly, write_alias
+from .base import OfferedLookupsOnly, log_changed, write_alias
 from .display import plural, sentence, when
 
 _EDITED = ("paused", "concurrency", "rate_limit", "rate_period")
@@ -115,7 +115,9 @@ class QueueSettingAdmin(OfferedLookupsOnly, admin.ModelAdmin):
     def _each(self, request: Any, queryset: Any, verb: str, call: Any) -> None:
         using = write_alias(queryset)
         names = list(queryset.values_list("queue", flat=True))
-        changed = sum(call(name, using) for name in names)
+        changed = [name for name in names if call(name, using)]
+        log_changed(request, QueueSetting, using, changed,
+                    f"{verb.capitalize()} the queue from the admin.")
         self.message_user(request, sentence(
-            f"{verb} {plural(changed, 'queue')}",
-            f"{len(names) - changed} already {verb}" if len(names) > changed else ""))
+            f"{verb} {plural(len(changed), 'queue')}",
+            f"{len(names) - len(changed)} already {verb}" if len(names) > len(changed) else ""))

@@ -12,7 +12,7 @@ from ..errors import ErrorCode, SoniqError
 from ..producer.request import JobRequest, prepare
 from ..models import RecurringJob
 from ..periodic_jobs import Timing, code_schedules
-from .base import OfferedLookupsOnly, write_alias
+from .base import OfferedLookupsOnly, log_changed, write_alias
 from .display import plural, sentence, when
 
 
@@ -112,9 +112,12 @@ class RecurringJobAdmin(OfferedLookupsOnly, admin.ModelAdmin):
 
     def _set_status(self, request: HttpRequest, queryset: QuerySet, status: str) -> None:
         ids = list(queryset.values_list("id", flat=True))
-        changed = operations.set_schedule_status(ids, status, using=write_alias(queryset))
+        using = write_alias(queryset)
+        changed = operations.set_schedule_status_ids(ids, status, using=using)
         verb = "paused" if status == "paused" else "resumed"
+        log_changed(request, RecurringJob, using, changed,
+                    f"{verb.capitalize()} the schedule from the admin.")
         self.message_user(request, sentence(
-            f"{verb} {plural(changed, 'schedule')}",
-            f"{len(ids) - changed} already {status}" if len(ids) > changed else "",
+            f"{verb} {plural(len(changed), 'schedule')}",
+            f"{len(ids) - len(changed)} already {status}" if len(ids) > len(changed) else "",
         ))

@@ -305,7 +305,7 @@ def test_cancel_message_follows_the_row_after_the_service_not_the_status_before(
 
 
 def test_retry_now_action(admin_client, rows):
-    with mock.patch.object(operations, "retry_now", wraps=operations.retry_now) as spy:
+    with mock.patch.object(operations, "retry_now_ids", wraps=operations.retry_now_ids) as spy:
         notes = _act(admin_client, "job", "retry_selected_now", [rows.later, rows.queued])
     assert spy.called
     assert notes == ["Made 1 waiting job due now; skipped 1 not queued for later."]
@@ -313,8 +313,8 @@ def test_retry_now_action(admin_client, rows):
 
 
 def test_delete_finished_action(admin_client, rows):
-    with mock.patch.object(operations, "delete_finished",
-                           wraps=operations.delete_finished) as spy:
+    with mock.patch.object(operations, "delete_finished_rows",
+                           wraps=operations.delete_finished_rows) as spy:
         notes = _act(admin_client, "job", "delete_selected_finished",
                      [rows.done, rows.cancelled, rows.queued, rows.running])
     assert spy.called
@@ -345,8 +345,8 @@ def test_replay_action(admin_client, rows):
 
 def test_pause_and_resume_actions(admin_client, rows):
     schedule = RecurringJob.objects.get()
-    with mock.patch.object(operations, "set_schedule_status",
-                           wraps=operations.set_schedule_status) as spy:
+    with mock.patch.object(operations, "set_schedule_status_ids",
+                           wraps=operations.set_schedule_status_ids) as spy:
         assert _act(admin_client, "recurringjob", "pause_selected", [schedule.id]) == [
             "Paused 1 schedule."]
         assert _act(admin_client, "recurringjob", "pause_selected", [schedule.id]) == [

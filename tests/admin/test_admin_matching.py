@@ -175,7 +175,7 @@ def test_retry_all_matching_now_makes_only_the_filtered_waiting_jobs_due(admin_c
     due = enqueue("a.job", {"n": 9}, queue="mail")
     url = reverse(RETRY, args=["retry-now"]) + "?queue=mail&status__exact=queued"
     assert "4 jobs match" in admin_client.get(url).content.decode()
-    with mock.patch.object(operations, "retry_now", wraps=operations.retry_now) as spy:
+    with mock.patch.object(operations, "retry_now_ids", wraps=operations.retry_now_ids) as spy:
         _, notes = _post(admin_client, url)
     assert spy.call_count == 1 and set(spy.call_args.args[0]) == {*mail, due}
     assert notes == ["Made 3 waiting jobs due now; skipped 1 not queued for later."]

@@ -257,6 +257,15 @@ def admin() -> dict:
         and DeadLetterJob.objects.using("jobs").get(id=rows["dead"]).resurrection_count == 1,
         "schedule": RecurringJob.objects.using("jobs").get(id=rows["schedule"]).status,
     }
+    # The admin log is an app of default: its entries go there, on the rows
+    # of jobs by their ids (text), with who did it.
+    from django.contrib.admin.models import LogEntry
+
+    report["log"] = sorted(
+        [entry.user_id == user.pk, entry.content_type.model, entry.object_id,
+         entry.action_flag, entry.change_message]
+        for entry in LogEntry.objects.using("default").select_related("content_type"))
+    report["ids"] = {name: str(pk) for name, pk in rows.items()}
     return report
 
 

@@ -276,6 +276,7 @@ def test_an_atomic_job_writing_to_the_application_database_says_that_is_outside_
 def test_admin_lists_from_the_replica_and_acts_on_the_jobs_database(project):
     report = project.scenario("admin")
     after = report.pop("after")
+    log, ids = report.pop("log"), report.pop("ids")
     assert report == {
         "list job": 200, "list deadletterjob": 200, "list recurringjob": 200,
         "list worker": 200, "list taskregistration": 200, "dashboard": 200,
@@ -285,6 +286,15 @@ def test_admin_lists_from_the_replica_and_acts_on_the_jobs_database(project):
     assert after == {"queued job": "cancelled", "later job is due": True,
                      "done job deleted": True, "dead letter replayed": True,
                      "schedule": "paused"}
+    # Every action is in the admin log, on default, with who did it.
+    assert log == sorted([
+        [True, "job", ids["queued"], 2, "Cancelled from the admin."],
+        [True, "job", ids["later"], 2, "Made due now from the admin."],
+        [True, "job", ids["done"], 3, "Deleted from the admin (a finished job)."],
+        [True, "job", ids["dead"], 2, "Replayed from the admin."],
+        [True, "recurringjob", ids["schedule"], 2, "Paused the schedule from the admin."],
+    ])
+    assert "django_admin_log" not in project.tables("jobs")
 
 
 def test_commands_without_database_use_the_routers_alias(project, producer_role):
