@@ -163,7 +163,28 @@ def normalize_args(args: Any) -> dict[str, Any]:
     if not isinstance(args, dict):
         raise _invalid("args must be a JSON object (a dict of keyword arguments), not "
                        + type(args).__name__)
+    if type(args) is dict and _flat(args):
+        return args.copy()
     return _normalize(args, _named)
+
+
+def _flat(args: dict[str, Any]) -> bool:
+    """Whether ``_normalize`` would return a plain copy of ``args`` as it stands, decided
+    cheaply: every key is text and every value a scalar that ``_fine`` accepts (False
+    means: ask ``_normalize``)."""
+    for key, value in args.items():
+        if type(key) is not str or not key.isascii() or "\x00" in key:
+            return False
+        kind = type(value)
+        if kind is str:
+            if not value.isascii() or "\x00" in value:
+                return False
+        elif kind is int:
+            if not -_EXACT_FLOAT < value < _EXACT_FLOAT:
+                return False
+        elif kind is not bool and value is not None:
+            return False
+    return True
 
 
 def _named(name: str) -> _Where:

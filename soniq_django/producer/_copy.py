@@ -47,9 +47,18 @@ from .request import PreparedJob
 #: 500 on COPY was ahead.
 COPY_MIN_JOBS = 500
 
-#: The columns ``soniq_enqueue_many``'s INSERT writes, in COPY order.
-COLUMNS = ("id", "job_name", "args", "args_hash", "status", "attempts", "max_attempts", "queue",
-           "priority", "unique_job", "dedup_key", "scheduled_at", "producer_id")
+#: The columns ``soniq_enqueue_many``'s INSERT writes, in COPY order: first those that
+#: many jobs of a batch share (their text is made once per distinct combination, see
+#: ``_copy``), then the id and the args.
+COLUMNS = ("job_name", "status", "attempts", "max_attempts", "queue", "priority", "unique_job",
+           "args_hash", "dedup_key", "scheduled_at", "producer_id", "id", "args")
+
+#: How many rows ``_copy`` formats before it hands them to psycopg as one block.
+ROWS_PER_WRITE = 1000
+
+#: What COPY's text format escapes in a field (a NUL never gets here: ``prepare()`` refuses
+#: it in args, queue, dedup_key and producer_id, and psycopg in the names ``_CHECK`` sends).
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 # Privileges first, in a statement of their own: a statement that reads a
 # table the role may not read fails, whatever it would do with the rows.
@@ -81,9 +90,11 @@ def applies(jobs: list[PreparedJob], connection: Any) -> bool:
         return False
     plain = 0
     for job in jobs:
-        if not job.deduplicates:
+        if not (job.unique_job or job.dedup_key is not None):  # job.deduplicates, inline
             plain += 1
-    return plain >= COPY_MIN_JOBS
+            if plain >= COPY_MIN_JOBS:
+                return True
+    return False
 
 
 def enqueue_many(jobs: list[PreparedJob], connection: Any, alias: str
@@ -93,8 +104,15 @@ def enqueue_many(jobs: list[PreparedJob], connection: Any, alias: str
     None when step 1 (see the module) says no: nothing was written, and
     ``_pg.enqueue_many`` is to take the batch. Raises ``SoniqError``.
     """
-    plain = [job for job in jobs if not job.deduplicates]
-    others = [job for job in jobs if job.deduplicates]
+    plain: list[PreparedJob] = []
+    others: list[PreparedJob] = []
+    names: set[str] = set()
+    requested: list[uuid.UUID] = []
+    for job in jobs:  # one pass over the batch
+        (others if job.unique_job or job.dedup_key is not None else plain).append(job)
+        names.add(job.job_name)
+        if not job.job_id_generated:
+            requested.append(job.job_id)
     quote = connection.ops.quote_name
     jobs_table, dead_table = quote(Job._meta.db_table), quote(DeadLetterJob._meta.db_table)
     with translating(alias), transaction.atomic(using=alias):
@@ -103,9 +121,7 @@ def enqueue_many(jobs: list[PreparedJob], connection: Any, alias: str
             may, producer = cursor.fetchone()
             if not may:
                 return None
-            cursor.execute(_CHECK.format(dead=dead_table), [
-                sorted({job.job_name for job in jobs}),
-                [job.job_id for job in jobs if not job.job_id_generated]])
+            cursor.execute(_CHECK.format(dead=dead_table), [sorted(names), requested])
             names_ok, ids_free = cursor.fetchone()
             if not (names_ok and ids_free):
                 return None
@@ -113,19 +129,55 @@ def enqueue_many(jobs: list[PreparedJob], connection: Any, alias: str
             queues, firsts = _first_run_per_queue(plain)
             cursor.execute(_NOTIFY, [queues, firsts])
         resolved = iter(_pg.enqueue_many(others, connection, alias) if others else ())
+    if not others:
+        return [job.job_id for job in jobs]
     return [next(resolved) if job.deduplicates else job.job_id for job in jobs]
 
 
 def _copy(cursor: Any, connection: Any, table: str, jobs: list[PreparedJob],
           producer: str) -> None:
-    """COPY ``jobs`` into ``table`` on the psycopg ``cursor`` (its errors as Django's)."""
+    """COPY ``jobs`` into ``table`` on the psycopg ``cursor`` (its errors as Django's).
+
+    The rows are formatted here, as COPY's text format, and written
+    ``ROWS_PER_WRITE`` at a time: what psycopg's ``write_row`` would send,
+    without its per-field dumping. The fields that jobs of a batch share are
+    formatted once per distinct combination.
+    """
     sql = f"COPY {table} ({', '.join(COLUMNS)}) FROM STDIN"
+    heads: dict[tuple[Any, ...], str] = {}
+    rows: list[str] = []
     with connection.wrap_database_errors, cursor.copy(sql) as copy:
-        write = copy.write_row
         for job in jobs:
-            write((job.job_id, job.job_name, job.args_json, None, "queued", 0, job.max_attempts,
-                   job.queue, job.priority, False, None, job.scheduled_at,
-                   job.producer_id if job.producer_id is not None else producer))
+            key = (job.job_name, job.max_attempts, job.queue, job.priority, job.scheduled_at,
+                   job.producer_id)
+            head = heads.get(key)
+            if head is None:
+                head = heads[key] = _head(job, producer)
+            args = job.args_json
+            if "\\" in args:  # JSON text holds no tab, newline or CR: it escapes them
+                args = args.replace("\\", "\\\\")
+            rows.append(f"{head}{job.job_id.hex}\t{args}\n")
+            if len(rows) == ROWS_PER_WRITE:
+                copy.write("".join(rows))
+                rows.clear()
+        if rows:
+            copy.write("".join(rows))
+
+
+def _head(job: PreparedJob, producer: str) -> str:
+    """The text of ``job``'s row up to its id: the fields that jobs of a batch share."""
+    at = job.scheduled_at
+    return "\t".join((
+        _text(job.job_name), "queued", "0",
+        "\\N" if job.max_attempts is None else str(job.max_attempts),
+        _text(job.queue), str(job.priority), "f", "\\N", "\\N",
+        "\\N" if at is None else str(at),  # as psycopg's text dumper writes it
+        _text(job.producer_id if job.producer_id is not None else producer), ""))
+
+
+def _text(value: str) -> str:
+    """``value`` as a field of COPY's text format."""
+    return value.translate(_ESCAPES)
 
 
 def _first_run_per_queue(jobs: list[PreparedJob]) -> tuple[list[str], list[Any]]:

@@ -248,3 +248,37 @@ def test_copy_notifies_once_per_queue_that_got_a_due_job_at_commit(copies, monke
         got += [n.payload for n in listener.notifies(timeout=0.5)]
     assert copies == [5] and ids[-1] == keyed
     assert sorted(got) == ["a", "b", "u"]
+
+
+def _large_batch(count):
+    """``count`` plain requests over a few queues, priorities, times, limits and producers."""
+    at = [None, dt.datetime(2020, 1, 1, tzinfo=dt.UTC),
+          dt.datetime(2999, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone(dt.timedelta(hours=-5)))]
+    return [JobRequest("a.b", {"n": n, "s": "t\\\tx" * (n % 2)}, queue=["q", "r\\s", "é"][n % 3],
+                       priority=n % 5, run_at=at[n % len(at)], max_attempts=[4, None][n % 2],
+                       producer_id=[None, "p\tq"][n % 4 == 0])
+            for n in range(count)]
+
+
+@pytest.mark.postgresql_only
+def test_a_batch_of_many_blocks_writes_the_rows_soniq_enqueue_many_writes(copies):
+    # More rows than one block (_copy.ROWS_PER_WRITE), with more than one line head.
+    requests = _large_batch(2 * _copy.ROWS_PER_WRITE + 7)
+    by_function = _with_threshold(10**9, lambda: _outcome(lambda: bulk_enqueue(requests)))
+    by_copy = _with_threshold(1, lambda: _outcome(lambda: bulk_enqueue(requests)))
+    assert copies == [len(requests)]
+    assert by_copy[0] == "ok" and by_copy == by_function
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.parametrize("position", ["first", "last"])
+def test_a_taken_id_anywhere_in_a_batch_of_many_blocks_is_duplicate_job_id(position, copies):
+    # The server refuses the row while later blocks are still being written.
+    taken = enqueue("a.b", {})
+    requests = _large_batch(3 * _copy.ROWS_PER_WRITE)
+    index = 0 if position == "first" else -1
+    requests[index] = JobRequest("a.b", {}, job_id=taken)
+    with pytest.raises(SoniqError) as caught:
+        _with_threshold(1, lambda: bulk_enqueue(requests))
+    assert caught.value.code is ErrorCode.DUPLICATE_JOB_ID
+    assert copies == [len(requests)] and Job.objects.count() == 1
