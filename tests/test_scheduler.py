@@ -344,17 +344,24 @@ _ENQUEUED = re.compile(r"^enqueued (sched\.tick_\d) for (\S+) as job", re.M)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_scheduler_processes_enqueue_each_tick_once():
+def test_two_scheduler_processes_enqueue_each_tick_once(tmp_path):
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings",
                SCHEDULER_TEST_DB=str(connection.settings_dict["NAME"]))
     started = time.monotonic()
+    logs = [tmp_path / f"scheduler-{n}.log" for n in range(2)]
     children = [subprocess.Popen([sys.executable, "-c", _CHILD], cwd=ROOT, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for _ in range(2)]
+                                 stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True)
+                for log in logs]
+    # On a loaded machine Django's start-up may take seconds: the window (and
+    # the SIGTERM, which the command handles only once it runs) starts when
+    # both schedulers say they run.
+    assert wait_for(lambda: all("scheduler started" in log.read_text() for log in logs), 60)
     time.sleep(5)
     for child in children:
         child.send_signal(signal.SIGTERM)
-    outputs = [child.communicate(timeout=20) for child in children]
+    for child in children:
+        child.wait(timeout=20)
+    outputs = [("", log.read_text()) for log in logs]
     elapsed = time.monotonic() - started
     assert [child.returncode for child in children] == [0, 0], outputs
     logged = [hit for _out, err in outputs for hit in _ENQUEUED.findall(err)]
