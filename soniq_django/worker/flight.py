@@ -28,6 +28,7 @@ class InFlight:
     """An atomic job's transaction holds SQLite's write lock: no one else can change its row
     until it ends, and the heartbeat could not renew the lease meanwhile (worker/atomic.py)."""
     outcome: Outcome | None = None  # a completion waiting for the batched completer's round
+    row_locked: bool = False  # the last renewal found the row locked by another transaction
 
     @property
     def key(self) -> tuple[str, int]:
