@@ -208,3 +208,49 @@ def rows_of(conn, prefix):
         "SELECT id::text, status, claim_generation, claim_token, claim_owner, attempts, pid,"
         " cancel_requested, lease_expires_at IS NULL FROM soniq_jobs WHERE queue LIKE %s"
         " ORDER BY id", [prefix + "%"]).fetchall()
+
+
+def plans(conn, sql, params):
+    """The plans (auto_explain, at NOTICE) of the statements ``sql`` runs inside its functions."""
+    notices = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                    "SET auto_explain.log_nested_statements = on",
+                    "SET auto_explain.log_level = notice"):
+        conn.execute(setting)
+    result = conn.execute(sql, params).fetchall()
+    conn.execute("SET auto_explain.log_min_duration = -1")
+    return result, [n for n in notices if "Update on soniq_jobs" in n]
+
+
+def test_a_batch_is_one_update_by_ctid_and_a_batch_of_one_stays_per_row(conn):
+    # A table of some size (a scan of a handful of rows costs less than any lookup).
+    queue = "plans"
+    conn.execute("SELECT soniq_enqueue('batch.plan', queue => %s) FROM generate_series(1, 6)",
+                 [queue])
+    conn.execute("INSERT INTO soniq_jobs (id, job_name, args, queue, status, expires_at) "
+                 "SELECT gen_random_uuid(), 'batch.old', '{}', 'old', 'done', "
+                 "now() + interval '1 hour' FROM generate_series(1, 5000)")
+    # Many processing rows without a lease (the claim's reaper leaves them alone): an
+    # index on the lease (soniq_jobs_lease_idx) then looks selective for "lease > now".
+    conn.execute("INSERT INTO soniq_jobs (id, job_name, args, queue, status, claim_owner, "
+                 "claim_token, claim_generation) "
+                 "SELECT gen_random_uuid(), 'batch.leaseless', '{}', 'leaseless', 'processing', "
+                 "'x', 'leaseless-' || g, 1 FROM generate_series(1, 5000) g")
+    conn.execute("ANALYZE soniq_jobs")
+    claim = ("SELECT job_id::text, generation, token, queue "
+             "FROM soniq_claim_many(%s, %s::text[], ARRAY[%s])")
+    claimed, updates = plans(conn, claim, [OWNER, ["p1", "p2", "p3"], queue])
+    assert len(claimed) == 3
+    assert len(updates) == 1 and "Tid Scan on soniq_jobs" in updates[0]
+    complete = ("SELECT soniq_complete_many(%s::text[], %s, %s::bigint[], %s::text[], "
+                "%s::text[], %s::jsonb[])")
+    columns = [list(column) for column in zip(*claimed)]
+    done, updates = plans(conn, complete, [columns[0], OWNER, *columns[1:], [None] * 3])
+    assert done == [([True, True, True],)]
+    # One UPDATE, by ctid; the fence predicate (IS TRUE) is a filter, not an index condition.
+    assert len(updates) == 1 and "Tid Scan on soniq_jobs" in updates[0], updates
+    assert "Index" not in updates[0].split("Tid Scan on soniq_jobs")[1], updates
+    one, updates = plans(conn, claim, [OWNER, ["p4"], queue])
+    assert len(one) == 1 and len(updates) == 1 and "soniq_jobs_pkey" in updates[0]
+    conn.rollback()
