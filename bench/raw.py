@@ -33,11 +33,20 @@ RAW_COMPLETE = "UPDATE raw_jobs SET status = 'done', updated_at = now() WHERE id
 #: The batched ceiling: one statement, so one round trip and one commit, completes the
 #: last batch this connection claimed and claims the next RAW_BATCH jobs.
 RAW_BATCH = 10
+#: The completion runs first: the claim's subquery reads the data-modifying CTE (a
+#: one-time InitPlan), so the CTE runs to the end before the claim locks anything. Left
+#: unreferenced, the CTE ran after the claim, and two connections deadlocked: a claim's
+#: FOR UPDATE SKIP LOCKED can lock a row another connection claimed a moment before (its
+#: snapshot still saw it queued; the recheck drops the row but keeps the lock), and the
+#: completion then waited on that lock while the other one waited on the claimer's.
+#: Completing first, a connection waits only while it holds its own claimed rows, and
+#: every lock it can wait on is held by a claim, which never waits (SKIP LOCKED).
 RAW_COMPLETE_AND_CLAIM = (
     "WITH done AS (UPDATE raw_jobs SET status = 'done', updated_at = now() "
     "WHERE id = ANY(%s::uuid[]) RETURNING id) "
     "UPDATE raw_jobs SET status = 'processing', attempts = attempts + 1, updated_at = now() "
     "WHERE id IN (SELECT id FROM raw_jobs WHERE status = 'queued' "
+    "AND (SELECT count(*) FROM done) >= 0 "
     "ORDER BY priority, created_at LIMIT %s FOR UPDATE SKIP LOCKED) "
     "RETURNING id, job_name, args"
 )

@@ -858,7 +858,7 @@ BEGIN
 END
 $fn$;
 
--- soniq_claim_many (from claim_protocol_v6.sql) --
+-- soniq_claim_many (from claim_protocol_v7.sql) --
 CREATE OR REPLACE FUNCTION {schema}.soniq_claim_many(
     worker_id text,
     claim_tokens text[],
@@ -883,11 +883,14 @@ DECLARE
     p_ttl double precision := soniq_claim_many.result_ttl_seconds;
     v_wanted integer;
     v_ids uuid[];
+    v_tids tid[];
     v_generations bigint[];
     v_worker uuid;
     v_now timestamptz;
     v_token text;
     v_i integer;
+    v_count integer;
+    v_written integer;
     v_top_generation bigint;
     v_paused text[];
     v_limited text[];
@@ -900,6 +903,7 @@ DECLARE
     v_first_due timestamptz;
     v_any_due boolean;
     c_ids uuid[];
+    c_tids tid[];
     c_generations bigint[];
     c_priorities integer[];
     c_created timestamptz[];
@@ -973,8 +977,8 @@ BEGIN
     IF v_paused IS NULL AND v_limited IS NULL THEN
         -- No flow control applies. Lock the jobs first (SKIP LOCKED:
         -- concurrent claimers take different rows), in claim order. Then
-        -- write them one by one by primary key: for the usual batch of one,
-        -- measured cheaper than one set-based UPDATE.
+        -- write them (below): a batch of one by primary key, a larger one
+        -- by one UPDATE matched by the ctid read here (version 7).
         -- Version 6: while no scheduled job is due (the usual case), the
         -- candidates are the first unscheduled jobs in claim order, from
         -- soniq_jobs_claim_now_idx, which holds no scheduled job. When one
@@ -985,7 +989,7 @@ BEGIN
         -- plans and runs one: the usual one costs no more than version 5's.
         IF NOT v_any_due THEN
             FOR r IN
-                SELECT j.id, j.claim_generation
+                SELECT j.id, j.ctid AS tid, j.claim_generation
                   FROM {schema}.soniq_jobs AS j
                  WHERE j.status = 'queued' AND j.scheduled_at IS NULL
                    AND (p_queues IS NULL OR j.queue = ANY (p_queues))
@@ -994,14 +998,15 @@ BEGIN
                    FOR UPDATE SKIP LOCKED
             LOOP
                 v_ids := v_ids || r.id;
+                v_tids := v_tids || r.tid;
                 v_generations := v_generations || r.claim_generation;
                 v_top_generation := GREATEST(v_top_generation, r.claim_generation);
             END LOOP;
         ELSE
             FOR r IN
-                SELECT c.id, c.claim_generation
-                  FROM (SELECT n.id, n.claim_generation, n.priority, n.created_at
-                          FROM (SELECT j.id, j.claim_generation, j.priority, j.created_at
+                SELECT c.id, c.tid, c.claim_generation
+                  FROM (SELECT n.id, n.tid, n.claim_generation, n.priority, n.created_at
+                          FROM (SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority, j.created_at
                                   FROM {schema}.soniq_jobs AS j
                                  WHERE j.status = 'queued' AND j.scheduled_at IS NULL
                                    AND (p_queues IS NULL OR j.queue = ANY (p_queues))
@@ -1009,8 +1014,8 @@ BEGIN
                                  LIMIT v_wanted
                                    FOR UPDATE SKIP LOCKED) AS n
                         UNION ALL
-                        SELECT d.id, d.claim_generation, d.priority, d.created_at
-                          FROM (SELECT j.id, j.claim_generation, j.priority, j.created_at
+                        SELECT d.id, d.tid, d.claim_generation, d.priority, d.created_at
+                          FROM (SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority, j.created_at
                                   FROM {schema}.soniq_jobs AS j
                                  WHERE j.status = 'queued' AND j.scheduled_at IS NOT NULL
                                    AND j.scheduled_at <= pg_catalog.clock_timestamp()
@@ -1022,6 +1027,7 @@ BEGIN
                  LIMIT v_wanted
             LOOP
                 v_ids := v_ids || r.id;
+                v_tids := v_tids || r.tid;
                 v_generations := v_generations || r.claim_generation;
                 v_top_generation := GREATEST(v_top_generation, r.claim_generation);
             END LOOP;
@@ -1051,8 +1057,8 @@ BEGIN
         IF pg_catalog.cardinality(v_free) > 0 THEN
             -- Version 6: from the two claim-order indexes, as above.
             FOR r IN
-                SELECT n.id, n.claim_generation, n.priority, n.created_at
-                  FROM (SELECT j.id, j.claim_generation, j.priority, j.created_at
+                SELECT n.id, n.tid, n.claim_generation, n.priority, n.created_at
+                  FROM (SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority, j.created_at
                           FROM {schema}.soniq_jobs AS j
                          WHERE j.status = 'queued' AND j.scheduled_at IS NULL
                            AND j.queue = ANY (v_free)
@@ -1060,8 +1066,8 @@ BEGIN
                          LIMIT v_wanted
                            FOR UPDATE SKIP LOCKED) AS n
                 UNION ALL
-                SELECT d.id, d.claim_generation, d.priority, d.created_at
-                  FROM (SELECT j.id, j.claim_generation, j.priority, j.created_at
+                SELECT d.id, d.tid, d.claim_generation, d.priority, d.created_at
+                  FROM (SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority, j.created_at
                           FROM {schema}.soniq_jobs AS j
                          WHERE v_any_due
                            AND j.status = 'queued' AND j.scheduled_at IS NOT NULL
@@ -1072,6 +1078,7 @@ BEGIN
                            FOR UPDATE SKIP LOCKED) AS d
             LOOP
                 c_ids := c_ids || r.id;
+                c_tids := c_tids || r.tid;
                 c_generations := c_generations || r.claim_generation;
                 c_priorities := c_priorities || r.priority;
                 c_created := c_created || r.created_at;
@@ -1091,7 +1098,7 @@ BEGIN
             END IF;
             CONTINUE WHEN v_budget < 1;
             FOR r IN
-                SELECT j.id, j.claim_generation, j.priority, j.created_at
+                SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority, j.created_at
                   FROM {schema}.soniq_jobs AS j
                  WHERE j.status = 'queued' AND j.queue = v_queue
                    AND (j.scheduled_at IS NULL
@@ -1101,6 +1108,7 @@ BEGIN
                    FOR UPDATE SKIP LOCKED
             LOOP
                 c_ids := c_ids || r.id;
+                c_tids := c_tids || r.tid;
                 c_generations := c_generations || r.claim_generation;
                 c_priorities := c_priorities || r.priority;
                 c_created := c_created || r.created_at;
@@ -1109,13 +1117,15 @@ BEGIN
         -- The first v_wanted candidates in claim order. The others stay
         -- locked (unchanged) until this transaction ends.
         SELECT pg_catalog.array_agg(c.id ORDER BY c.priority, c.created_at),
+               pg_catalog.array_agg(c.tid ORDER BY c.priority, c.created_at),
                pg_catalog.array_agg(c.generation ORDER BY c.priority, c.created_at),
                pg_catalog.max(c.generation)
-          INTO v_ids, v_generations, v_top_generation
-          FROM (SELECT u.id, u.generation, u.priority, u.created_at
-                  FROM ROWS FROM (pg_catalog.unnest(c_ids), pg_catalog.unnest(c_generations),
+          INTO v_ids, v_tids, v_generations, v_top_generation
+          FROM (SELECT u.id, u.tid, u.generation, u.priority, u.created_at
+                  FROM ROWS FROM (pg_catalog.unnest(c_ids), pg_catalog.unnest(c_tids),
+                                  pg_catalog.unnest(c_generations),
                                   pg_catalog.unnest(c_priorities), pg_catalog.unnest(c_created))
-                       AS u(id, generation, priority, created_at)
+                       AS u(id, tid, generation, priority, created_at)
                  ORDER BY u.priority, u.created_at
                  LIMIT v_wanted) AS c;
     END IF;
@@ -1135,45 +1145,104 @@ BEGIN
 
     v_now := pg_catalog.clock_timestamp();  -- after the locks
     PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
-    FOR v_i IN 1 .. pg_catalog.cardinality(v_ids) LOOP
-        UPDATE {schema}.soniq_jobs AS j
-           SET status = 'processing',
-               attempts = j.attempts + 1,
-               claim_generation = j.claim_generation + 1,
-               claim_owner = p_owner,
-               claim_token = p_tokens[v_i],
-               worker_id = v_worker,
-               lease_expires_at = v_now + pg_catalog.make_interval(secs => p_lease),
-               cancel_requested = false,
-               pid = soniq_claim_many.pid,
-               updated_at = v_now
-         WHERE j.id = v_ids[v_i]
-        RETURNING j.id, j.job_name, j.args, j.queue, j.priority, j.attempts,
-                  j.max_attempts, j.lease_expires_at, j.claim_generation,
-                  j.claim_owner, j.claim_token
-             INTO r;
-        IF r.claim_owner IS NULL OR r.claim_owner COLLATE "C" <> p_owner COLLATE "C"
-           OR r.claim_token IS NULL OR r.claim_token COLLATE "C" <> p_tokens[v_i] COLLATE "C"
-           OR r.claim_generation IS DISTINCT FROM v_generations[v_i] + 1 THEN
+    v_count := pg_catalog.cardinality(v_ids);
+    IF v_count = 1 THEN
+        -- One job: one UPDATE by primary key, as version 6 (measured cheaper
+        -- than the set-based write for a batch of one).
+        FOR v_i IN 1 .. pg_catalog.cardinality(v_ids) LOOP
+            UPDATE {schema}.soniq_jobs AS j
+               SET status = 'processing',
+                   attempts = j.attempts + 1,
+                   claim_generation = j.claim_generation + 1,
+                   claim_owner = p_owner,
+                   claim_token = p_tokens[v_i],
+                   worker_id = v_worker,
+                   lease_expires_at = v_now + pg_catalog.make_interval(secs => p_lease),
+                   cancel_requested = false,
+                   pid = soniq_claim_many.pid,
+                   updated_at = v_now
+             WHERE j.id = v_ids[v_i]
+            RETURNING j.id, j.job_name, j.args, j.queue, j.priority, j.attempts,
+                      j.max_attempts, j.lease_expires_at, j.claim_generation,
+                      j.claim_owner, j.claim_token
+                 INTO r;
+            IF r.claim_owner IS NULL OR r.claim_owner COLLATE "C" <> p_owner COLLATE "C"
+               OR r.claim_token IS NULL OR r.claim_token COLLATE "C" <> p_tokens[v_i] COLLATE "C"
+               OR r.claim_generation IS DISTINCT FROM v_generations[v_i] + 1 THEN
+                RAISE EXCEPTION 'the stored claim identity differs from the one sent'
+                    USING ERRCODE = 'P0001', HINT = 'QUEUE_CLAIM_CONFLICT',
+                          DETAIL = 'claim_identity_changed';
+            END IF;
+            IF v_rated IS NOT NULL AND r.queue = ANY (v_rated) THEN
+                INSERT INTO {schema}.soniq_queue_starts (queue, started_at) VALUES (r.queue, v_now);
+            END IF;
+            job_id := r.id; job_name := r.job_name; args := r.args; queue := r.queue;
+            priority := r.priority; attempts := r.attempts; max_attempts := r.max_attempts;
+            lease_expires_at := r.lease_expires_at; generation := r.claim_generation;
+            owner := r.claim_owner; token := r.claim_token;
+            RETURN NEXT;
+        END LOOP;
+    ELSE
+        -- Version 7: several jobs, one UPDATE. The rows are the ones locked
+        -- above (by this transaction, so their ctid cannot change before it
+        -- ends), matched by ctid and id; the i-th in claim order gets the
+        -- nonce p_tokens[i]. The identity check is version 6's, row by row,
+        -- and every locked row must come back.
+        v_written := 0;
+        FOR r IN
+            WITH w AS (
+                UPDATE {schema}.soniq_jobs AS j
+                   SET status = 'processing',
+                       attempts = j.attempts + 1,
+                       claim_generation = j.claim_generation + 1,
+                       claim_owner = p_owner,
+                       claim_token = c.token,
+                       worker_id = v_worker,
+                       lease_expires_at = v_now + pg_catalog.make_interval(secs => p_lease),
+                       cancel_requested = false,
+                       pid = soniq_claim_many.pid,
+                       updated_at = v_now
+                  FROM ROWS FROM (pg_catalog.unnest(v_tids), pg_catalog.unnest(v_ids),
+                                  pg_catalog.unnest(v_generations),
+                                  pg_catalog.unnest(p_tokens[1:v_count]))
+                       WITH ORDINALITY AS c(tid, id, generation, token, i)
+                 WHERE j.ctid = c.tid AND (j.id = c.id) IS TRUE
+                RETURNING c.i, c.generation AS locked_generation, c.token AS sent_token,
+                          j.id, j.job_name, j.args, j.queue, j.priority, j.attempts,
+                          j.max_attempts, j.lease_expires_at, j.claim_generation,
+                          j.claim_owner, j.claim_token)
+            SELECT * FROM w ORDER BY w.i
+        LOOP
+            v_written := v_written + 1;
+            IF r.i IS DISTINCT FROM v_written
+               OR r.claim_owner IS NULL OR r.claim_owner COLLATE "C" <> p_owner COLLATE "C"
+               OR r.claim_token IS NULL OR r.claim_token COLLATE "C" <> r.sent_token COLLATE "C"
+               OR r.claim_generation IS DISTINCT FROM r.locked_generation + 1 THEN
+                RAISE EXCEPTION 'the stored claim identity differs from the one sent'
+                    USING ERRCODE = 'P0001', HINT = 'QUEUE_CLAIM_CONFLICT',
+                          DETAIL = 'claim_identity_changed';
+            END IF;
+            IF v_rated IS NOT NULL AND r.queue = ANY (v_rated) THEN
+                INSERT INTO {schema}.soniq_queue_starts (queue, started_at) VALUES (r.queue, v_now);
+            END IF;
+            job_id := r.id; job_name := r.job_name; args := r.args; queue := r.queue;
+            priority := r.priority; attempts := r.attempts; max_attempts := r.max_attempts;
+            lease_expires_at := r.lease_expires_at; generation := r.claim_generation;
+            owner := r.claim_owner; token := r.claim_token;
+            RETURN NEXT;
+        END LOOP;
+        IF v_written <> v_count THEN
             RAISE EXCEPTION 'the stored claim identity differs from the one sent'
                 USING ERRCODE = 'P0001', HINT = 'QUEUE_CLAIM_CONFLICT',
                       DETAIL = 'claim_identity_changed';
         END IF;
-        IF v_rated IS NOT NULL AND r.queue = ANY (v_rated) THEN
-            INSERT INTO {schema}.soniq_queue_starts (queue, started_at) VALUES (r.queue, v_now);
-        END IF;
-        job_id := r.id; job_name := r.job_name; args := r.args; queue := r.queue;
-        priority := r.priority; attempts := r.attempts; max_attempts := r.max_attempts;
-        lease_expires_at := r.lease_expires_at; generation := r.claim_generation;
-        owner := r.claim_owner; token := r.claim_token;
-        RETURN NEXT;
-    END LOOP;
+    END IF;
     PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
 END
 $fn$;
 
--- soniq_complete_many (from claim_protocol_v2.sql) --
-CREATE FUNCTION {schema}.soniq_complete_many(
+-- soniq_complete_many (from claim_protocol_v7.sql) --
+CREATE OR REPLACE FUNCTION {schema}.soniq_complete_many(
     job_ids text[], worker_id text, generations bigint[], claim_tokens text[], queues text[],
     results jsonb[], result_ttl_seconds double precision DEFAULT 300
 ) RETURNS boolean[]
@@ -1193,6 +1262,17 @@ DECLARE
     v_done boolean[];
     v_now timestamptz;
     v_i integer;
+    v_ids uuid[];
+    v_hits bigint[];
+    l_tids tid[];
+    l_ids uuid[];
+    l_queues text[];
+    l_owners text[];
+    l_generations bigint[];
+    l_tokens text[];
+    l_statuses text[];
+    l_leases timestamptz[];
+    l_cancels boolean[];
     r record;
 BEGIN
     IF p_ttl IS NULL OR p_ttl = 'NaN'::float8 OR p_ttl < 0 OR p_ttl > 31536000 THEN
@@ -1234,41 +1314,111 @@ BEGIN
 
     v_done := pg_catalog.array_fill(false, ARRAY[v_count]);
     PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
-    FOR v_i IN
-        SELECT o.i FROM pg_catalog.unnest(p_ids) WITH ORDINALITY AS o(id, i)
-         ORDER BY o.id COLLATE "C", o.i
-    LOOP
-        SELECT j.id, j.queue, j.claim_owner, j.claim_generation, j.claim_token, j.status,
-               j.lease_expires_at, j.cancel_requested
-          INTO r
-          FROM {schema}.soniq_jobs AS j
-         WHERE j.id = p_ids[v_i]::uuid
-           FOR UPDATE;
-        v_now := pg_catalog.clock_timestamp();  -- after the lock
-        IF NOT FOUND
-           OR r.id::text COLLATE "C" <> p_ids[v_i] COLLATE "C"
-           OR r.queue COLLATE "C" <> p_queues[v_i] COLLATE "C"
-           OR r.claim_owner IS NULL OR r.claim_owner COLLATE "C" <> p_owner COLLATE "C"
-           OR r.claim_token IS NULL OR r.claim_token COLLATE "C" <> p_tokens[v_i] COLLATE "C"
-           OR r.claim_generation <> p_generations[v_i]
-           OR r.status <> 'processing'
-           OR r.lease_expires_at IS NULL OR r.lease_expires_at <= v_now
-           OR r.cancel_requested THEN
-            CONTINUE;
+    IF v_count = 1 THEN
+        -- One job: version 2's path (measured cheaper for a batch of one).
+        FOR v_i IN
+            SELECT o.i FROM pg_catalog.unnest(p_ids) WITH ORDINALITY AS o(id, i)
+             ORDER BY o.id COLLATE "C", o.i
+        LOOP
+            SELECT j.id, j.queue, j.claim_owner, j.claim_generation, j.claim_token, j.status,
+                   j.lease_expires_at, j.cancel_requested
+              INTO r
+              FROM {schema}.soniq_jobs AS j
+             WHERE j.id = p_ids[v_i]::uuid
+               FOR UPDATE;
+            v_now := pg_catalog.clock_timestamp();  -- after the lock
+            IF NOT FOUND
+               OR r.id::text COLLATE "C" <> p_ids[v_i] COLLATE "C"
+               OR r.queue COLLATE "C" <> p_queues[v_i] COLLATE "C"
+               OR r.claim_owner IS NULL OR r.claim_owner COLLATE "C" <> p_owner COLLATE "C"
+               OR r.claim_token IS NULL OR r.claim_token COLLATE "C" <> p_tokens[v_i] COLLATE "C"
+               OR r.claim_generation <> p_generations[v_i]
+               OR r.status <> 'processing'
+               OR r.lease_expires_at IS NULL OR r.lease_expires_at <= v_now
+               OR r.cancel_requested THEN
+                CONTINUE;
+            END IF;
+            UPDATE {schema}.soniq_jobs AS j
+               SET status = 'done', result = p_results[v_i],
+                   lease_expires_at = NULL, pid = NULL,
+                   expires_at = v_now + pg_catalog.make_interval(secs => p_ttl),
+                   updated_at = v_now
+             WHERE j.id = r.id
+               AND j.claim_token = p_tokens[v_i]
+               AND j.claim_generation = p_generations[v_i]
+               AND j.status = 'processing' AND j.lease_expires_at > v_now
+               AND NOT j.cancel_requested;
+            v_done[v_i] := FOUND;
+        END LOOP;
+    ELSE
+        -- Version 7: several jobs, two statements. First lock every row the
+        -- batch names, in id order (the order version 2 locks them in, so
+        -- two batches sharing rows cannot deadlock), and read each fence
+        -- under its lock.
+        v_ids := p_ids::uuid[];
+        SELECT pg_catalog.array_agg(k.tid), pg_catalog.array_agg(k.id),
+               pg_catalog.array_agg(k.queue), pg_catalog.array_agg(k.claim_owner),
+               pg_catalog.array_agg(k.claim_generation), pg_catalog.array_agg(k.claim_token),
+               pg_catalog.array_agg(k.status), pg_catalog.array_agg(k.lease_expires_at),
+               pg_catalog.array_agg(k.cancel_requested)
+          INTO l_tids, l_ids, l_queues, l_owners, l_generations, l_tokens, l_statuses,
+               l_leases, l_cancels
+          FROM (SELECT j.ctid AS tid, j.id, j.queue, j.claim_owner, j.claim_generation,
+                       j.claim_token, j.status, j.lease_expires_at, j.cancel_requested
+                  FROM {schema}.soniq_jobs AS j
+                 WHERE j.id = ANY (v_ids)
+                 ORDER BY j.id
+                   FOR UPDATE) AS k;
+        v_now := pg_catalog.clock_timestamp();  -- after the locks
+        -- Then one UPDATE. Each element is checked against its own whole
+        -- fence as version 2 checks it, against the row as locked and the
+        -- time read after every lock; of the elements naming one row, the
+        -- first (in input order) whose fence holds is the one written, as
+        -- version 2's loop (which takes them in that order, and after
+        -- whose write the row is no longer processing) writes it. The rows
+        -- are matched by the ctid read under the lock, which cannot change
+        -- before this transaction ends. The predicate is repeated on the
+        -- row written, as one IS TRUE: the planner takes no index for it.
+        WITH w AS (
+            UPDATE {schema}.soniq_jobs AS j
+               SET status = 'done', result = u.result,
+                   lease_expires_at = NULL, pid = NULL,
+                   expires_at = v_now + pg_catalog.make_interval(secs => p_ttl),
+                   updated_at = v_now
+              FROM (SELECT DISTINCT ON (l.id) l.tid, o.i, o.token, o.generation, o.result
+                      FROM ROWS FROM (pg_catalog.unnest(p_ids), pg_catalog.unnest(p_generations),
+                                      pg_catalog.unnest(p_tokens), pg_catalog.unnest(p_queues),
+                                      pg_catalog.unnest(p_results))
+                           WITH ORDINALITY AS o(id, generation, token, queue, result, i)
+                      JOIN ROWS FROM (pg_catalog.unnest(l_tids), pg_catalog.unnest(l_ids),
+                                      pg_catalog.unnest(l_queues), pg_catalog.unnest(l_owners),
+                                      pg_catalog.unnest(l_generations),
+                                      pg_catalog.unnest(l_tokens), pg_catalog.unnest(l_statuses),
+                                      pg_catalog.unnest(l_leases), pg_catalog.unnest(l_cancels))
+                           AS l(tid, id, queue, claim_owner, claim_generation, claim_token,
+                                status, lease_expires_at, cancel_requested)
+                        ON l.id::text COLLATE "C" = o.id COLLATE "C"
+                     WHERE (l.queue COLLATE "C" = o.queue COLLATE "C"
+                            AND l.claim_owner COLLATE "C" = p_owner COLLATE "C"
+                            AND l.claim_token COLLATE "C" = o.token COLLATE "C"
+                            AND l.claim_generation = o.generation
+                            AND l.status = 'processing'
+                            AND l.lease_expires_at > v_now
+                            AND NOT l.cancel_requested) IS TRUE
+                     ORDER BY l.id, o.i) AS u
+             WHERE j.ctid = u.tid
+               AND (j.claim_token = u.token
+                    AND j.claim_generation = u.generation
+                    AND j.status = 'processing' AND j.lease_expires_at > v_now
+                    AND NOT j.cancel_requested) IS TRUE
+            RETURNING u.i)
+        SELECT pg_catalog.array_agg(w.i) INTO v_hits FROM w;
+        IF v_hits IS NOT NULL THEN
+            FOREACH v_i IN ARRAY v_hits LOOP
+                v_done[v_i] := true;
+            END LOOP;
         END IF;
-        UPDATE {schema}.soniq_jobs AS j
-           SET status = 'done', result = p_results[v_i],
-               lease_expires_at = NULL, pid = NULL,
-               expires_at = v_now + pg_catalog.make_interval(secs => p_ttl),
-               updated_at = v_now
-         WHERE j.id = r.id
-           AND j.claim_token = p_tokens[v_i]
-           AND j.claim_generation = p_generations[v_i]
-           AND j.status = 'processing' AND j.lease_expires_at > v_now
-           AND NOT j.cancel_requested;
-        v_done[v_i] := FOUND;
-    END LOOP;
-    PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+    END IF;
     RETURN v_done;
 END
 $fn$;

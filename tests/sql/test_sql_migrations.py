@@ -138,11 +138,11 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
     assert v1 != v2 and "soniq_complete_many" in v2
     new = ("soniq_claim_many", "soniq_complete_many")
     assert _function_source("soniq_complete") == v2
+    # Both batched functions have version 7's bodies since migration 0016 (tested below).
     assert _function_source("soniq_complete_many") == _file_source(
-        "claim_protocol_v2.sql", "soniq_complete_many")
-    # soniq_claim_many has version 6's body since migration 0014 (tested below).
+        "claim_protocol_v7.sql", "soniq_complete_many")
     assert _function_source("soniq_claim_many") == _file_source(
-        "claim_protocol_v6.sql", "soniq_claim_many")
+        "claim_protocol_v7.sql", "soniq_claim_many")
     try:
         call_command("migrate", "soniq_django", "0008", verbosity=0)
         assert _function_source("soniq_complete") == v1
@@ -215,8 +215,9 @@ def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     v4 = _file_source("claim_protocol_v4.sql", "soniq_defer")
     before = _soniq_functions()
     assert before["soniq_defer"] == v4
-    # Going back to 0011 also reverses 0013 (flow control, tested below).
-    by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1"}
+    # Going back to 0011 also reverses 0013 (flow control, tested below) and
+    # 0016 (version 7's batched bodies, tested below).
+    by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many"}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -261,8 +262,8 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
     v5 = _file_source("claim_protocol_v5.sql", "soniq_claim_many")
     assert v2 != v5 and "soniq_queue_budget_v1" in v5
     before = _soniq_functions()
-    # Version 6 (0014, tested below) has the body now; going back to 0012 reverses it too.
-    assert before["soniq_claim_many"] == _file_source("claim_protocol_v6.sql", "soniq_claim_many")
+    # Version 7 (0016, tested below) has the body now; going back to 0012 reverses it too.
+    assert before["soniq_claim_many"] == _file_source("claim_protocol_v7.sql", "soniq_claim_many")
     assert "soniq_queue_budget_v1" in before
     try:
         call_command("migrate", "soniq_django", "0012", verbosity=0)
@@ -295,14 +296,20 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
     assert v5 != v6
     v6_indexes = {"soniq_jobs_claim_idx", "soniq_jobs_claim_now_idx",
                   "soniq_jobs_claim_scheduled_idx", "soniq_jobs_claim_due_idx"}
+    v7 = _file_source("claim_protocol_v7.sql", "soniq_claim_many")
     before = _soniq_functions()
-    assert before["soniq_claim_many"] == v6 and _claim_indexes() == v6_indexes
+    assert before["soniq_claim_many"] == v7 and _claim_indexes() == v6_indexes
     try:
         call_command("migrate", "soniq_django", "0013", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v5
-        assert {n: b for n, b in after.items() if n != "soniq_claim_many"} == {
-            n: b for n, b in before.items() if n != "soniq_claim_many"}
+        # soniq_complete_many: version 2's again (0016 reversed too).
+        assert after["soniq_complete_many"] == _file_source(
+            "claim_protocol_v2.sql", "soniq_complete_many")
+        assert {n: b for n, b in after.items()
+                if n not in ("soniq_claim_many", "soniq_complete_many")} == {
+            n: b for n, b in before.items()
+            if n not in ("soniq_claim_many", "soniq_complete_many")}
         assert _claim_indexes() == {"soniq_jobs_claim_idx", "soniq_jobs_claim_any_idx"}
         # Version 5's claim works again, a due scheduled job and all.
         fetch("SELECT soniq_enqueue('back.to_v5', run_at => now() - interval '1 second')")
@@ -315,3 +322,40 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
     assert [row[1] for row in fetch(
         "SELECT job_id, job_name FROM soniq_claim_many('w', ARRAY['nonce-v6', 'nonce-v6b'])")] == [
         "again.v6"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_version_7():
+    v2 = _file_source("claim_protocol_v2.sql", "soniq_complete_many")
+    v6 = _file_source("claim_protocol_v6.sql", "soniq_claim_many")
+    v7 = {name: _file_source("claim_protocol_v7.sql", name)
+          for name in ("soniq_claim_many", "soniq_complete_many")}
+    assert v7["soniq_claim_many"] != v6 and v7["soniq_complete_many"] != v2
+    before = _soniq_functions()
+    assert {name: before[name] for name in v7} == v7
+    try:
+        call_command("migrate", "soniq_django", "0015", verbosity=0)
+        after = _soniq_functions()
+        assert after["soniq_claim_many"] == v6 and after["soniq_complete_many"] == v2
+        assert {n: b for n, b in after.items() if n not in v7} == {
+            n: b for n, b in before.items() if n not in v7}
+        # The per-row bodies work again: claim two, complete both.
+        fetch("SELECT soniq_enqueue('back.to_v6') FROM generate_series(1, 2)")
+        claimed = fetch("SELECT job_id::text, generation, token, queue FROM "
+                        "soniq_claim_many('w', ARRAY['nonce-v6a', 'nonce-v6b'])")
+        assert len(claimed) == 2
+        assert fetch("SELECT soniq_complete_many(%s::text[], 'w', %s::bigint[], %s::text[], "
+                     "%s::text[], ARRAY[NULL, NULL]::jsonb[])",
+                     [list(column) for column in zip(*claimed)]) == [([True, True],)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before
+    fetch("SELECT soniq_enqueue('again.v7') FROM generate_series(1, 3)")
+    claimed = fetch("SELECT job_id::text, generation, token, queue FROM "
+                    "soniq_claim_many('w', ARRAY['nonce-v7a', 'nonce-v7b', 'nonce-v7c'])")
+    assert len(claimed) == 3
+    ids, generations, tokens, queues = (list(column) for column in zip(*claimed))
+    assert fetch("SELECT soniq_complete_many(%s::text[], 'w', %s::bigint[], %s::text[], "
+                 "%s::text[], ARRAY[NULL, NULL, NULL, NULL]::jsonb[])",
+                 [ids + ids[:1], generations + generations[:1], tokens + tokens[:1],
+                  queues + queues[:1]]) == [([True, True, True, False],)]
