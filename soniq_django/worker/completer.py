@@ -135,7 +135,7 @@ class Completer:
         if not taken:
             flight.settled.release()
             return False
-        flight.context._cancel.set()  # cooperative handlers stop
+        flight.context._cancel().set()  # cooperative handlers stop
         self._wake.set()
         return True
 
