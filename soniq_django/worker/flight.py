@@ -28,6 +28,9 @@ class InFlight:
     """An atomic job's transaction holds SQLite's write lock: no one else can change its row
     until it ends, and the heartbeat could not renew the lease meanwhile (worker/atomic.py)."""
     outcome: Outcome | None = None  # a completion waiting for the batched completer's round
+    watched: bool = False
+    """Its deadline was given to the deadline thread (it has a time limit): only then has
+    that thread anything to forget when the run is settled (deadlines.py)."""
 
     @property
     def key(self) -> tuple[str, int]:
