@@ -150,8 +150,7 @@ class Completer:
         try:
             return self._writes.round(batch, n)
         finally:
-            for flight in batch:
-                self._flights.finish(flight)
+            self._flights.finish_many(batch)
 
     def close(self) -> None:
         """The main loop is over: take no more timeouts; write those already handed over."""
