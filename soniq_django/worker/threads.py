@@ -18,7 +18,7 @@ as the process outlives ``Worker.run()`` (a worker run in a thread, a test).
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from django.db import connections
 
@@ -39,7 +39,7 @@ class JobThreads:
         """Hand ``item`` to the next free thread (starting one while there are fewer than size)."""
         self.submit_many([item])
 
-    def submit_many(self, items: list[Callable[[], object]]) -> None:
+    def submit_many(self, items: Sequence[Callable[[], object]]) -> None:
         """``submit`` each of ``items`` (a round's jobs), in order, in one hand-over."""
         if self._closed:
             raise RuntimeError("the job threads are shut down")
