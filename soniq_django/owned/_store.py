@@ -27,7 +27,7 @@ from django.db.models import Max, Q
 from django.utils import timezone
 
 from ..conf import DEFAULT_MAX_ATTEMPTS
-from ..errors import ConfigValidationError, ErrorCode, SoniqError, translate
+from ..errors import ConfigValidationError, ErrorCode, SoniqError, sqlstate, translate
 from ..models import (
     FLOW_CONTROLLED, DeadLetterJob, Job, JobStatus, QueueSetting, QueueStart, TaskRegistration,
     Worker,
@@ -43,6 +43,9 @@ CLAIM_COLUMNS = (
 #: (soniq_fail has no result-TTL parameter; 300 s is the default RESULT_TTL).
 FAIL_SUPERSEDED_TTL = 300.0
 LAPSED_ERROR = "lease lapsed: the worker stopped heartbeating"
+#: The reason of the QUEUE_PERSISTENCE_FAILED a renewal raises when another
+#: transaction's lock outlasted its ``lock_wait`` (nothing was written).
+LOCK_NOT_AVAILABLE = "lock_not_available"
 
 logger = logging.getLogger("soniq_django.owned")
 
@@ -169,8 +172,32 @@ class PostgresClaims:
         rows = self._rows(f"SELECT {function}({placeholders})", self._fence(f) + extra)
         return rows[0][0] is True
 
-    def heartbeat(self, f: QueueClaimFence, lease: float) -> bool:
-        return self._boolean("soniq_heartbeat", f, [lease])
+    def heartbeat(self, f: QueueClaimFence, lease: float, lock_wait: float | None = None) -> bool:
+        """soniq_heartbeat; with ``lock_wait``, waiting at most that long for a lock.
+
+        soniq_heartbeat locks the job's row. Another transaction holding it
+        (an operator's ``SELECT ... FOR UPDATE``, a migration's lock on the
+        table) would hold the renewal, and whoever waits for it, as long as
+        it lasts. With ``lock_wait`` (seconds) the renewal is one transaction
+        whose ``lock_timeout`` is that long: past it, nothing was written and
+        QUEUE_PERSISTENCE_FAILED (``lock_not_available``) is raised. Inside
+        the caller's transaction ``lock_wait`` is not applied: its settings
+        are the caller's.
+        """
+        connection = connections[self.alias]
+        if lock_wait is None or connection.in_atomic_block:
+            return self._boolean("soniq_heartbeat", f, [lease])
+        try:
+            with transaction.atomic(using=self.alias), connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)",
+                               [f"{max(1, round(lock_wait * 1000))}ms"])
+                cursor.execute("SELECT soniq_heartbeat(%s, %s, %s, %s, %s, %s)",
+                               self._fence(f) + [lease])
+                return bool(cursor.fetchone()[0] is True)
+        except DatabaseError as error:
+            if sqlstate(error) == "55P03":  # lock_not_available: the lock_timeout above
+                raise persistence_failed(LOCK_NOT_AVAILABLE) from None
+            raise translate(error, self.alias) from None
 
     def complete(self, f: QueueClaimFence, result: Any, ttl: float) -> bool:
         rows = self._rows(
@@ -525,7 +552,8 @@ class SqliteClaims:
         ).update(updated_at=now, **values)
         return changed == 1
 
-    def heartbeat(self, f: QueueClaimFence, lease: float) -> bool:
+    def heartbeat(self, f: QueueClaimFence, lease: float, lock_wait: float | None = None) -> bool:
+        # SQLite has no row locks: its write lock is waited for as every write waits for it.
         with self._locked() as now:
             row = self._owned_row(f, now)
             return row is not None and self._update_owned(

@@ -220,15 +220,23 @@ class OwnedJobSource:
 
     # Fenced writes ----------------------------------------------------
 
-    def heartbeat_owned(self, fence: QueueClaimFence) -> bool:
-        """Renew the lease of the exact live claim (also while a cancel is requested)."""
-        return self._heartbeat(checked_fence(fence))
+    def heartbeat_owned(self, fence: QueueClaimFence, *, lock_wait: float | None = None) -> bool:
+        """Renew the lease of the exact live claim (also while a cancel is requested).
 
-    def _heartbeat(self, fence: QueueClaimFence) -> bool:
-        return self._claims.heartbeat(fence, _lease())
+        ``lock_wait``: on PostgreSQL, wait at most this many seconds for a lock
+        another transaction holds on the job's row (or its table); past it
+        nothing is written and QUEUE_PERSISTENCE_FAILED is raised with the
+        reason ``lock_not_available``. Without it the renewal waits as long
+        as the lock is held. Not applied inside the caller's transaction.
+        """
+        return self._heartbeat(checked_fence(fence), lock_wait)
 
-    async def aheartbeat_owned(self, fence: QueueClaimFence) -> bool:
-        return await sync_to_async(self._heartbeat)(checked_fence(fence))
+    def _heartbeat(self, fence: QueueClaimFence, lock_wait: float | None = None) -> bool:
+        return self._claims.heartbeat(fence, _lease(), lock_wait)
+
+    async def aheartbeat_owned(self, fence: QueueClaimFence, *,
+                               lock_wait: float | None = None) -> bool:
+        return await sync_to_async(self._heartbeat)(checked_fence(fence), lock_wait)
 
     def complete_owned(self, fence: QueueClaimFence, result: Any = None) -> bool:
         """Complete the exact live claim with a JSON ``result``; False if already done."""

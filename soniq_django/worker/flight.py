@@ -31,6 +31,7 @@ class InFlight:
     watched: bool = False
     """Its deadline was given to the deadline thread (it has a time limit): only then has
     that thread anything to forget when the run is settled (deadlines.py)."""
+    row_locked: bool = False  # the last renewal found the row locked by another transaction
 
     @property
     def key(self) -> tuple[str, int]:

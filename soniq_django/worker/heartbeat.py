@@ -27,6 +27,7 @@ from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
 from ..housekeeping import purge_expired
 from ..owned import OwnedJobSource
+from ..owned._store import LOCK_NOT_AVAILABLE
 from ..throughput import ThroughputCounter
 from . import registration
 from .connection import SharedConnection, keep_healthy
@@ -179,7 +180,9 @@ class Heartbeat:
             return
         fence = flight.claimed.claim_fence
         try:
-            if not self.source.heartbeat_owned(fence):
+            # Half a beat at most for another transaction's lock on the row: the
+            # other jobs' leases are renewed in the same beat, after this one.
+            if not self.source.heartbeat_owned(fence, lock_wait=beat_interval() / 2):
                 if flight.done:  # its final write ended the claim meanwhile: not a loss
                     return
                 flight.lost = True
@@ -188,10 +191,20 @@ class Heartbeat:
                 logger.warning("%s %s: lease lost; this worker will not write it again",
                                flight.claimed.job_name, flight.claimed.job_id)
                 return
+            if flight.row_locked:
+                flight.row_locked = False
+                logger.info("%s %s: its row is free again; its lease is renewed",
+                            flight.claimed.job_name, flight.claimed.job_id)
             state = self.source.get_owned_state(fence)
             if state is not None and state.cancel_requested:
                 flight.context._cancel().set()
         except SoniqError as error:
             if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
                 raise
-            logger.warning("heartbeat failed (database unavailable); retrying")
+            if error.reason != LOCK_NOT_AVAILABLE:
+                logger.warning("heartbeat failed (database unavailable); retrying")
+            elif not flight.row_locked:  # once while it lasts; the next beats try again
+                flight.row_locked = True
+                logger.warning("%s %s: its row is locked by another transaction; its lease is "
+                               "not renewed until the lock is released (it lapses if the lock "
+                               "outlasts it)", flight.claimed.job_name, flight.claimed.job_id)

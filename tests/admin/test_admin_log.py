@@ -93,6 +93,15 @@ def _no_args_in_the_log() -> None:
         assert SECRET_ARG not in repr_ and SECRET_ARG not in message
 
 
+def _again_logs_nothing(client, model: str, action: str, ids) -> list[str]:
+    """The same action once more: nothing left to change, nothing logged; its messages."""
+    mark = _last_id()
+    notes = _act(client, model, action, ids)
+    assert _entries(mark) == []
+    _no_args_in_the_log()
+    return notes
+
+
 def test_cancel_logs_the_cancelled_and_the_newly_asked_only(admin_client):
     queued = enqueue("shop.send", {"card": SECRET_ARG}, queue="mail")
     running = enqueue("reports.build", {"card": SECRET_ARG}, queue="reports")
@@ -109,11 +118,8 @@ def test_cancel_logs_the_cancelled_and_the_newly_asked_only(admin_client):
     assert entry.object_repr == "shop.send (cancelled)"
     assert entry.content_type == ContentType.objects.get_for_model(Job)
     # Again: the queued one is cancelled, the running one already asked: nothing changes.
-    mark = _last_id()
-    notes = _act(admin_client, "job", "cancel_selected", [queued, running])
+    notes = _again_logs_nothing(admin_client, "job", "cancel_selected", [queued, running])
     assert "Asked the worker of 1 running job to stop it." in notes
-    assert _entries(mark) == []
-    _no_args_in_the_log()
 
 
 def test_retry_now_logs_only_the_jobs_it_made_due(admin_client):
@@ -123,11 +129,8 @@ def test_retry_now_logs_only_the_jobs_it_made_due(admin_client):
     due = enqueue("shop.remind", {"n": 9}, queue="later")
     _act(admin_client, "job", "retry_selected_now", [*waiting, due])
     assert _entries() == _expected(Job, waiting, CHANGE, "Made due now from the admin.")
-    mark = _last_id()
-    assert _act(admin_client, "job", "retry_selected_now", waiting) == [
+    assert _again_logs_nothing(admin_client, "job", "retry_selected_now", waiting) == [
         "Made 0 waiting jobs due now; skipped 2 not queued for later."]
-    assert _entries(mark) == []
-    _no_args_in_the_log()
 
 
 def test_delete_logs_a_deletion_per_deleted_job_and_none_for_the_kept(admin_client):
@@ -140,10 +143,7 @@ def test_delete_logs_a_deletion_per_deleted_job_and_none_for_the_kept(admin_clie
     assert _entries() == _expected(Job, [done, cancelled], DELETION,
                                    "Deleted from the admin (a finished job).")
     assert LogEntry.objects.get(object_id=str(done)).object_repr == "reports.export (done)"
-    mark = _last_id()
-    _act(admin_client, "job", "delete_selected_finished", [queued])
-    assert _entries(mark) == []
-    _no_args_in_the_log()
+    _again_logs_nothing(admin_client, "job", "delete_selected_finished", [queued])
 
 
 def test_replay_logs_on_the_job_each_dead_letter_became(admin_client):
@@ -158,11 +158,8 @@ def test_replay_logs_on_the_job_each_dead_letter_became(admin_client):
     history = admin_client.get(history_url)
     assert history.status_code == 200
     assert "Replayed from the admin." in history.content.decode()
-    mark = _last_id()
-    assert _act(admin_client, "deadletterjob", "replay_selected", dead) == [
+    assert _again_logs_nothing(admin_client, "deadletterjob", "replay_selected", dead) == [
         "Replayed 0 dead letters into the queue. Skipped: 2 already in the queue."]
-    assert _entries(mark) == []
-    _no_args_in_the_log()
 
 
 def test_pause_and_resume_selected_queues_log_the_queues_that_changed(admin_client):
@@ -176,9 +173,7 @@ def test_pause_and_resume_selected_queues_log_the_queues_that_changed(admin_clie
     _act(admin_client, "queuesetting", "resume_selected", ["mail", "billing"])
     assert _entries(mark) == _expected(QueueSetting, ["mail", "billing"], CHANGE,
                                        "Resumed the queue from the admin.")
-    mark = _last_id()
-    _act(admin_client, "queuesetting", "resume_selected", ["mail"])
-    assert _entries(mark) == []
+    _again_logs_nothing(admin_client, "queuesetting", "resume_selected", ["mail"])
 
 
 def test_pause_and_resume_selected_schedules_log_the_schedules_that_changed(admin_client):

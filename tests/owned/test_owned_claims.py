@@ -3,10 +3,11 @@
 import asyncio
 import dataclasses
 import datetime as dt
+import time
 import uuid
 
 import pytest
-from django.db import connections
+from django.db import connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
@@ -14,7 +15,7 @@ from soniq_django import enqueue
 from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError
 from soniq_django.models import DeadLetterJob, Job, Worker
 from soniq_django.owned import OwnedJobSource, OwnedJobState, QueueClaimFence
-from tests.support.owned import claim, nonce, rewrite
+from tests.support.owned import claim, nonce, rewrite, row_locked
 
 pytestmark = pytest.mark.django_db
 
@@ -170,6 +171,28 @@ def test_heartbeat_renews_the_lease(source):
     assert Job.objects.get(id=claimed.job_id).lease_expires_at > timezone.now() + dt.timedelta(
         seconds=20
     )
+
+
+@pytest.mark.postgresql_only  # row locks (SQLite's write lock is waited for like any write's)
+@pytest.mark.django_db(transaction=True)
+def test_a_renewal_waits_for_a_row_lock_at_most_its_lock_wait(source):
+    enqueue("a.one")
+    claimed = claim(source)
+    before = Job.objects.get(id=claimed.job_id).lease_expires_at
+    with row_locked(claimed.job_id):
+        started = time.monotonic()
+        with pytest.raises(SoniqError) as caught:
+            source.heartbeat_owned(claimed.claim_fence, lock_wait=0.2)
+        waited = time.monotonic() - started
+    assert (caught.value.code, caught.value.reason) == (
+        ErrorCode.QUEUE_PERSISTENCE_FAILED, "lock_not_available")
+    assert 0.2 <= waited < 5
+    assert Job.objects.get(id=claimed.job_id).lease_expires_at == before  # nothing written
+    with connection.cursor() as cursor:  # the lock_timeout was the renewal's transaction's
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == "0"
+    assert source.heartbeat_owned(claimed.claim_fence, lock_wait=0.2) is True  # free again
+    assert Job.objects.get(id=claimed.job_id).lease_expires_at > before
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,11 @@
 """Shared helpers for the owned-queue tests."""
 
 import secrets
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from django.db import connection
+from django.db import connection, connections, transaction
 
 from soniq_django.models import Job
 from soniq_django.owned import ClaimedJob
@@ -17,6 +20,33 @@ def claim(source, worker="worker-1", queues=None) -> ClaimedJob:
     claimed = source.claim_next_owned(worker, claim_token=nonce(), queues=queues)
     assert claimed is not None
     return claimed
+
+
+@contextmanager
+def row_locked(job_id) -> Iterator[None]:
+    """Inside, another connection's transaction holds the job's row (``SELECT ... FOR UPDATE``).
+
+    An operator's open transaction, as in psql. On SQLite the select takes no lock.
+    """
+    locked, unlock = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(id=job_id))
+                locked.set()
+                unlock.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(10), "the row lock was not taken"
+        yield
+    finally:
+        unlock.set()
+        holder.join(10)
 
 
 def rewrite(job_id, **values) -> None:

@@ -22,12 +22,14 @@ from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker import Worker
 from soniq_django.worker.connection import connect_patiently
+from tests.support.owned import row_locked
 from tests.support.workers import FAST, WorkerThread, run_burst, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast")]
 
 WAITING = "cannot connect to the database"
 ASIDE = "renewing leases on a second connection"
+ROW_LOCKED = "is locked by another transaction"
 
 # One slot: the job thread completes and claims; more: the main thread does.
 BOTH_PATHS = pytest.mark.parametrize("concurrency", [1, 3])
@@ -178,32 +180,15 @@ def test_a_completion_stuck_on_a_row_lock_leaves_the_other_leases_renewed(settin
     go = tmp_path / "go"
     stuck = enqueue("tests.worker.wait_for_file", {"path": str(go)}, priority=1)
     other = enqueue("tests.worker.cooperative", {"seconds": 60}, priority=2)
-    locked, unlock = threading.Event(), threading.Event()
-
-    def lock_the_row():  # an operator's transaction holding the stuck job's row
-        from django.db import transaction
-
-        try:
-            with transaction.atomic():
-                list(Job.objects.select_for_update().filter(id=stuck))
-                locked.set()
-                unlock.wait(20)
-        finally:
-            connections.close_all()
-
     with WorkerThread(Worker(concurrency=2)) as running:
         run_log.wait_for("start", other)
-        locker = threading.Thread(target=lock_the_row)
-        locker.start()
-        assert locked.wait(5)
-        go.touch()  # the stuck job returns; its completion waits for the lock, on our connection
-        leases = [Job.objects.get(id=other).lease_expires_at]
-        for _ in range(6):
-            time.sleep(0.3)
-            leases.append(Job.objects.get(id=other).lease_expires_at)
-        assert Job.objects.get(id=stuck).status == "processing"  # still waiting for the lock
-        unlock.set()
-        locker.join(10)
+        with row_locked(stuck):  # an operator's transaction holding the stuck job's row
+            go.touch()  # the stuck job returns; its completion waits for the lock, on our connection
+            leases = [Job.objects.get(id=other).lease_expires_at]
+            for _ in range(6):
+                time.sleep(0.3)
+                leases.append(Job.objects.get(id=other).lease_expires_at)
+            assert Job.objects.get(id=stuck).status == "processing"  # still waiting for the lock
         wait_until(lambda: Job.objects.get(id=stuck).status == "done", 10,
                    "the stuck completion to go through")
         assert OwnedJobSource().request_cancel(other) is True
@@ -211,6 +196,37 @@ def test_a_completion_stuck_on_a_row_lock_leaves_the_other_leases_renewed(settin
     assert (leases[-1] - leases[0]).total_seconds() > 1.0, leases  # renewed all along
     assert Job.objects.get(id=other).attempts == 1
     assert ASIDE in caplog.text
+
+
+@pytest.mark.postgresql_only  # row locks: SQLite locks the whole database, every write waits
+def test_a_lease_renewal_that_meets_a_row_lock_leaves_the_other_leases_renewed(settings, run_log,
+                                                                             caplog):
+    # An operator's transaction holds a running job's row: that job's renewal
+    # waits for it at most a moment, and the other job's lease goes on being renewed.
+    caplog.set_level(logging.INFO, logger="soniq_django.worker")
+    settings.SONIQ = {**FAST, "LEASE_SECONDS": 4, "HEARTBEAT_SECONDS": 0.2}
+    held = enqueue("tests.worker.cooperative", {"seconds": 60}, priority=1)
+    other = enqueue("tests.worker.cooperative", {"seconds": 60}, priority=2)
+    def lease(job_id):
+        return Job.objects.get(id=job_id).lease_expires_at
+
+    with WorkerThread(Worker(concurrency=2)) as running:
+        run_log.wait_for("start", held)
+        run_log.wait_for("start", other)
+        with row_locked(held):
+            held_then, leases = lease(held), [lease(other)]
+            for _ in range(6):
+                time.sleep(0.3)
+                leases.append(lease(other))
+            held_while_locked = lease(held)
+        wait_until(lambda: lease(held) > held_while_locked, 10, "the held lease's renewal")
+        for job_id in (held, other):
+            assert OwnedJobSource().request_cancel(job_id) is True
+        assert running.stop() == 0
+    assert (leases[-1] - leases[0]).total_seconds() > 1.0, leases  # renewed all along
+    assert held_while_locked == held_then  # not renewed while the row was held
+    assert Job.objects.get(id=held).attempts == 1 and Job.objects.get(id=other).attempts == 1
+    assert caplog.text.count(ROW_LOCKED) == 1  # said once, however many beats it lasted
 
 
 @pytest.mark.sqlite_only
