@@ -102,9 +102,24 @@ def array_text(values: list[Any]) -> str:
     element is double-quoted, with backslash and double quote escaped, so any
     text goes through unchanged (text holds no NUL in PostgreSQL).
     """
+    try:
+        body = '","'.join(values)  # all text (the common case), each element quoted
+    except TypeError:  # not all text: numbers (generations), or a mix
+        try:
+            return "{" + ",".join(map(int.__repr__, values)) + "}"
+        except TypeError:
+            return _array_text(values)
+    # No backslash, and no double quote but the separators': nothing to escape.
+    if "\\" in body or body.count('"') != 2 * len(values) - 2:
+        return _array_text(values)
+    return '{"' + body + '"}'
+
+
+def _array_text(values: list[Any]) -> str:
+    """``array_text`` element by element: any text, numbers, or a mix."""
     return "{" + ",".join(
-        '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' if type(value) is str
-        else str(int(value)) for value in values) + "}"
+        '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        if isinstance(value, str) else str(int(value)) for value in values) + "}"
 
 
 class PostgresClaims:

@@ -135,7 +135,7 @@ class Completer:
         if not taken:
             flight.settled.release()
             return False
-        flight.context._cancel.set()  # cooperative handlers stop
+        flight.context._cancel().set()  # cooperative handlers stop
         self._wake.set()
         return True
 
@@ -150,8 +150,7 @@ class Completer:
         try:
             return self._writes.round(batch, n)
         finally:
-            for flight in batch:
-                self._flights.finish(flight)
+            self._flights.finish_many(batch)
 
     def close(self) -> None:
         """The main loop is over: take no more timeouts; write those already handed over."""
@@ -226,8 +225,12 @@ class BatchCompleter(Completer):
     def _complete(self, flight: InFlight) -> None:
         # The slot first, then the completion: the round that writes the
         # completion also fills this slot (the loop reads pending writes first).
+        # The main loop is woken once per round: by the first completion after
+        # its last round took the pending ones; it takes those that follow too.
         self._slots.give()
         with self._lock:
             self._completions.append(flight)
-        self._wake.set()
+            first = len(self._completions) == 1
+        if first:
+            self._wake.set()
         return None

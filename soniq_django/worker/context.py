@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from ..errors import JobCancelled
 
+#: Held only while a context's cancel event is made, so two threads never make two.
+_MAKING = threading.Lock()
+
 _current: contextvars.ContextVar["JobContext | None"] = contextvars.ContextVar(
     "soniq_current_job", default=None
 )
@@ -23,7 +26,18 @@ class JobContext:
     generation: int = 0
     """This run's claim generation: one higher for every claim of the job, so each run has its
     own (with ``job_id``, it names the run). 0 only outside a claim."""
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel_event: threading.Event | None = field(default=None, repr=False, compare=False)
+    """Made on demand (``_cancel()``): most runs never hear of a cancel, nor wait for one."""
+
+    def _cancel(self) -> threading.Event:
+        """The event a cancel sets (made the first time it is needed, by whichever thread)."""
+        event = self._cancel_event
+        if event is None:
+            with _MAKING:
+                event = self._cancel_event
+                if event is None:
+                    event = self._cancel_event = threading.Event()
+        return event
 
     @property
     def idempotency_key(self) -> str:
@@ -38,16 +52,17 @@ class JobContext:
     @property
     def cancel_requested(self) -> bool:
         """True once an operator asked to cancel this job (or its lease was lost)."""
-        return self._cancel.is_set()
+        event = self._cancel_event
+        return event is not None and event.is_set()
 
     def raise_if_cancelled(self) -> None:
         """Raise ``JobCancelled`` if a cancel was requested; call it between steps."""
-        if self._cancel.is_set():
+        if self.cancel_requested:
             raise JobCancelled()
 
     def wait_for_cancel(self, timeout: float | None = None) -> bool:
         """Sleep up to ``timeout`` seconds, waking early on a cancel; return whether it came."""
-        return self._cancel.wait(timeout)
+        return self._cancel().wait(timeout)
 
 
 def current_job() -> JobContext | None:

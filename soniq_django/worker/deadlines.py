@@ -91,11 +91,17 @@ class Deadlines:
     def watch(self, flight: InFlight, limit: TimeLimit | None) -> None:
         """Time ``flight`` out at its claim plus ``limit`` (None: it has no limit)."""
         if limit is not None:
+            flight.watched = True
             with self._changed:
                 self._add(_Entry(limit.deadline(flight.started), 0, flight, limit))
 
     def forget(self, flight: InFlight) -> None:
-        """``flight``'s run is settled: drop its entry; say so if it came back late."""
+        """``flight``'s run is settled: drop its entry; say so if it came back late.
+
+        A run without a time limit was never watched: nothing to do, no lock taken.
+        """
+        if not flight.watched:
+            return
         with self._changed:
             entry = self._by_run.pop(flight.key, None)
             if entry is not None:

@@ -60,6 +60,10 @@ class Outcome:
     writes were rolled back (or never landed); None, unknown (the database never answered)."""
 
 
+#: The outcome of every run that returned None (most handlers): one object, never a new one.
+DONE = Outcome(OutcomeKind.DONE)
+
+
 def _error_text(error: BaseException) -> str:
     text = "".join(traceback.format_exception(error))
     return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "\n[truncated]"
@@ -236,6 +240,8 @@ def _returned(claimed: ClaimedJob, context: JobContext, result: Any, limit: Time
         return Outcome(OutcomeKind.RETRY, error=limit.error(atomic=atomic))
     if context.cancel_requested:
         return Outcome(OutcomeKind.CANCELLED)
+    if result is None:
+        return DONE
     try:
         return Outcome(OutcomeKind.DONE, result=normalize_json(result, "the result"))
     except SoniqError as error:

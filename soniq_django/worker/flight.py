@@ -28,6 +28,9 @@ class InFlight:
     """An atomic job's transaction holds SQLite's write lock: no one else can change its row
     until it ends, and the heartbeat could not renew the lease meanwhile (worker/atomic.py)."""
     outcome: Outcome | None = None  # a completion waiting for the batched completer's round
+    watched: bool = False
+    """Its deadline was given to the deadline thread (it has a time limit): only then has
+    that thread anything to forget when the run is settled (deadlines.py)."""
     row_locked: bool = False  # the last renewal found the row locked by another transaction
 
     @property
@@ -56,22 +59,38 @@ class Flights:
         self._by_claim: dict[tuple[str, int], InFlight] = {}
 
     def track(self, claimed: ClaimedJob) -> InFlight:
-        fence = claimed.claim_fence
-        flight = InFlight(claimed, JobContext(  # the fence holds the id as text already
-            job_id=fence.job_id, job_name=claimed.job_name, queue=claimed.queue,
-            attempts=claimed.attempts, max_attempts=claimed.max_attempts,
-            generation=fence.generation))
-        with self._lock:
-            self._by_claim[flight.key] = flight
-        return flight
+        return self.track_many([claimed])[0]
+
+    def track_many(self, claimed: list[ClaimedJob]) -> list[InFlight]:
+        """Track every job a round claimed, under one acquisition of the lock."""
+        flights = [InFlight(job, JobContext(  # the fence holds the id as text already
+            job_id=job.claim_fence.job_id, job_name=job.job_name, queue=job.queue,
+            attempts=job.attempts, max_attempts=job.max_attempts,
+            generation=job.claim_fence.generation)) for job in claimed]
+        if flights:
+            with self._lock:
+                for flight in flights:
+                    self._by_claim[flight.key] = flight
+        return flights
 
     def finish(self, flight: InFlight) -> None:
         """Forget this run -- only this one: another claim of the same job may be in flight."""
+        self.finish_many([flight])
+
+    def finish_many(self, flights: list[InFlight]) -> None:
+        """``finish`` each of ``flights`` (a round's completions), taking the lock once."""
+        if not flights:
+            return
         with self._lock:
-            if self._by_claim.get(flight.key) is flight:
-                del self._by_claim[flight.key]
-                if not self._by_claim:
-                    self._emptied.notify_all()
+            by_claim = self._by_claim
+            removed = False
+            for flight in flights:
+                key = flight.key
+                if by_claim.get(key) is flight:
+                    del by_claim[key]
+                    removed = True
+            if removed and not by_claim:
+                self._emptied.notify_all()
 
     def wait_empty(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the last run to finish; True if none is left."""

@@ -186,7 +186,7 @@ class Heartbeat:
                 if flight.done:  # its final write ended the claim meanwhile: not a loss
                     return
                 flight.lost = True
-                flight.context._cancel.set()
+                flight.context._cancel().set()
                 signals.lost(flight, worker_id=self.worker_id, using=self.using)
                 logger.warning("%s %s: lease lost; this worker will not write it again",
                                flight.claimed.job_name, flight.claimed.job_id)
@@ -197,7 +197,7 @@ class Heartbeat:
                             flight.claimed.job_name, flight.claimed.job_id)
             state = self.source.get_owned_state(fence)
             if state is not None and state.cancel_requested:
-                flight.context._cancel.set()
+                flight.context._cancel().set()
         except SoniqError as error:
             if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
                 raise

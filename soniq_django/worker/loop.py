@@ -332,12 +332,14 @@ class Worker:
         self._unknown_streak = 0
         self.slots.take(len(answer.jobs))
         on_the_loop = []
-        for job in answer.jobs:
-            flight = self.flights.track(job)
-            if self.concurrency > 1 and _runs_on_the_loop(job.job_name):
+        on_threads = []
+        for flight in self.flights.track_many(answer.jobs):  # one lock for the round's jobs
+            if self.concurrency > 1 and _runs_on_the_loop(flight.claimed.job_name):
                 on_the_loop.append(flight)
             else:
-                pool.submit(partial(self._run_jobs, flight))
+                on_threads.append(partial(self._run_jobs, flight))
+        if on_threads:  # one hand-over for the round's other jobs
+            pool.submit_many(on_threads)
         if on_the_loop:  # one hand-over for the round's async jobs
             self.event_loop.start(on_the_loop)
         if answer.found_nothing:

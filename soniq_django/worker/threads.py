@@ -18,7 +18,7 @@ as the process outlives ``Worker.run()`` (a worker run in a thread, a test).
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from django.db import connections
 
@@ -37,12 +37,19 @@ class JobThreads:
 
     def submit(self, item: Callable[[], object]) -> None:
         """Hand ``item`` to the next free thread (starting one while there are fewer than size)."""
+        self.submit_many([item])
+
+    def submit_many(self, items: Sequence[Callable[[], object]]) -> None:
+        """``submit`` each of ``items`` (a round's jobs), in order, in one hand-over."""
         if self._closed:
             raise RuntimeError("the job threads are shut down")
-        self._items.put(item)
-        if len(self._threads) < self._size:
-            thread = threading.Thread(target=self._serve, name=f"{self._name}_{len(self._threads)}")
-            self._threads.append(thread)
+        put = self._items.put
+        for item in items:
+            put(item)
+        threads = self._threads
+        for _ in range(min(len(items), self._size - len(threads))):  # one per item, up to size
+            thread = threading.Thread(target=self._serve, name=f"{self._name}_{len(threads)}")
+            threads.append(thread)
             thread.start()
 
     def shutdown(self, *, wait: bool) -> None:

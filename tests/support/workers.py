@@ -131,7 +131,7 @@ class WorkerThread:
             # A failed test: stop cooperative handlers too, so no job thread
             # outlives the test (the interpreter would wait for it at exit).
             for flight in self.worker.flights.all():
-                flight.context._cancel.set()
+                flight.context._cancel().set()
             self.worker.abort()
             self.thread.join(10)
 
