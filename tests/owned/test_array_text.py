@@ -44,12 +44,11 @@ def test_a_mix_is_quoted_element_by_element(values):
     assert array_text(values) == _reference(values)
 
 
+@pytest.mark.postgresql_only  # array literals are PostgreSQL's
 @pytest.mark.django_db
 @SETTINGS
 @given(values=ELEMENTS)
 def test_postgresql_reads_the_list_sent(values):
-    if connection.vendor != "postgresql":
-        pytest.skip("array literals are PostgreSQL's")
     with connection.cursor() as cursor:
         cursor.execute("SELECT %s::text[]", [array_text(values)])
         assert cursor.fetchone()[0] == values
