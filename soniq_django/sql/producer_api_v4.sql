@@ -14,25 +14,25 @@
 -- so it gets this body.
 --
 -- Version 4. Version 3 ran, for every job, a query for the pattern (a join
--- of pg_db_role_setting with unnest(setconfig)), eight IF statements, a
--- DECLARE block of fourteen variables, a loop, the INSERT and a PERFORM of
--- pg_notify: five SPI queries for a plain job. Version 4 reads the
--- database's setconfig by itself (one row: pg_db_role_setting is unique on
--- setdatabase, setrole) and looks for the pattern in it by a plpgsql loop,
--- which runs only when the database has settings, in array order, so it
--- finds the element version 3's unnest ... LIMIT 1 found. Then one IF holds
--- every check version 3 makes, written so that it is true only when all of
--- them pass and the job is a plain one (not unique, no dedup_key, no
--- job_id); then one INSERT ... VALUES writes the job and, in its RETURNING,
--- notifies: two SPI queries in all. Any other call -- an invalid input, a
--- NULL where version 3 substitutes a default (queue, unique_job) or allows
--- one (max_attempts), args of 315 bytes of text or more, a unique, dedup or
--- job_id job -- fails the IF and runs version 3's body, unchanged but for
--- the pattern it already has. So a refused call gets version 3's error from
--- version 3's code. The only error the IF itself can raise is the pattern's
--- (not a valid regular expression), and only for a non-NULL job_name
--- (the match is strict and comes first), which version 3 matches against
--- the pattern first too.
+-- of pg_db_role_setting with unnest(setconfig)), a DECLARE block of fourteen
+-- variables, eight IF statements, a loop, the INSERT and a PERFORM of
+-- pg_notify: three queries and some twenty expressions for a plain job.
+-- Version 4 reads the database's setconfig by itself (one row:
+-- pg_db_role_setting is unique on setdatabase, setrole) and looks for the
+-- pattern in it by a plpgsql loop, which runs only when the database has
+-- settings, in array order, so it finds the element version 3's unnest ...
+-- LIMIT 1 found. Then one IF holds every check version 3 makes, written so
+-- that it is true only when all of them pass and the job is a plain one (not
+-- unique, no dedup_key, no job_id); then one INSERT ... VALUES writes the
+-- job and, in its RETURNING, notifies: two queries in all. Any other call --
+-- an invalid input, a NULL where version 3 substitutes a default (queue,
+-- unique_job) or allows one (max_attempts), args of 315 bytes of text or
+-- more, a unique, dedup or job_id job -- fails the IF and runs version 3's
+-- body, unchanged but for the pattern it already has. So a refused call gets
+-- version 3's error from version 3's code. The only error the IF itself can
+-- raise is the pattern's (not a valid regular expression), and only for a
+-- non-NULL job_name (the match is strict and comes first), which version 3
+-- matches against the pattern first too.
 -- docs/decisions/0027-plain-enqueue-fast-path.md has the measurements.
 --
 -- The database's own settings, "Why short args skip the scans" and the
