@@ -60,7 +60,9 @@ job_names = mostly(
               st.text(alphabet="abAB._-1 é", max_size=12)),
 )
 args = mostly(
-    st.one_of(st.sampled_from(["{}", '{"n": 1}', '{"a": [1, {"b": null}]}', filler(314)]),
+    st.one_of(st.sampled_from(["{}", '{"n": 1}', '{"a": [1, {"b": null}]}', filler(314),
+                               # 307 bytes of text, 1224 as jsonb: version 3's path
+                               '{"a": [' + ",".join(["1"] * 100) + "]}"]),
               st.integers(9, 314).map(filler)),
     st.one_of(st.sampled_from([None, "[]", "1", '"s"', "null", filler(315), filler(316),
                                nested(499), nested(500), nested(500, "array"),
