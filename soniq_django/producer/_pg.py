@@ -27,6 +27,8 @@ execute wrapper is installed, the call goes through Django's cursor
 instead, so that they see it.
 """
 
+import _thread
+import asyncio
 import json
 import logging
 import uuid
@@ -88,6 +90,23 @@ def prepares_statements(connection: Any) -> bool:
     return wanted
 
 
+def _state(connection: Any, raw: "psycopg.Connection[Any]") -> tuple[bool, "psycopg.Cursor[Any]"]:
+    """``prepares_statements`` and soniq's cursor (``_cursor``) for ``raw``, worked out once.
+
+    Kept on Django's ``connection`` with what the answer depends on: the
+    psycopg connection, the settings snapshot and ``DISABLE_SERVER_SIDE_CURSORS``;
+    a change of any of them works it out again, and ``_stop_preparing`` drops it.
+    """
+    config, disabled = get_settings(), connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+    kept: tuple[Any, ...] | None = getattr(connection, "_soniq_state", None)
+    if kept is not None and kept[0] is raw and kept[1] is config and kept[2] is disabled:
+        return kept[3], kept[4]
+    prepare = prepares_statements(connection)
+    cursor = _cursor(connection, raw)
+    connection._soniq_state = (raw, config, disabled, prepare, cursor)
+    return prepare, cursor
+
+
 def _stop_preparing(connection: Any, alias: str, sqlstate: str) -> None:
     """Prepare nothing more on this connection, and have psycopg forget what it prepared.
 
@@ -99,6 +118,7 @@ def _stop_preparing(connection: Any, alias: str, sqlstate: str) -> None:
     """
     raw = connection.connection
     _unprepared.add(raw)
+    connection._soniq_state = None
     cache = getattr(raw, "_prepared", None)
     for part in ("_names", "_counts", "_to_flush"):
         getattr(cache, part, []).clear()
@@ -125,25 +145,32 @@ def _fetchone(connection: Any, alias: str, sql: str, params: list[Any]
             cursor.execute(sql, params)
             row = cursor.fetchone()
             return row
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    connection.validate_no_broken_transaction()
     raw = connection.connection
+    # What Django's cursor() checks, each a no-op in the usual case tested first:
+    # connected, no health check due, in the thread that made it, no broken
+    # transaction, no event loop (ensure_connection is async_unsafe).
+    if (raw is None or connection.needs_rollback
+            or connection._thread_ident != _thread.get_ident()
+            or (connection.health_check_enabled and not connection.health_check_done)
+            or asyncio._get_running_loop() is not None):
+        connection.close_if_health_check_failed()
+        connection.ensure_connection()
+        connection.validate_thread_sharing()
+        connection.validate_no_broken_transaction()
+        raw = connection.connection
     if not isinstance(raw, psycopg.Connection):  # pragma: no cover - psycopg 2
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
             return row
     with connection.wrap_database_errors:
-        prepare = prepares_statements(connection)
+        prepare, cursor = _state(connection, raw)
         # psycopg prepares nothing while prepare_threshold is None (Django's
         # default): lift it for this statement only. Django's own cursors bind
         # client-side and are never prepared, whatever the threshold.
         lifted = prepare and raw.prepare_threshold is None
         if lifted:
             raw.prepare_threshold = _PREPARE_THRESHOLD
-        cursor = _cursor(connection, raw)
         try:
             try:
                 cursor.execute(sql, params, prepare=prepare)
