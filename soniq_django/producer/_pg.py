@@ -41,7 +41,7 @@ from django.db import DatabaseError, transaction
 from ..conf import get_settings
 from ..errors import translate, translating
 from ..pooling import pooled
-from .request import PreparedJob
+from .request import SERVER_MADE_ID, PreparedJob
 
 logger = logging.getLogger("soniq_django.producer")
 
@@ -228,7 +228,8 @@ def enqueue(job: PreparedJob, connection: Any, alias: str) -> uuid.UUID:
     """Call ``soniq_enqueue`` for one validated job; return the id it gives."""
     params = [
         job.job_name, job.args_json, job.queue, job.priority, job.scheduled_at,
-        job.max_attempts, job.unique_job, job.dedup_key, job.producer_id, job.job_id,
+        job.max_attempts, job.unique_job, job.dedup_key, job.producer_id,
+        None if job.job_id is SERVER_MADE_ID else job.job_id,  # NULL: the server makes it
     ]
     job_id: uuid.UUID
     (job_id,) = _call(connection, alias, _ENQUEUE, params)

@@ -7,6 +7,7 @@ for enqueues, the read alias for ``get_job``. Their async twins
 """
 
 import asyncio
+import dataclasses
 import datetime as dt
 import os
 import uuid
@@ -23,7 +24,8 @@ from .commit import warn_if_uncoupled
 from .. import signals
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
-from .request import JobRequest, PreparedJob, coerce_job_id, prepare, prepare_all
+from .request import (SERVER_MADE_ID, JobRequest, PreparedJob, _prepare, coerce_job_id,
+                      prepare_all, server_made)
 from ..models import DeadLetterJob, Job, JobStatus
 
 
@@ -122,7 +124,7 @@ def enqueue(
     ``aenqueue`` there.
     """
     refuse_event_loop("enqueue", "aenqueue")
-    prepared = prepare(JobRequest(
+    prepared = _prepare(JobRequest(
         job_name,
         args,
         queue=queue,
@@ -134,7 +136,7 @@ def enqueue(
         producer_id=producer_id,
         job_id=job_id,
         delay=delay,
-    ))
+    ), server_made)
     alias = using or router.db_for_write(Job)
     connection = connections[alias]
     if not connection.in_atomic_block and len(connections.settings) > 1:
@@ -209,6 +211,8 @@ def _insert(job: PreparedJob, alias: str, connection: Any) -> uuid.UUID:
     if connection.vendor == "postgresql":
         job_id: uuid.UUID = (_pg_module or _import_pg()).enqueue(job, connection, alias)
     else:
+        if job.job_id is SERVER_MADE_ID:
+            job = dataclasses.replace(job, job_id=uuid.uuid4())
         with translating(alias):
             job_id = _insert_portable(job, alias)
     _enqueued(alias)

@@ -364,6 +364,19 @@ def _prepare(request: JobRequest, new_id: Callable[[], uuid.UUID],
                        delay)
 
 
+#: The ``job_id`` of a job whose id the database makes: ``soniq_enqueue`` is called with
+#: job_id NULL and returns the id it drew (``gen_random_uuid()``, version 4 as
+#: ``uuid.uuid4``). ``enqueue()`` asks for it (``server_made``), where nobody sees the
+#: id before the insert; the portable path draws one there instead. Compared by identity:
+#: no caller can pass this object.
+SERVER_MADE_ID = uuid.UUID(int=0)
+
+
+def server_made() -> uuid.UUID:
+    """The ``new_id`` of ``_prepare`` for a job whose id the database makes."""
+    return SERVER_MADE_ID
+
+
 def prepare_all(requests: Iterable[JobRequest]) -> list[PreparedJob]:
     """``prepare`` each request of a bulk enqueue; ``PayloadTooLarge`` names the request's index."""
     prepared: list[PreparedJob] = []
