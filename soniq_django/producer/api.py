@@ -24,8 +24,8 @@ from .commit import warn_if_uncoupled
 from .. import signals
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
-from .request import (SERVER_MADE_ID, JobRequest, PreparedJob, _prepare, coerce_job_id,
-                      prepare_all, server_made)
+from .request import (SERVER_MADE_ID, JobRequest, PreparedJob, coerce_job_id, prepare_all,
+                      prepare_to_insert)
 from ..models import DeadLetterJob, Job, JobStatus
 
 
@@ -124,7 +124,7 @@ def enqueue(
     ``aenqueue`` there.
     """
     refuse_event_loop("enqueue", "aenqueue")
-    prepared = _prepare(JobRequest(
+    prepared = prepare_to_insert(JobRequest(
         job_name,
         args,
         queue=queue,
@@ -136,7 +136,7 @@ def enqueue(
         producer_id=producer_id,
         job_id=job_id,
         delay=delay,
-    ), server_made)
+    ))
     alias = using or router.db_for_write(Job)
     connection = connections[alias]
     if not connection.in_atomic_block and len(connections.settings) > 1:

@@ -377,6 +377,13 @@ def server_made() -> uuid.UUID:
     return SERVER_MADE_ID
 
 
+def prepare_to_insert(request: JobRequest) -> PreparedJob:
+    """``prepare`` for an insert that returns the id: one the request names none of is
+    left to the database (``SERVER_MADE_ID``). Not for a caller that needs the id
+    before the insert (``enqueue_on_commit``, the Tasks backend)."""
+    return _prepare(request, server_made)
+
+
 def prepare_all(requests: Iterable[JobRequest]) -> list[PreparedJob]:
     """``prepare`` each request of a bulk enqueue; ``PayloadTooLarge`` names the request's index."""
     prepared: list[PreparedJob] = []

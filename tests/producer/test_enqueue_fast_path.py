@@ -14,16 +14,18 @@ import uuid
 
 import psycopg
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import DatabaseError, IntegrityError, connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from soniq_django import enqueue, signals
+from soniq_django import aenqueue, enqueue, signals
 from soniq_django.errors import ErrorCode, SoniqError
 from soniq_django.models import Job
 from soniq_django.producer.request import SERVER_MADE_ID, JobRequest, prepare
+from tests.testapp.jobs import add
 
 pytestmark = pytest.mark.django_db
 
@@ -68,7 +70,24 @@ def test_enqueue_refuses_exactly_what_jobrequest_and_prepare_refuse(job_name, ar
     assert Job.objects.count() == before
 
 
-def test_an_id_nobody_asked_for_is_a_fresh_version_4_uuid_stored_under_it():
+def _in_loop(call):
+    async def scenario():
+        return await call()
+
+    return async_to_sync(scenario)()
+
+
+#: Every enqueue whose id its caller sees only once the row is in: the database may make it.
+RETURNING_ID = {
+    "enqueue": lambda n: enqueue("tests.add", {"a": n}),
+    "handler.enqueue": lambda n: add.enqueue(n),
+    "aenqueue": lambda n: _in_loop(lambda: aenqueue("tests.add", {"a": n})),
+    "handler.aenqueue": lambda n: _in_loop(lambda: add.aenqueue(n)),
+}
+
+
+@pytest.mark.parametrize("how", list(RETURNING_ID))
+def test_an_id_nobody_asked_for_is_a_fresh_version_4_uuid_stored_under_it(how):
     heard = []
 
     def heard_it(sender, job_id, **kwargs):
@@ -76,14 +95,23 @@ def test_an_id_nobody_asked_for_is_a_fresh_version_4_uuid_stored_under_it():
 
     signals.job_enqueued.connect(heard_it)
     try:
-        ids = [enqueue("a.fresh", {"n": n}) for n in range(3)]
+        ids = [RETURNING_ID[how](n) for n in range(3)]
     finally:
         signals.job_enqueued.disconnect(heard_it)
     assert len(set(ids)) == 3 and SERVER_MADE_ID not in ids
     assert all(job_id.version == 4 and job_id.variant == uuid.RFC_4122 for job_id in ids)
     assert heard == ids
-    assert set(Job.objects.filter(job_name="a.fresh").values_list("id", flat=True)) == set(ids)
+    assert {job.id: job.args["a"] for job in Job.objects.filter(id__in=ids)} == {
+        job_id: n for n, job_id in enumerate(ids)}
     assert not Job.objects.filter(id=SERVER_MADE_ID).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_on_commit_still_knows_its_id_before_the_insert():
+    with transaction.atomic():
+        job_id = add.enqueue_on_commit(5)
+        assert job_id.version == 4 and not Job.objects.filter(id=job_id).exists()
+    assert Job.objects.get(id=job_id).args == {"a": 5}
 
 
 def _enqueue_call(captured):
@@ -93,14 +121,15 @@ def _enqueue_call(captured):
 
 @pytest.mark.postgresql_only
 def test_on_postgresql_the_server_makes_the_id_and_a_requested_one_is_sent():
-    with CaptureQueriesContext(connection) as captured:
-        made = enqueue("a.made", {})
-    assert _enqueue_call(captured).endswith("NULL::uuid)")  # the server draws it
+    for how in RETURNING_ID:
+        with CaptureQueriesContext(connection) as captured:
+            made = RETURNING_ID[how](1)
+        assert _enqueue_call(captured).endswith("NULL::uuid)"), how  # the server draws it
     requested = uuid.uuid4()
     with CaptureQueriesContext(connection) as captured:
         assert enqueue("a.asked", {}, job_id=str(requested)) == requested
     assert f"'{requested.hex}'::uuid" in _enqueue_call(captured)
-    assert Job.objects.get(id=made).job_name == "a.made"
+    assert Job.objects.get(id=made).job_name == "tests.add"
 
 
 @pytest.mark.postgresql_only
