@@ -115,7 +115,8 @@ def test_enqueue_on_commit_still_knows_its_id_before_the_insert():
 
 
 def _enqueue_call(captured):
-    (sql,) = [query["sql"] for query in captured.captured_queries if "soniq_enqueue(" in query["sql"]]
+    (sql,) = [query["sql"] for query in captured.captured_queries
+              if "soniq_enqueue(" in query["sql"]]
     return sql
 
 
