@@ -22,6 +22,10 @@ connection prepares nothing from then on (``_stop_preparing``).
 
 Django leaves psycopg's ``prepare_threshold`` off for its own queries; only
 soniq's statement is prepared. Errors go through Django's error wrapper.
+Django's cursor checks (connection, health check, thread, broken
+transaction) run when one of them could act, and whether to prepare (with
+the cursor) is worked out once per psycopg connection and settings
+(``_state``; docs/decisions/0028).
 While Django logs queries (``DEBUG``, ``CaptureQueriesContext``) or an
 execute wrapper is installed, the call goes through Django's cursor
 instead, so that they see it.

@@ -86,7 +86,8 @@ class PreparedJob:
     """A validated request: every value checked, args normalized and copied.
 
     A countdown has ``scheduled_at`` None and its ``delay`` set until
-    ``due_from`` turns it into a time. Not frozen: one is made per job on
+    ``due_from`` turns it into a time; ``job_id`` is ``SERVER_MADE_ID`` when the
+    database is to make the id (``prepare_to_insert``). Not frozen: one is made per job on
     the enqueue path, where a frozen dataclass's ``__init__`` costs three
     times a plain one's; only the producer holds them, and never changes one.
     """
