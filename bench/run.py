@@ -306,7 +306,12 @@ def drain(system: System, cfg, concurrency: int, processes: int, *, jobs: int | 
             state["drained_at"] = now
         if all(child.poll() is not None for child in procs):
             return True
-        if window and state["first"] is not None and now - state["first"] > window:
+        # The window cuts a drain that is still going. Once the queue is empty
+        # the burst workers exit by themselves: a signal then could land after
+        # the worker gave its signal handlers back, and kill it before its
+        # stamps are written.
+        if (window and state["first"] is not None and state["drained_at"] is None
+                and now - state["first"] > window):
             state["stopped"] = True
             return True
         return False

@@ -138,6 +138,7 @@ class Worker:
         self.stopping = threading.Event()  # no more claims; finish in-flight jobs
         self.aborted = threading.Event()  # give up on in-flight jobs too
         self.wake = threading.Event()
+        self.listener: Listener | None = None  # PostgreSQL: started with the worker
         self.source = OwnedJobSource(using)
         self.shared = SharedConnection(using, self.stopping)
         self.flights = Flights()
@@ -214,6 +215,8 @@ class Worker:
             self.completer.close()
             self.deadlines.close()
             self.stopping.set()
+            if self.listener is not None:
+                self.listener.interrupt()  # its wait ends now, not at the end of its slice
             pool.shutdown(wait=not self.aborted.is_set())
             self.event_loop.close()
             for thread in background:
@@ -395,7 +398,8 @@ class Worker:
                    threading.Thread(target=self.deadlines.run, name="soniq-deadlines",
                                     daemon=True)]
         if connections[self.using].vendor == "postgresql":
-            threads.append(Listener(self.using, self.queues, self.wake, self.stopping))
+            self.listener = Listener(self.using, self.queues, self.wake, self.stopping)
+            threads.append(self.listener)
         if self.with_scheduler:
             from ..scheduler import Scheduler
 

@@ -25,6 +25,14 @@ waits up to ``PROBE_SECONDS`` for it.
 
 The worker also polls every ``POLL_INTERVAL`` seconds, so a lost
 notification only delays a job.
+
+Stopping: the listener waits for notifications in slices of
+``LISTEN_SLICE_SECONDS`` and looks at ``stop`` between them. A stopping
+worker does not wait for the slice to run out: ``interrupt()`` sends a
+NOTIFY on a channel only this listener hears (``soniq_listener_<token>``,
+LISTENed with the others), and the listener returns as soon as it arrives.
+A burst worker or one told to stop by SIGTERM thus exits without waiting on
+its listener.
 """
 
 import logging
@@ -49,6 +57,9 @@ PROBE_CHANNEL = "soniq_listener_probe"
 PROBE_SECONDS = 2.0
 #: How often a listener that hears nothing wakes the worker instead.
 FALLBACK_POLL_SECONDS = 0.5
+#: How long one wait for notifications lasts before ``stop`` is looked at again
+#: (``interrupt()`` ends a wait at once).
+LISTEN_SLICE_SECONDS = 0.5
 # Attempts at reaching the server session that holds a LISTEN no one hears.
 # A pooler usually hands the session just released to the next transaction,
 # but other clients of a busy pool take it in between: 10 tries missed it
@@ -70,6 +81,8 @@ class Listener(threading.Thread):
         self.listen_alias = get_settings().LISTEN_DATABASE or using
         self.ready = threading.Event()
         self.deaf = threading.Event()
+        # Heard by this listener alone: interrupt() ends its wait.
+        self.stop_channel = f"soniq_listener_{uuid.uuid4().hex[:16]}"
 
     def run(self) -> None:
         backoff, away_since = Backoff(), None
@@ -120,12 +133,13 @@ class Listener(threading.Thread):
         return raw
 
     def _connect(self) -> "tuple[Connection[Any], int]":
-        """A connection LISTENing on both channels, and the server session that holds them."""
+        """A connection LISTENing on its three channels, and the server session that holds them."""
         raw = self._new_connection(self.listen_alias)
         try:
             with raw.transaction():  # one transaction: one server session, even when pooled
                 raw.execute(f"LISTEN {CHANNEL}")
                 raw.execute(f"LISTEN {PROBE_CHANNEL}")
+                raw.execute(f"LISTEN {self.stop_channel}")
                 (session,) = cast("tuple[int]", raw.execute("SELECT pg_backend_pid()").fetchone())
         except Exception:
             _close(raw)
@@ -147,7 +161,7 @@ class Listener(threading.Thread):
         while not heard and (left := deadline - time.monotonic()) > 0 and not self.stop.is_set():
             for note in raw.notifies(timeout=left):
                 heard = note.channel == PROBE_CHANNEL and note.payload == token
-                if heard:
+                if heard or self.stop.is_set():
                     break  # the generator holds the connection: leave it before the UNLISTEN
                 self._note(note)  # a job enqueued meanwhile
         if heard:
@@ -171,7 +185,7 @@ class Listener(threading.Thread):
         self.deaf.set()
 
     def _unlisten(self, raw: "Connection[Any]", session: int) -> bool:
-        """Take both LISTENs off server session ``session``, if ``raw`` reaches it; whether it did.
+        """Take this listener's LISTENs off server session ``session``, if ``raw`` reaches it; whether it did.
 
         Behind a transaction pooler each transaction may get another server
         connection: try a few, and UNLISTEN only on the one that holds them.
@@ -179,9 +193,9 @@ class Listener(threading.Thread):
         for _ in range(_UNLISTEN_TRIES):
             with raw.transaction():
                 (here,) = cast("tuple[int]", raw.execute("SELECT pg_backend_pid()").fetchone())
-                if here == session:
-                    raw.execute(f"UNLISTEN {CHANNEL}")
-                    raw.execute(f"UNLISTEN {PROBE_CHANNEL}")
+                if here == session:  # by name: other clients' LISTENs may share it
+                    for channel in (CHANNEL, PROBE_CHANNEL, self.stop_channel):
+                        raw.execute(f"UNLISTEN {channel}")
                     return True
             self.stop.wait(0.02)
         return False
@@ -195,8 +209,30 @@ class Listener(threading.Thread):
 
     def _listen(self, raw: "Connection[Any]") -> None:
         while not self.stop.is_set():
-            for note in raw.notifies(timeout=0.5):
+            for note in raw.notifies(timeout=LISTEN_SLICE_SECONDS):
+                if self.stop.is_set():
+                    return  # interrupt() or a stop between two notifications
                 self._note(note)
+
+    def interrupt(self) -> None:
+        """End a wait for notifications now, once ``stop`` is set; never raises.
+
+        Sends a NOTIFY on this listener's own channel over a new connection
+        to the worker's database, the way the self-test sends its probe. A
+        listener that is not listening (not yet connected, deaf, waiting
+        to reconnect) needs none: it waits on ``stop`` itself.
+        """
+        if not self.is_alive() or not self.ready.is_set() or self.deaf.is_set():
+            return
+        try:
+            sender = self._new_connection(self.using)
+            try:
+                sender.execute("SELECT pg_notify(%s, '')", [self.stop_channel])
+            finally:
+                _close(sender)
+        except Exception:  # the database is away: the listener sees stop within a slice
+            logger.debug("could not interrupt the listener; it stops within %g s",
+                         LISTEN_SLICE_SECONDS)
 
     def _poll(self) -> None:
         """Wake the worker every FALLBACK_POLL_SECONDS (POLL_INTERVAL if shorter) until stopped."""
