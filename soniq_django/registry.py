@@ -30,7 +30,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .conf import checked, get_settings
 from .errors import ConfigValidationError, ErrorCode
-from .producer.request import JobRequest, prepare
+from .producer.request import JobRequest, prepare, prepare_to_insert
 
 _registry: dict[str, "JobHandler[..., Any]"] = {}
 _resolvers: list[Callable[[str], Any]] = []
@@ -324,7 +324,7 @@ class ConfiguredJob(Generic[P]):
         from .producer.aio import insert_async
         from .producer.api import write_alias
 
-        return insert_async(prepare(self.request(*args, **kwargs)),
+        return insert_async(prepare_to_insert(self.request(*args, **kwargs)),
                             write_alias(self.options.using))
 
     def _enqueue(self, args: tuple[Any, ...], kwargs: dict[str, Any], stacklevel: int
@@ -333,7 +333,7 @@ class ConfiguredJob(Generic[P]):
         from .producer.commit import warn_if_uncoupled
 
         refuse_event_loop("enqueue", "aenqueue")
-        prepared = prepare(self.request(*args, **kwargs))
+        prepared = prepare_to_insert(self.request(*args, **kwargs))
         alias = write_alias(self.options.using)
         warn_if_uncoupled(alias, stacklevel=stacklevel)
         return insert_prepared(prepared, alias)

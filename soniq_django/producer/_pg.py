@@ -22,11 +22,17 @@ connection prepares nothing from then on (``_stop_preparing``).
 
 Django leaves psycopg's ``prepare_threshold`` off for its own queries; only
 soniq's statement is prepared. Errors go through Django's error wrapper.
+Django's cursor checks (connection, health check, thread, broken
+transaction) run when one of them could act, and whether to prepare (with
+the cursor) is worked out once per psycopg connection and settings
+(``_state``; docs/decisions/0028).
 While Django logs queries (``DEBUG``, ``CaptureQueriesContext``) or an
 execute wrapper is installed, the call goes through Django's cursor
 instead, so that they see it.
 """
 
+import _thread
+import asyncio
 import json
 import logging
 import uuid
@@ -39,7 +45,7 @@ from django.db import DatabaseError, transaction
 from ..conf import get_settings
 from ..errors import translate, translating
 from ..pooling import pooled
-from .request import PreparedJob
+from .request import SERVER_MADE_ID, PreparedJob
 
 logger = logging.getLogger("soniq_django.producer")
 
@@ -88,6 +94,23 @@ def prepares_statements(connection: Any) -> bool:
     return wanted
 
 
+def _state(connection: Any, raw: "psycopg.Connection[Any]") -> tuple[bool, "psycopg.Cursor[Any]"]:
+    """``prepares_statements`` and soniq's cursor (``_cursor``) for ``raw``, worked out once.
+
+    Kept on Django's ``connection`` with what the answer depends on: the
+    psycopg connection, the settings snapshot and ``DISABLE_SERVER_SIDE_CURSORS``;
+    a change of any of them works it out again, and ``_stop_preparing`` drops it.
+    """
+    config, disabled = get_settings(), connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+    kept: tuple[Any, ...] | None = getattr(connection, "_soniq_state", None)
+    if kept is not None and kept[0] is raw and kept[1] is config and kept[2] is disabled:
+        return kept[3], kept[4]
+    prepare = prepares_statements(connection)
+    cursor = _cursor(connection, raw)
+    connection._soniq_state = (raw, config, disabled, prepare, cursor)
+    return prepare, cursor
+
+
 def _stop_preparing(connection: Any, alias: str, sqlstate: str) -> None:
     """Prepare nothing more on this connection, and have psycopg forget what it prepared.
 
@@ -99,6 +122,7 @@ def _stop_preparing(connection: Any, alias: str, sqlstate: str) -> None:
     """
     raw = connection.connection
     _unprepared.add(raw)
+    connection._soniq_state = None
     cache = getattr(raw, "_prepared", None)
     for part in ("_names", "_counts", "_to_flush"):
         getattr(cache, part, []).clear()
@@ -125,25 +149,32 @@ def _fetchone(connection: Any, alias: str, sql: str, params: list[Any]
             cursor.execute(sql, params)
             row = cursor.fetchone()
             return row
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    connection.validate_no_broken_transaction()
     raw = connection.connection
+    # What Django's cursor() checks, each a no-op in the usual case tested first:
+    # connected, no health check due, in the thread that made it, no broken
+    # transaction, no event loop (ensure_connection is async_unsafe).
+    if (raw is None or connection.needs_rollback
+            or connection._thread_ident != _thread.get_ident()
+            or (connection.health_check_enabled and not connection.health_check_done)
+            or asyncio._get_running_loop() is not None):
+        connection.close_if_health_check_failed()
+        connection.ensure_connection()
+        connection.validate_thread_sharing()
+        connection.validate_no_broken_transaction()
+        raw = connection.connection
     if not isinstance(raw, psycopg.Connection):  # pragma: no cover - psycopg 2
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
             return row
     with connection.wrap_database_errors:
-        prepare = prepares_statements(connection)
+        prepare, cursor = _state(connection, raw)
         # psycopg prepares nothing while prepare_threshold is None (Django's
         # default): lift it for this statement only. Django's own cursors bind
         # client-side and are never prepared, whatever the threshold.
         lifted = prepare and raw.prepare_threshold is None
         if lifted:
             raw.prepare_threshold = _PREPARE_THRESHOLD
-        cursor = _cursor(connection, raw)
         try:
             try:
                 cursor.execute(sql, params, prepare=prepare)
@@ -201,7 +232,8 @@ def enqueue(job: PreparedJob, connection: Any, alias: str) -> uuid.UUID:
     """Call ``soniq_enqueue`` for one validated job; return the id it gives."""
     params = [
         job.job_name, job.args_json, job.queue, job.priority, job.scheduled_at,
-        job.max_attempts, job.unique_job, job.dedup_key, job.producer_id, job.job_id,
+        job.max_attempts, job.unique_job, job.dedup_key, job.producer_id,
+        None if job.job_id is SERVER_MADE_ID else job.job_id,  # NULL: the server makes it
     ]
     job_id: uuid.UUID
     (job_id,) = _call(connection, alias, _ENQUEUE, params)

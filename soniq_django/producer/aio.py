@@ -22,7 +22,7 @@ from .api import (
     JobInfo, get_coerced, insert_many_prepared, insert_prepared, read_alias, write_alias,
 )
 from .commit import warn_if_uncoupled
-from .request import JobRequest, PreparedJob, coerce_job_id, prepare, prepare_all
+from .request import JobRequest, PreparedJob, coerce_job_id, prepare_all, prepare_to_insert
 
 
 def aenqueue(
@@ -50,7 +50,7 @@ def aenqueue(
         max_attempts=max_attempts, unique_job=unique_job, dedup_key=dedup_key,
         producer_id=producer_id, job_id=job_id, delay=delay,
     )
-    return insert_async(prepare(request), write_alias(using))
+    return insert_async(prepare_to_insert(request), write_alias(using))
 
 
 def abulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None

@@ -7,6 +7,7 @@ for enqueues, the read alias for ``get_job``. Their async twins
 """
 
 import asyncio
+import dataclasses
 import datetime as dt
 import os
 import uuid
@@ -23,7 +24,8 @@ from .commit import warn_if_uncoupled
 from .. import signals
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
-from .request import JobRequest, PreparedJob, coerce_job_id, prepare, prepare_all
+from .request import (SERVER_MADE_ID, JobRequest, PreparedJob, coerce_job_id, prepare_all,
+                      prepare_to_insert)
 from ..models import DeadLetterJob, Job, JobStatus
 
 
@@ -52,6 +54,8 @@ enqueue_listeners: list[Callable[[str], object]] = []
 
 
 def _enqueued(alias: str) -> None:
+    if not enqueue_listeners:
+        return
     for listener in list(enqueue_listeners):
         listener(alias)
 
@@ -120,7 +124,7 @@ def enqueue(
     ``aenqueue`` there.
     """
     refuse_event_loop("enqueue", "aenqueue")
-    request = JobRequest(
+    prepared = prepare_to_insert(JobRequest(
         job_name,
         args,
         queue=queue,
@@ -132,10 +136,12 @@ def enqueue(
         producer_id=producer_id,
         job_id=job_id,
         delay=delay,
-    )
-    prepared, alias = prepare(request), write_alias(using)
-    warn_if_uncoupled(alias)
-    return insert_prepared(prepared, alias)
+    ))
+    alias = using or router.db_for_write(Job)
+    connection = connections[alias]
+    if not connection.in_atomic_block and len(connections.settings) > 1:
+        warn_if_uncoupled(alias)  # the test it starts with, made here on the one lookup
+    return _insert(prepared, alias, connection)
 
 
 def bulk_enqueue(requests: Iterable[JobRequest], *, using: str | None = None) -> list[uuid.UUID]:
@@ -195,18 +201,37 @@ def insert_prepared(job: PreparedJob, alias: str) -> uuid.UUID:
     On PostgreSQL this is a call to ``soniq_enqueue``; elsewhere the same
     rules run here.
     """
-    connection = connections[alias]
-    job = _due([job], connection)[0]
-    if connection.vendor == "postgresql":
-        from . import _pg  # psycopg: PostgreSQL alone (as in insert_many_prepared)
+    return _insert(job, alias, connections[alias])
 
-        job_id = _pg.enqueue(job, connection, alias)
+
+def _insert(job: PreparedJob, alias: str, connection: Any) -> uuid.UUID:
+    """``insert_prepared`` on ``connection`` (``connections[alias]``)."""
+    if job.delay is not None:
+        job = job.due_from(database_now(connection))
+    if connection.vendor == "postgresql":
+        job_id: uuid.UUID = (_pg_module or _import_pg()).enqueue(job, connection, alias)
     else:
+        if job.job_id is SERVER_MADE_ID:
+            job = dataclasses.replace(job, job_id=uuid.uuid4())
         with translating(alias):
             job_id = _insert_portable(job, alias)
     _enqueued(alias)
-    signals.enqueued([job], [job_id], alias, bulk=False)
+    if signals.job_enqueued.receivers:
+        signals.enqueued([job], [job_id], alias, bulk=False)
     return job_id
+
+
+# producer/_pg.py once imported: psycopg is needed on PostgreSQL alone, and an
+# import statement in _insert costs a lookup of the package per call.
+_pg_module: Any = None
+
+
+def _import_pg() -> Any:
+    global _pg_module
+    from . import _pg
+
+    _pg_module = _pg
+    return _pg
 
 
 def database_now(connection: Any) -> dt.datetime:

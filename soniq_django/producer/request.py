@@ -86,7 +86,8 @@ class PreparedJob:
     """A validated request: every value checked, args normalized and copied.
 
     A countdown has ``scheduled_at`` None and its ``delay`` set until
-    ``due_from`` turns it into a time. Not frozen: one is made per job on
+    ``due_from`` turns it into a time; ``job_id`` is ``SERVER_MADE_ID`` when the
+    database is to make the id (``prepare_to_insert``). Not frozen: one is made per job on
     the enqueue path, where a frozen dataclass's ``__init__`` costs three
     times a plain one's; only the producer holds them, and never changes one.
     """
@@ -362,6 +363,26 @@ def _prepare(request: JobRequest, new_id: Callable[[], uuid.UUID],
     return PreparedJob(job_id, requested is None, job_name, args, args_hash, queue, priority,
                        run_at, max_attempts, unique_job, dedup_key, producer_id, args_json,
                        delay)
+
+
+#: The ``job_id`` of a job whose id the database makes: ``soniq_enqueue`` is called with
+#: job_id NULL and returns the id it drew (``gen_random_uuid()``, version 4 as
+#: ``uuid.uuid4``). ``enqueue()`` asks for it (``server_made``), where nobody sees the
+#: id before the insert; the portable path draws one there instead. Compared by identity:
+#: no caller can pass this object.
+SERVER_MADE_ID = uuid.UUID(int=0)
+
+
+def server_made() -> uuid.UUID:
+    """The ``new_id`` of ``_prepare`` for a job whose id the database makes."""
+    return SERVER_MADE_ID
+
+
+def prepare_to_insert(request: JobRequest) -> PreparedJob:
+    """``prepare`` for an insert that returns the id: one the request names none of is
+    left to the database (``SERVER_MADE_ID``). Not for a caller that needs the id
+    before the insert (``enqueue_on_commit``, the Tasks backend)."""
+    return _prepare(request, server_made)
 
 
 def prepare_all(requests: Iterable[JobRequest]) -> list[PreparedJob]:
