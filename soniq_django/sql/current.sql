@@ -143,7 +143,7 @@ BEGIN
 END
 $fn$;
 
--- soniq_enqueue (from producer_api_v3.sql) --
+-- soniq_enqueue (from producer_api_v4.sql) --
 CREATE OR REPLACE FUNCTION {schema}.soniq_enqueue(
     job_name text,
     args jsonb DEFAULT '{}'::jsonb,
@@ -161,159 +161,208 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
 #variable_conflict use_column
 DECLARE
-    v_job_name text := soniq_enqueue.job_name;
-    v_args jsonb := soniq_enqueue.args;
-    v_queue text := coalesce(soniq_enqueue.queue, 'default');
-    v_priority integer := coalesce(soniq_enqueue.priority, 100);
-    v_run_at timestamptz := soniq_enqueue.run_at;
-    v_max_attempts integer := soniq_enqueue.max_attempts;
-    v_unique boolean := coalesce(soniq_enqueue.unique_job, false);
-    v_dedup text := soniq_enqueue.dedup_key;
-    v_producer text := soniq_enqueue.producer_id;
-    v_id uuid := coalesce(soniq_enqueue.job_id, pg_catalog.gen_random_uuid());
-    v_hash text;
     v_found uuid;
-    v_constraint text;
+    v_config text[];
+    v_setting text;
     v_pattern text;
 BEGIN
-    -- The pattern as soniq_task_name_pattern_v1() reads it (see "The
-    -- database's own settings" in producer_api_v2.sql), queried here rather than through that
-    -- function: a nested call to a function with a SET clause costs a GUC
-    -- save and restore and a new search path.
-    SELECT pg_catalog.substr(setting, pg_catalog.length('soniq.task_name_pattern=') + 1)
-      INTO v_pattern
+    -- The database-level settings, then the pattern among them (see
+    -- "Version 4" above).
+    SELECT s.setconfig INTO v_config
       FROM pg_catalog.pg_db_role_setting AS s
-     CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS setting
      WHERE s.setrole = 0
        AND s.setdatabase = pg_catalog.substring(
                pg_catalog.pg_relation_filepath('pg_catalog.pg_proc'::pg_catalog.regclass),
-               '([0-9]+)/[0-9]+$')::pg_catalog.oid
-       AND pg_catalog.starts_with(setting, 'soniq.task_name_pattern=')
-     LIMIT 1;
-    IF v_job_name IS NULL
-       OR v_job_name !~ coalesce(v_pattern, E'^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$') THEN
-        RAISE EXCEPTION 'job name does not match the task-name pattern'
-            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_TASK_NAME';
-    END IF;
-    IF v_args IS NULL OR pg_catalog.jsonb_typeof(v_args) IS DISTINCT FROM 'object' THEN
-        RAISE EXCEPTION 'job args must be a JSON object'
-            USING ERRCODE = '22023', HINT = 'SONIQ_TASK_ARGS_INVALID';
-    END IF;
-    -- The nesting and number scans cannot fire below 315 bytes of text: see
-    -- "Why short args skip the scans" at the top of producer_api_v2.sql.
-    IF pg_catalog.octet_length(v_args::text) >= 315 THEN
-        PERFORM {schema}.soniq_check_args_v1(v_args);
-    END IF;
-    IF v_max_attempts IS NOT NULL AND v_max_attempts < 1 THEN
-        RAISE EXCEPTION 'max_attempts must be at least 1'
-            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_MAX_ATTEMPTS';
-    END IF;
-    IF v_queue = '' OR pg_catalog.length(v_queue) > 255 THEN
-        RAISE EXCEPTION 'queue must be 1 to 255 characters'
-            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
-    END IF;
-    IF v_dedup = '' OR pg_catalog.length(v_dedup) > 255 THEN
-        RAISE EXCEPTION 'dedup_key must be 1 to 255 characters'
-            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
-    END IF;
-    IF v_producer = '' OR pg_catalog.length(v_producer) > 255 THEN
-        RAISE EXCEPTION 'producer_id must be 1 to 255 characters'
-            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
-    END IF;
-    v_producer := coalesce(
-        v_producer, NULLIF(pg_catalog.current_setting('application_name'), ''), session_user);
-    -- An id is taken while either table holds it: a dead-lettered job keeps
-    -- its id (and may be replayed under it).
-    IF soniq_enqueue.job_id IS NOT NULL AND EXISTS (
-        SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d WHERE d.id = soniq_enqueue.job_id)
-    THEN
-        RAISE EXCEPTION 'duplicate key value: the job id is held by a dead-lettered job'
-            USING ERRCODE = '23505', CONSTRAINT = 'soniq_dead_letter_jobs_pkey';
-    END IF;
-    IF v_unique THEN
-        v_hash := pg_catalog.encode(
-            pg_catalog.sha256(pg_catalog.convert_to({schema}.soniq_canonical_json_v1(v_args), 'UTF8')),
-            'hex');
+               '([0-9]+)/[0-9]+$')::pg_catalog.oid;
+    IF v_config IS NOT NULL THEN
+        FOREACH v_setting IN ARRAY v_config LOOP
+            IF pg_catalog.starts_with(v_setting, 'soniq.task_name_pattern=') THEN
+                v_pattern := pg_catalog.substr(
+                    v_setting, pg_catalog.length('soniq.task_name_pattern=') + 1);
+                EXIT;
+            END IF;
+        END LOOP;
     END IF;
 
-    FOR attempt IN 1..10 LOOP
-        v_found := NULL;
-        IF v_dedup IS NULL AND NOT v_unique THEN
-            INSERT INTO {schema}.soniq_jobs AS j
-                (id, job_name, args, args_hash, status, attempts, max_attempts, queue,
-                 priority, unique_job, dedup_key, scheduled_at, producer_id)
-            VALUES (v_id, v_job_name, v_args, NULL, 'queued', 0, v_max_attempts, v_queue,
-                    v_priority, false, NULL, v_run_at, v_producer)
-            RETURNING j.id INTO v_found;
-        ELSIF NOT v_unique THEN
-            INSERT INTO {schema}.soniq_jobs AS j
-                (id, job_name, args, args_hash, status, attempts, max_attempts, queue,
-                 priority, unique_job, dedup_key, scheduled_at, producer_id)
-            VALUES (v_id, v_job_name, v_args, NULL, 'queued', 0, v_max_attempts, v_queue,
-                    v_priority, false, v_dedup, v_run_at, v_producer)
-            ON CONFLICT (dedup_key) WHERE status = 'queued' AND dedup_key IS NOT NULL DO NOTHING
-            RETURNING j.id INTO v_found;
-        ELSIF v_dedup IS NULL THEN
-            INSERT INTO {schema}.soniq_jobs AS j
-                (id, job_name, args, args_hash, status, attempts, max_attempts, queue,
-                 priority, unique_job, dedup_key, scheduled_at, producer_id)
-            VALUES (v_id, v_job_name, v_args, v_hash, 'queued', 0, v_max_attempts, v_queue,
-                    v_priority, true, NULL, v_run_at, v_producer)
-            -- "AND unique_job" also infers Soniq's own index, whose predicate has it.
-            ON CONFLICT (job_name, args_hash) WHERE status = 'queued' AND unique_job = true
-            DO NOTHING
-            RETURNING j.id INTO v_found;
-        ELSE
-            -- Unique and deduplicated: ON CONFLICT takes one arbiter, so a
-            -- clash on the other index arrives as unique_violation.
-            BEGIN
+    -- A plain job that passes every check: one IF, then one INSERT that also
+    -- notifies. The IF is version 3's checks in version 3's order, each as
+    -- the condition for passing it; NULL (from a NULL input) counts as failing.
+    -- pg_column_size, before the args are written out as text, only spares
+    -- large args that conversion (they run version 3's body, which makes it
+    -- once): args under 315 bytes of text that take 1024 bytes or more as
+    -- jsonb are not refused either, they take that path too.
+    IF soniq_enqueue.job_name
+           ~ coalesce(v_pattern, E'^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$')
+       AND pg_catalog.jsonb_typeof(soniq_enqueue.args) = 'object'
+       AND pg_catalog.pg_column_size(soniq_enqueue.args) < 1024
+       AND pg_catalog.octet_length(soniq_enqueue.args::text) < 315
+       AND soniq_enqueue.max_attempts >= 1
+       AND pg_catalog.length(soniq_enqueue.queue) BETWEEN 1 AND 255
+       AND (soniq_enqueue.producer_id IS NULL
+            OR pg_catalog.length(soniq_enqueue.producer_id) BETWEEN 1 AND 255)
+       AND soniq_enqueue.job_id IS NULL
+       AND NOT soniq_enqueue.unique_job
+       AND soniq_enqueue.dedup_key IS NULL THEN
+        INSERT INTO {schema}.soniq_jobs AS j
+            (id, job_name, args, args_hash, status, attempts, max_attempts, queue,
+             priority, unique_job, dedup_key, scheduled_at, producer_id)
+        VALUES (pg_catalog.gen_random_uuid(), soniq_enqueue.job_name, soniq_enqueue.args, NULL,
+                'queued', 0, soniq_enqueue.max_attempts, soniq_enqueue.queue,
+                coalesce(soniq_enqueue.priority, 100), false, NULL, soniq_enqueue.run_at,
+                coalesce(soniq_enqueue.producer_id,
+                         NULLIF(pg_catalog.current_setting('application_name'), ''),
+                         session_user))
+        RETURNING j.id,
+                  -- Wakes idle workers at commit, as version 3's PERFORM did.
+                  CASE WHEN soniq_enqueue.run_at IS NULL
+                            OR soniq_enqueue.run_at <= pg_catalog.now()
+                       THEN pg_catalog.pg_notify('soniq_new_job', soniq_enqueue.queue) END
+             INTO v_found;
+        RETURN v_found;
+    END IF;
+
+    -- Every other call: version 3's body, with the pattern read above.
+    DECLARE
+        v_job_name text := soniq_enqueue.job_name;
+        v_args jsonb := soniq_enqueue.args;
+        v_queue text := coalesce(soniq_enqueue.queue, 'default');
+        v_priority integer := coalesce(soniq_enqueue.priority, 100);
+        v_run_at timestamptz := soniq_enqueue.run_at;
+        v_max_attempts integer := soniq_enqueue.max_attempts;
+        v_unique boolean := coalesce(soniq_enqueue.unique_job, false);
+        v_dedup text := soniq_enqueue.dedup_key;
+        v_producer text := soniq_enqueue.producer_id;
+        v_id uuid := coalesce(soniq_enqueue.job_id, pg_catalog.gen_random_uuid());
+        v_hash text;
+        v_constraint text;
+    BEGIN
+        IF v_job_name IS NULL
+           OR v_job_name !~ coalesce(v_pattern, E'^[a-z][a-z0-9_]*(\\.[a-z][a-z0-9_]*)*$') THEN
+            RAISE EXCEPTION 'job name does not match the task-name pattern'
+                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_TASK_NAME';
+        END IF;
+        IF v_args IS NULL OR pg_catalog.jsonb_typeof(v_args) IS DISTINCT FROM 'object' THEN
+            RAISE EXCEPTION 'job args must be a JSON object'
+                USING ERRCODE = '22023', HINT = 'SONIQ_TASK_ARGS_INVALID';
+        END IF;
+        -- The nesting and number scans cannot fire below 315 bytes of text: see
+        -- "Why short args skip the scans" at the top of producer_api_v2.sql.
+        IF pg_catalog.octet_length(v_args::text) >= 315 THEN
+            PERFORM {schema}.soniq_check_args_v1(v_args);
+        END IF;
+        IF v_max_attempts IS NOT NULL AND v_max_attempts < 1 THEN
+            RAISE EXCEPTION 'max_attempts must be at least 1'
+                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_MAX_ATTEMPTS';
+        END IF;
+        IF v_queue = '' OR pg_catalog.length(v_queue) > 255 THEN
+            RAISE EXCEPTION 'queue must be 1 to 255 characters'
+                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
+        END IF;
+        IF v_dedup = '' OR pg_catalog.length(v_dedup) > 255 THEN
+            RAISE EXCEPTION 'dedup_key must be 1 to 255 characters'
+                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
+        END IF;
+        IF v_producer = '' OR pg_catalog.length(v_producer) > 255 THEN
+            RAISE EXCEPTION 'producer_id must be 1 to 255 characters'
+                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
+        END IF;
+        v_producer := coalesce(
+            v_producer, NULLIF(pg_catalog.current_setting('application_name'), ''), session_user);
+        -- An id is taken while either table holds it: a dead-lettered job keeps
+        -- its id (and may be replayed under it).
+        IF soniq_enqueue.job_id IS NOT NULL AND EXISTS (
+            SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d WHERE d.id = soniq_enqueue.job_id)
+        THEN
+            RAISE EXCEPTION 'duplicate key value: the job id is held by a dead-lettered job'
+                USING ERRCODE = '23505', CONSTRAINT = 'soniq_dead_letter_jobs_pkey';
+        END IF;
+        IF v_unique THEN
+            v_hash := pg_catalog.encode(
+                pg_catalog.sha256(pg_catalog.convert_to(
+                    {schema}.soniq_canonical_json_v1(v_args), 'UTF8')),
+                'hex');
+        END IF;
+
+        FOR attempt IN 1..10 LOOP
+            v_found := NULL;
+            IF v_dedup IS NULL AND NOT v_unique THEN
+                INSERT INTO {schema}.soniq_jobs AS j
+                    (id, job_name, args, args_hash, status, attempts, max_attempts, queue,
+                     priority, unique_job, dedup_key, scheduled_at, producer_id)
+                VALUES (v_id, v_job_name, v_args, NULL, 'queued', 0, v_max_attempts, v_queue,
+                        v_priority, false, NULL, v_run_at, v_producer)
+                RETURNING j.id INTO v_found;
+            ELSIF NOT v_unique THEN
+                INSERT INTO {schema}.soniq_jobs AS j
+                    (id, job_name, args, args_hash, status, attempts, max_attempts, queue,
+                     priority, unique_job, dedup_key, scheduled_at, producer_id)
+                VALUES (v_id, v_job_name, v_args, NULL, 'queued', 0, v_max_attempts, v_queue,
+                        v_priority, false, v_dedup, v_run_at, v_producer)
+                ON CONFLICT (dedup_key) WHERE status = 'queued' AND dedup_key IS NOT NULL DO NOTHING
+                RETURNING j.id INTO v_found;
+            ELSIF v_dedup IS NULL THEN
                 INSERT INTO {schema}.soniq_jobs AS j
                     (id, job_name, args, args_hash, status, attempts, max_attempts, queue,
                      priority, unique_job, dedup_key, scheduled_at, producer_id)
                 VALUES (v_id, v_job_name, v_args, v_hash, 'queued', 0, v_max_attempts, v_queue,
-                        v_priority, true, v_dedup, v_run_at, v_producer)
-                ON CONFLICT (dedup_key) WHERE status = 'queued' AND dedup_key IS NOT NULL DO NOTHING
+                        v_priority, true, NULL, v_run_at, v_producer)
+                -- "AND unique_job" also infers Soniq's own index, whose predicate has it.
+                ON CONFLICT (job_name, args_hash) WHERE status = 'queued' AND unique_job = true
+                DO NOTHING
                 RETURNING j.id INTO v_found;
-            EXCEPTION WHEN unique_violation THEN
-                GET STACKED DIAGNOSTICS v_constraint = CONSTRAINT_NAME;
-                -- Ours, or the same index as Soniq itself names it.
-                IF v_constraint IS NULL OR v_constraint NOT IN
-                   ('soniq_jobs_unique_queued', 'idx_soniq_jobs_unique_queued') THEN
-                    RAISE;
-                END IF;
-            END;
-        END IF;
-
-        IF v_found IS NOT NULL THEN
-            IF v_run_at IS NULL OR v_run_at <= pg_catalog.now() THEN
-                PERFORM pg_catalog.pg_notify('soniq_new_job', v_queue);
+            ELSE
+                -- Unique and deduplicated: ON CONFLICT takes one arbiter, so a
+                -- clash on the other index arrives as unique_violation.
+                BEGIN
+                    INSERT INTO {schema}.soniq_jobs AS j
+                        (id, job_name, args, args_hash, status, attempts, max_attempts, queue,
+                         priority, unique_job, dedup_key, scheduled_at, producer_id)
+                    VALUES (v_id, v_job_name, v_args, v_hash, 'queued', 0, v_max_attempts, v_queue,
+                            v_priority, true, v_dedup, v_run_at, v_producer)
+                    ON CONFLICT (dedup_key) WHERE status = 'queued' AND dedup_key IS NOT NULL
+                    DO NOTHING
+                    RETURNING j.id INTO v_found;
+                EXCEPTION WHEN unique_violation THEN
+                    GET STACKED DIAGNOSTICS v_constraint = CONSTRAINT_NAME;
+                    -- Ours, or the same index as Soniq itself names it.
+                    IF v_constraint IS NULL OR v_constraint NOT IN
+                       ('soniq_jobs_unique_queued', 'idx_soniq_jobs_unique_queued') THEN
+                        RAISE;
+                    END IF;
+                END;
             END IF;
-            RETURN v_found;
-        END IF;
 
-        -- An equal queued job blocked the insert: return it.
-        IF v_dedup IS NOT NULL THEN
-            SELECT j.id INTO v_found FROM {schema}.soniq_jobs AS j
-             WHERE j.dedup_key = v_dedup AND j.status = 'queued';
-        END IF;
-        IF v_found IS NULL AND v_unique THEN
-            SELECT j.id INTO v_found FROM {schema}.soniq_jobs AS j
-             WHERE j.job_name = v_job_name AND j.args_hash = v_hash AND j.status = 'queued';
-        END IF;
-        IF v_found IS NOT NULL THEN
-            RETURN v_found;
-        END IF;
-        -- Under REPEATABLE READ or SERIALIZABLE the blocking job was committed
-        -- after this transaction's snapshot and stays invisible: only a retry
-        -- of the whole transaction can return it.
-        IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
-            RAISE EXCEPTION 'an equal job was enqueued concurrently; retry the transaction'
-                USING ERRCODE = '40001';
-        END IF;
-        -- READ COMMITTED: the blocking job left the queue in between; try again.
-    END LOOP;
-    RAISE EXCEPTION 'equal jobs kept appearing and leaving the queue; retry the transaction'
-        USING ERRCODE = '40001';
+            IF v_found IS NOT NULL THEN
+                IF v_run_at IS NULL OR v_run_at <= pg_catalog.now() THEN
+                    PERFORM pg_catalog.pg_notify('soniq_new_job', v_queue);
+                END IF;
+                RETURN v_found;
+            END IF;
+
+            -- An equal queued job blocked the insert: return it.
+            IF v_dedup IS NOT NULL THEN
+                SELECT j.id INTO v_found FROM {schema}.soniq_jobs AS j
+                 WHERE j.dedup_key = v_dedup AND j.status = 'queued';
+            END IF;
+            IF v_found IS NULL AND v_unique THEN
+                SELECT j.id INTO v_found FROM {schema}.soniq_jobs AS j
+                 WHERE j.job_name = v_job_name AND j.args_hash = v_hash AND j.status = 'queued';
+            END IF;
+            IF v_found IS NOT NULL THEN
+                RETURN v_found;
+            END IF;
+            -- Under REPEATABLE READ or SERIALIZABLE the blocking job was committed
+            -- after this transaction's snapshot and stays invisible: only a retry
+            -- of the whole transaction can return it.
+            IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+                RAISE EXCEPTION 'an equal job was enqueued concurrently; retry the transaction'
+                    USING ERRCODE = '40001';
+            END IF;
+            -- READ COMMITTED: the blocking job left the queue in between; try again.
+        END LOOP;
+        RAISE EXCEPTION 'equal jobs kept appearing and leaving the queue; retry the transaction'
+            USING ERRCODE = '40001';
+    END;
 END
 $fn$;
 

@@ -103,11 +103,11 @@ def _file_source(file_name: str, function: str) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_reversing_0010_restores_version_1_and_reapplying_gives_version_3(roles):
+def test_reversing_0010_restores_version_1_and_reapplying_gives_version_4(roles):
     v1 = _file_source("producer_api_v1.sql", "soniq_enqueue")
-    v3 = _file_source("producer_api_v3.sql", "soniq_enqueue")
-    assert v1 != v3
-    assert _function_source("soniq_enqueue") == v3
+    v4 = _file_source("producer_api_v4.sql", "soniq_enqueue")
+    assert v1 != v4
+    assert _function_source("soniq_enqueue") == v4
     assert _function_source("soniq_enqueue_many") == _file_source(
         "producer_api_v3.sql", "soniq_enqueue_many")
     producer = roles.create("soniq_producer")
@@ -124,7 +124,7 @@ def test_reversing_0010_restores_version_1_and_reapplying_gives_version_3(roles)
         assert fetch("SELECT job_name FROM soniq_get_job(%s)", [job_id]) == [("back.to_v1",)]
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
-    assert _function_source("soniq_enqueue") == v3
+    assert _function_source("soniq_enqueue") == v4
     assert _installed() == dict.fromkeys(producer_api_functions(), False)
     assert _may_enqueue(producer)
     ids = fetch("SELECT soniq_enqueue_many('[{\"job_name\": \"again.v2\"}]')")[0][0]
@@ -182,9 +182,20 @@ def _version_3_source(function: str) -> str:
     return _file_source(name, function)
 
 
+#: Replaced since 0011 by 0017 (producer API v4), which going back to 0016 or below reverses.
+_ENQUEUE_V4 = ("soniq_enqueue",)
+
+
+def _latest_source(function: str) -> str:
+    """What the last migration leaves: version 3's body, or version 4's for soniq_enqueue."""
+    if function in _ENQUEUE_V4:
+        return _file_source("producer_api_v4.sql", function)
+    return _version_3_source(function)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_reversing_0011_restores_the_released_bodies_and_reapplying_gives_version_3(roles):
-    assert all(_function_source(function) == _version_3_source(function)
+    assert all(_function_source(function) == _latest_source(function)
                for _, function in _REPLACED_BY_0011 + tuple((None, f) for f in _ADDED_BY_0011))
     producer = roles.create("soniq_producer")
     call_command("soniq_grant", producer, stdout=io.StringIO())
@@ -199,7 +210,7 @@ def test_reversing_0011_restores_the_released_bodies_and_reapplying_gives_versio
         assert fetch("SELECT soniq_request_cancel(gen_random_uuid())") == [(None,)]
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
-    assert all(_function_source(function) == _version_3_source(function)
+    assert all(_function_source(function) == _latest_source(function)
                for _, function in _REPLACED_BY_0011)
     assert _may_enqueue(producer)
     assert fetch("SELECT soniq_request_cancel(gen_random_uuid())") == [(False,)]
@@ -215,9 +226,10 @@ def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     v4 = _file_source("claim_protocol_v4.sql", "soniq_defer")
     before = _soniq_functions()
     assert before["soniq_defer"] == v4
-    # Going back to 0011 also reverses 0013 (flow control, tested below) and
-    # 0016 (version 7's batched bodies, tested below).
-    by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many"}
+    # Going back to 0011 also reverses 0013 (flow control, tested below),
+    # 0016 (version 7's batched bodies) and 0017 (soniq_enqueue v4, both tested below).
+    by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many",
+               "soniq_enqueue"}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -270,6 +282,8 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v2
         assert set(after) == set(before) - {"soniq_queue_budget_v1"}
+        # 0017 reversed too: version 3's soniq_enqueue.
+        assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         assert fetch("SELECT to_regclass('soniq_queue_settings'), "
                      "to_regclass('soniq_queue_starts')") == [(None, None)]
         # Version 2's claim works again.
@@ -306,10 +320,11 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
         # soniq_complete_many: version 2's again (0016 reversed too).
         assert after["soniq_complete_many"] == _file_source(
             "claim_protocol_v2.sql", "soniq_complete_many")
-        assert {n: b for n, b in after.items()
-                if n not in ("soniq_claim_many", "soniq_complete_many")} == {
-            n: b for n, b in before.items()
-            if n not in ("soniq_claim_many", "soniq_complete_many")}
+        # soniq_enqueue: version 3's again (0017 reversed too).
+        assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
+        changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue")
+        assert {n: b for n, b in after.items() if n not in changed} == {
+            n: b for n, b in before.items() if n not in changed}
         assert _claim_indexes() == {"soniq_jobs_claim_idx", "soniq_jobs_claim_any_idx"}
         # Version 5's claim works again, a due scheduled job and all.
         fetch("SELECT soniq_enqueue('back.to_v5', run_at => now() - interval '1 second')")
@@ -337,8 +352,11 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
         call_command("migrate", "soniq_django", "0015", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v6 and after["soniq_complete_many"] == v2
-        assert {n: b for n, b in after.items() if n not in v7} == {
-            n: b for n, b in before.items() if n not in v7}
+        # 0017 reversed too (tested below).
+        assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
+        changed = {*v7, "soniq_enqueue"}
+        assert {n: b for n, b in after.items() if n not in changed} == {
+            n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
         fetch("SELECT soniq_enqueue('back.to_v6') FROM generate_series(1, 2)")
         claimed = fetch("SELECT job_id::text, generation, token, queue FROM "
@@ -359,3 +377,33 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
                  "%s::text[], ARRAY[NULL, NULL, NULL, NULL]::jsonb[])",
                  [ids + ids[:1], generations + generations[:1], tokens + tokens[:1],
                   queues + queues[:1]]) == [([True, True, True, False],)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version_4(roles):
+    v3 = _file_source("producer_api_v3.sql", "soniq_enqueue")
+    v4 = _file_source("producer_api_v4.sql", "soniq_enqueue")
+    assert v3 != v4
+    before = _soniq_functions()
+    assert before["soniq_enqueue"] == v4
+    producer = roles.create("soniq_producer")
+    call_command("soniq_grant", producer, stdout=io.StringIO())
+    try:
+        call_command("migrate", "soniq_django", "0016", verbosity=0)
+        after = _soniq_functions()
+        assert after["soniq_enqueue"] == v3
+        assert {n: b for n, b in after.items() if n != "soniq_enqueue"} == {
+            n: b for n, b in before.items() if n != "soniq_enqueue"}
+        # Replaced, not dropped: the producer keeps its grant; version 3 works again.
+        assert _may_enqueue(producer)
+        job_id = fetch("SELECT soniq_enqueue('back.to_v3', '{\"n\": 1}')")[0][0]
+        assert fetch("SELECT job_name FROM soniq_get_job(%s)", [job_id]) == [("back.to_v3",)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before
+    assert _may_enqueue(producer)
+    job_id = fetch("SELECT soniq_enqueue('again.v4', '{\"n\": 2}')")[0][0]
+    assert fetch("SELECT job_name FROM soniq_get_job(%s)", [job_id]) == [("again.v4",)]
+    (ids,) = fetch("SELECT soniq_enqueue_many('[{\"job_name\": \"again.v4_many\", "
+                   "\"dedup_key\": \"d-v4\"}]')")[0]
+    assert fetch("SELECT job_name FROM soniq_get_job(%s)", [ids[0]]) == [("again.v4_many",)]

@@ -35,7 +35,8 @@ GET_JOB_COLUMNS = (
 )
 
 
-PRODUCER_API_FILES = ("producer_api_v1.sql", "producer_api_v2.sql", "producer_api_v3.sql")
+PRODUCER_API_FILES = ("producer_api_v1.sql", "producer_api_v2.sql", "producer_api_v3.sql",
+                      "producer_api_v4.sql")
 
 
 def producer_api_functions() -> list[str]:
