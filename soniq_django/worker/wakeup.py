@@ -60,6 +60,9 @@ FALLBACK_POLL_SECONDS = 0.5
 #: How long one wait for notifications lasts before ``stop`` is looked at again
 #: (``interrupt()`` ends a wait at once).
 LISTEN_SLICE_SECONDS = 0.5
+#: The longest ``interrupt()`` waits to connect: a stopping worker whose server
+#: does not answer gives up on it then (its listener stops within a slice).
+INTERRUPT_CONNECT_SECONDS = 2
 # Attempts at reaching the server session that holds a LISTEN no one hears.
 # A pooler usually hands the session just released to the next transaction,
 # but other clients of a busy pool take it in between: 10 tries missed it
@@ -126,9 +129,16 @@ class Listener(threading.Thread):
 
     # Connections ------------------------------------------------------
 
-    def _new_connection(self, alias: str) -> "Connection[Any]":
+    def _new_connection(self, alias: str, connect_within: int | None = None
+                        ) -> "Connection[Any]":
+        """A new autocommit connection to ``alias``; ``connect_within`` caps connect_timeout."""
         wrapper = connections[alias]
-        raw: Connection[Any] = wrapper.get_new_connection(wrapper.get_connection_params())
+        params = wrapper.get_connection_params()
+        if connect_within is not None:
+            configured = int(params.get("connect_timeout") or 0)  # 0 or unset: no limit
+            params["connect_timeout"] = (min(configured, connect_within) if configured > 0
+                                         else connect_within)
+        raw: Connection[Any] = wrapper.get_new_connection(params)
         raw.autocommit = True
         return raw
 
@@ -220,12 +230,14 @@ class Listener(threading.Thread):
         Sends a NOTIFY on this listener's own channel over a new connection
         to the worker's database, the way the self-test sends its probe. A
         listener that is not listening (not yet connected, deaf, waiting
-        to reconnect) needs none: it waits on ``stop`` itself.
+        to reconnect) needs none: it waits on ``stop`` itself. A server that
+        does not answer is given up on after ``INTERRUPT_CONNECT_SECONDS``,
+        so that stopping never waits longer than that for it.
         """
         if not self.is_alive() or not self.ready.is_set() or self.deaf.is_set():
             return
         try:
-            sender = self._new_connection(self.using)
+            sender = self._new_connection(self.using, connect_within=INTERRUPT_CONNECT_SECONDS)
             try:
                 sender.execute("SELECT pg_notify(%s, '')", [self.stop_channel])
             finally:

@@ -5,19 +5,25 @@ and looked at ``stop`` only between them, so every burst worker, and every
 worker told to stop by SIGTERM, spent up to a slice (half a second) in
 ``thread.join`` after its last job. Now the worker interrupts the wait with
 a NOTIFY on the listener's own channel. The tests make the slice a minute
-long: without the interrupt the listener would outlive them.
+long: without the interrupt the listener would outlive them. The interrupt
+connects with a short timeout of its own: a server that accepts the
+connection and never answers cannot hold a stopping worker.
 
 PostgreSQL only: on SQLite there is no listener.
 """
 
+import socket
 import threading
 import time
 
 import pytest
+from django.db import connections
 
 from soniq_django.worker import Worker, wakeup
 from soniq_django.worker.wakeup import Listener
 from tests.support.workers import WorkerThread, wait_until
+
+SILENT = "listener_stop_silent"
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql_only,
               pytest.mark.usefixtures("fast")]
@@ -88,3 +94,43 @@ def test_a_job_enqueued_while_listening_still_wakes_the_worker():
         listener.interrupt()
         listener.join(10)
     assert not listener.is_alive()
+
+
+@pytest.fixture
+def silent_alias():
+    """An alias like ``default`` whose server accepts the TCP connection and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)  # the kernel completes the handshakes; nobody reads
+    settings = dict(connections.settings["default"], HOST="127.0.0.1",
+                    PORT=server.getsockname()[1])
+    settings["OPTIONS"] = {k: v for k, v in (settings.get("OPTIONS") or {}).items()
+                           if k != "connect_timeout"}  # no limit of its own
+    connections.settings[SILENT] = settings
+    try:
+        yield SILENT
+    finally:
+        if hasattr(connections._connections, SILENT):
+            delattr(connections._connections, SILENT)
+        del connections.settings[SILENT]
+        server.close()
+
+
+def test_an_interrupt_gives_up_on_a_server_that_does_not_answer(silent_alias):
+    stop, wake = threading.Event(), threading.Event()
+    listener = Listener("default", None, wake, stop)
+    listener.start()
+    try:
+        assert listener.ready.wait(10)
+        listener.using = silent_alias  # where interrupt() sends: now a server that hangs
+        stop.set()
+        started = time.monotonic()
+        sender = threading.Thread(target=listener.interrupt, daemon=True)
+        sender.start()
+        sender.join(10)
+        assert not sender.is_alive(), "interrupt() waited for a silent server without limit"
+        assert time.monotonic() - started < wakeup.INTERRUPT_CONNECT_SECONDS + 3
+    finally:
+        stop.set()
+        listener.join(10)
+    assert not listener.is_alive()  # it saw stop at the end of its slice
