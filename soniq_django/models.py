@@ -538,3 +538,38 @@ class QueueStart(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} {self.started_at:%H:%M:%S}"
+
+
+class QueueHold(models.Model):
+    """``soniq_queue_holds``: a limited queue's slot kept by a handler that outlived its claim.
+
+    A job past its time limit is failed at its deadline (its row goes back
+    to ``queued`` or to the dead letters), but a plain function cannot be
+    stopped and runs on. Its queue's concurrency slot stays taken until it
+    returns: the timeout's failure and this row are written in one
+    transaction, so the slot passes from the ``processing`` row to the hold
+    without a gap, and the worker deletes the hold when the handler returns
+    (exactly once). A hold has a lease, renewed by its worker's heartbeat: a
+    worker that dies releases its holds when their leases lapse. A claim
+    counts a queue's running jobs as its ``processing`` rows plus its live
+    holds. Not a format-1 table: soniq_django's own, like
+    ``soniq_queue_settings``.
+    """
+
+    job_id = models.UUIDField()
+    generation = models.BigIntegerField()
+    queue = models.TextField()
+    claim_owner = models.TextField()
+    lease_expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now, db_default=Now())
+
+    class Meta:
+        db_table = "soniq_queue_holds"
+        verbose_name = "queue hold"
+        constraints = [models.UniqueConstraint(fields=["job_id", "generation"],
+                                               name="soniq_queue_holds_claim_uniq")]
+        indexes = [models.Index(fields=["queue", "lease_expires_at"],
+                                name="soniq_queue_holds_queue_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.job_id}"

@@ -14,6 +14,13 @@ from tests.support.schema import fetchall, migrate, schema_snapshot
 
 tuning = importlib.import_module("soniq_django.migrations.0015_storage_tuning")
 BEFORE = "0014"  # the migration 0015 follows
+#: Tables later migrations create: absent at BEFORE, and not 0015's business.
+LATER_TABLES = {"soniq_queue_holds"}
+
+
+def without_later_tables(shape: list) -> list:
+    """``shape`` (schema_snapshot's) less the tables, and their objects, of later migrations."""
+    return [entry for entry in shape if not LATER_TABLES & {entry[1], entry[2]}]
 
 
 def reloptions() -> list[str] | None:
@@ -45,7 +52,8 @@ def test_reversing_resets_the_parameters_and_changes_nothing_else(at_latest_afte
     migrate()
     assert reloptions() == (expected() if connection.vendor == "postgresql" else None)
     assert schema_snapshot() == (latest_shape, latest_applied)
-    assert shape == latest_shape  # columns, indexes, constraints: the same without the tuning
+    # Columns, indexes, constraints: the same without the tuning.
+    assert shape == without_later_tables(latest_shape)
 
 
 def test_the_parameters_are_reset_on_the_way_down_even_if_changed_by_hand(at_latest_afterwards):

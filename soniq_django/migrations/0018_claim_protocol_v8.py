@@ -1,0 +1,48 @@
+"""Claim protocol v8: bounded waits, and slots held by timed-out handlers.
+
+Creates soniq_queue_holds (a limited queue's slot kept by a handler that ran
+on past its time limit), then runs sql/claim_protocol_v8.sql (PostgreSQL).
+Reversing runs claim_protocol_v8.down.sql, puts back the released bodies of
+the functions version 8 replaced, then drops the table. See
+docs/decisions/0029-claim-protocol-v8.md.
+"""
+
+import django.db.models.functions.datetime
+import django.utils.timezone
+from django.db import migrations, models
+
+from soniq_django.sql import run_file
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('soniq_django', '0017_producer_api_v4'),
+    ]
+
+    operations = [
+        migrations.CreateModel(
+            name='QueueHold',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('job_id', models.UUIDField()),
+                ('generation', models.BigIntegerField()),
+                ('queue', models.TextField()),
+                ('claim_owner', models.TextField()),
+                ('lease_expires_at', models.DateTimeField()),
+                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), default=django.utils.timezone.now)),
+            ],
+            options={
+                'verbose_name': 'queue hold',
+                'db_table': 'soniq_queue_holds',
+                'indexes': [models.Index(fields=['queue', 'lease_expires_at'], name='soniq_queue_holds_queue_idx')],
+                'constraints': [models.UniqueConstraint(fields=('job_id', 'generation'), name='soniq_queue_holds_claim_uniq')],
+            },
+        ),
+        migrations.RunPython(
+            run_file("claim_protocol_v8.sql"),
+            run_file("claim_protocol_v8.down.sql", restore=(
+            )),
+            elidable=False,
+        ),
+    ]

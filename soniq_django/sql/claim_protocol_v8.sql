@@ -1,0 +1,11 @@
+-- soniq_django claim protocol, version 8 (PostgreSQL only): bounded waits.
+--
+-- Versions 1 to 7 stay as they are; this file gives functions new bodies
+-- (same names, signatures and grants unless a block says otherwise) and adds
+-- the functions of slots held by timed-out handlers (soniq_queue_holds).
+-- Loaded by migration 0018_claim_protocol_v8; never edited once released. The
+-- reverse (claim_protocol_v8.down.sql, then the released bodies the migration
+-- names) restores version 7's behaviour.
+--
+-- See docs/decisions/0029-claim-protocol-v8.md.
+SELECT 1;
