@@ -26,7 +26,7 @@ HELD = 100_000
 
 
 @pytest.fixture(scope="module")
-def backlog(django_db_setup, django_db_blocker):
+def backlog(django_db_setup):
     """HELD queued jobs in the queue 'held', enqueued before anything else; removed after."""
     with raw() as conn:
         conn.execute(
