@@ -150,6 +150,21 @@ async def worker_async_sleep(seconds: float) -> dict:
     return _trace()
 
 
+@job(name="tests.worker.async_cooperative")
+async def worker_async_cooperative(seconds: float = 30.0) -> dict:
+    """``tests.worker.cooperative`` as an ``async def``: small awaits, stopping at a cancel."""
+    record("start")
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            current_job().raise_if_cancelled()
+            await asyncio.sleep(0.01)
+    except JobCancelled:
+        record("saw-cancel")
+        raise
+    return _trace()
+
+
 #: Jobs of tests.worker.async_together that have started (reset by the test).
 TOGETHER: list[str] = []
 
