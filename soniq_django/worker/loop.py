@@ -42,6 +42,14 @@ So every final write has one owner:
 
 Every claim goes through ``Writes.round`` (writes.py), from whichever thread.
 
+Stopping (decision 0032): after a stop signal the running jobs get the
+grace period; then each is asked to stop (``StopRuns``: its context's stop
+request, which a cooperative handler sees as a cancel), and a run that ends
+is given back by its job thread (``defer_owned``, no attempt spent). Runs
+still going ``planner.WIND_UP`` seconds later are abandoned; the worker's
+threads are joined within ``JOIN_SECONDS``, its row is marked stopped within
+``SIGN_OFF_SECONDS``, and no thread of its own keeps the process alive.
+
 Connections (connection.py). The worker's own calls -- every write above,
 every claim, every heartbeat -- go through **one shared connection**,
 taken in turns: a turn is one call, whichever thread makes it. A job
