@@ -93,6 +93,7 @@ from .. import flow, pooling, signals
 from ..conf import get_settings
 from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
+from ..owned.types import queue_names
 from ..registry import get_handler, registered_handlers
 from ..throughput import ThroughputCounter
 from . import peers, planner, registration
@@ -145,7 +146,7 @@ class Worker:
                  grace_seconds: float = 30.0, startup_jitter: float | None = None,
                  wait_for_leases: bool = False):
         self.using = using
-        self.queues = queues
+        self.queues = queues = queue_names(queues)  # ConfigValidationError before any thread
         self.concurrency = concurrency
         self.burst = burst
         self.worker_id = worker_id or str(uuid.uuid4())

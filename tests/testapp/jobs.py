@@ -92,6 +92,13 @@ def worker_always_fails(message: str = "boom") -> None:
     raise ValueError(message)
 
 
+@job(name="tests.worker.fails_unencodable")
+def worker_fails_unencodable() -> None:
+    """Fail with a message holding a lone surrogate (bytes decoded with surrogateescape)."""
+    record("start")
+    raise ValueError("cannot read " + b"name-\xff".decode("utf-8", "surrogateescape"))
+
+
 @job(name="tests.worker.null_budget", retries=1)
 def worker_null_budget() -> None:
     """Always fails; enqueued with max_attempts=None it gets retries + 1 = 2 attempts."""

@@ -11,10 +11,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from soniq_django import flow
 from soniq_django.conf import get_settings
+from soniq_django.errors import ConfigValidationError
 from soniq_django.management.console import command_log
 from soniq_django.management.database import (
     add_database_argument, database_alias, require_migrated,
 )
+from soniq_django.owned.types import queue_names
 from soniq_django.registry import discover
 from soniq_django.worker import Worker
 from soniq_django.worker.connection import wait_for_database
@@ -47,7 +49,10 @@ def _queues(value: str | None) -> list[str] | None:
     names = [name.strip() for name in value.split(",") if name.strip()]
     if not names:
         raise CommandError("--queues needs at least one queue name")
-    return names
+    try:
+        return queue_names(names)
+    except ConfigValidationError:  # bytes that are not UTF-8 on the command line
+        raise CommandError("--queues: a queue name is not valid UTF-8 text") from None
 
 
 class Command(BaseCommand):
