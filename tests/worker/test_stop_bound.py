@@ -111,17 +111,21 @@ def test_an_async_handler_on_the_event_loop_is_asked_to_stop_too(run_log, settin
 
 
 def test_a_cancel_pending_when_the_stop_request_lands_wins_over_giving_the_job_back(
-    run_log, settings
+    run_log, settings, caplog
 ):
-    # A lease long enough that no heartbeat reads the cancel before the grace is over.
+    # Beats 10 s apart: the heartbeat reads no cancel between the beat that a stop makes at
+    # once and the end of the grace; the deferral is refused, and the cancel acknowledged.
     settings.SONIQ = {"LEASE_SECONDS": 30, "HEARTBEAT_SECONDS": 10, "POLL_INTERVAL": 0.2}
     job_id = enqueue("tests.worker.cooperative", {"seconds": 60})
-    worker = Worker(grace_seconds=0.5, startup_jitter=0)
+    worker = Worker(grace_seconds=1.0, startup_jitter=0)
     with WorkerThread(worker) as running:
         run_log.wait_for("start", job_id, timeout=10)
-        assert OwnedJobSource().request_cancel(job_id)
         worker.request_stop()
+        time.sleep(0.3)  # the stop's own beat is over
+        assert OwnedJobSource().request_cancel(job_id)
         assert running.join(10) == 0
+    assert run_log.events("saw-cancel", job_id)
+    assert "grace period over; asking 1 running job(s) to stop" in caplog.text
     assert Job.objects.get(id=job_id).status == "cancelled"
     assert worker.writes.tally == {"cancelled": 1}
 
