@@ -318,6 +318,8 @@ class Worker:
         tally = self.writes.tally
         order = list(dict.fromkeys(r.tally for r in RECORDED.values())) + [NOT_RECORDED]
         parts = [f"{tally[name]} {name}" for name in order if tally[name]]
+        if self.abandoned:  # still running when the worker stopped: their leases lapse
+            parts.append(f"{self.abandoned} abandoned")
         return f" ({', '.join(parts)})" if parts else ""
 
     def _register(self) -> bool:

@@ -77,6 +77,7 @@ def test_a_handler_that_ignores_the_request_is_abandoned_and_the_process_exits(
     assert not run_log.events("end", job_id)  # the handler never returned
     assert child.count("grace period over") == 1
     assert child.count("abandoning 1 job(s)") == 1
+    assert child.count("stopped after 1 jobs (1 abandoned)") == 1
     assert WorkerRow.objects.get(pid=child.pid).status == "stopped"  # its last write, bounded
     row = Job.objects.get(id=job_id)
     assert (row.status, row.attempts) == ("processing", 1)
