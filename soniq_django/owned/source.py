@@ -22,7 +22,7 @@ from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS
 
 from ..conf import get_settings
-from ..encoding import normalize_json
+from ..encoding import encodable, normalize_json, storable
 from ..errors import ConfigValidationError
 from ..producer.request import JobRequest, coerce_job_id
 from ..models import DeadLetterReason
@@ -38,6 +38,7 @@ from .types import (
     fence as checked_fence,
     identity,
     positive_int,
+    queue_names,
 )
 
 __all__ = [
@@ -78,17 +79,6 @@ def _claimed(row: dict[str, Any] | None) -> ClaimedJob | None:
             claim_token=row["token"],
         ),
     )
-
-
-def _queues(queues: Any) -> list[str] | None:
-    if queues is None:
-        return None
-    if isinstance(queues, str) or not all(type(q) is str and q for q in queues):
-        raise ConfigValidationError("queues must be a list of queue names, or None")
-    names = list(queues)
-    if not names:
-        raise ConfigValidationError("queues must name at least one queue, or be None")
-    return names
 
 
 def _lease() -> float:
@@ -463,7 +453,7 @@ def _claim_many_args(worker_id: Any, claim_tokens: Any, queues: Any, pid: Any
 def _claim_args(worker_id: Any, claim_token: Any, queues: Any, pid: Any
                 ) -> tuple[str, str, list[str] | None, int | None]:
     return (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"),
-            _queues(queues), None if pid is None else positive_int(pid, "pid", INT32_MAX))
+            queue_names(queues), None if pid is None else positive_int(pid, "pid", INT32_MAX))
 
 
 def _result(result: Any) -> Any:
@@ -485,7 +475,7 @@ def _failure(fence: Any, error: Any, retry: Any, dlq_record_id: Any, reason: Any
         raise ConfigValidationError("retry must be True or False")
     if dlq_record_id is not None and (
         type(dlq_record_id) is not str or not dlq_record_id
-        or len(dlq_record_id) > MAX_DLQ_RECORD_ID
+        or len(dlq_record_id) > MAX_DLQ_RECORD_ID or not encodable(dlq_record_id)
     ):
         raise ConfigValidationError(
             f"dlq_record_id must be a non-empty string of at most {MAX_DLQ_RECORD_ID} characters"
@@ -497,8 +487,8 @@ def _failure(fence: Any, error: Any, retry: Any, dlq_record_id: Any, reason: Any
     if default_max is None:
         default_max = get_settings().DEFAULT_MAX_ATTEMPTS
     positive_int(default_max, "default_max_attempts", INT32_MAX)
-    # PostgreSQL text cannot hold NUL; a traceback may.
-    return fence, error.replace("\x00", "\\x00"), retry, dlq_record_id, str(reason), delay, default_max
+    # Text cannot hold NUL nor a lone surrogate; a traceback, a handler's message may.
+    return fence, storable(error), retry, dlq_record_id, str(reason), delay, default_max
 
 
 def _deferral(fence: Any, error: Any, delay: Any) -> tuple[QueueClaimFence, str, float]:
@@ -507,4 +497,4 @@ def _deferral(fence: Any, error: Any, delay: Any) -> tuple[QueueClaimFence, str,
         raise ConfigValidationError("error must be a string")
     if type(delay) not in (int, float) or not 0 <= delay <= 31536000:
         raise ConfigValidationError("delay must be a number of seconds from 0 to a year")
-    return fence, error.replace("\x00", "\\x00"), float(delay)
+    return fence, storable(error), float(delay)

@@ -57,6 +57,8 @@ RECORDED = {
                                    "deferred"),
     OutcomeKind.UNKNOWN: Recorded("deferred or dead-lettered (no handler here)", None,
                                   "deferred"),
+    OutcomeKind.STOPPED: Recorded("given back (the worker stopped before it finished; no "
+                                  "attempt spent)", None, "given back"),
 }
 _EXHAUSTED = Recorded("failed with no attempts left, dead-lettered", "dead_lettered",
                       "dead-lettered")
@@ -308,8 +310,8 @@ class Writes:
                         claimed.job_name, claimed.job_id, elapsed, claimed.attempts)
             self._signal(flight, Outcome(OutcomeKind.CANCELLED), elapsed)
             return
-        signals.refused(flight, outcome.kind.value, worker_id=self.worker_id, using=self.using,
-                        duration=time.monotonic() - flight.started)
+        signals.refused(flight, _signalled(outcome.kind), worker_id=self.worker_id,
+                        using=self.using, duration=time.monotonic() - flight.started)
         self._count(NOT_RECORDED)
         logger.warning("%s %s: %s", claimed.job_name, claimed.job_id, outcome.error or (
             "completion refused by the fence (lease lost, cancelled or re-claimed); its writes "
@@ -348,6 +350,9 @@ class Writes:
         elif outcome.kind is OutcomeKind.DEFERRED:
             write = lambda: self.source.defer_owned(  # noqa: E731
                 fence, outcome.error, delay=outcome.delay)  # type: ignore[arg-type]
+        elif outcome.kind is OutcomeKind.STOPPED:  # refused while a cancel is pending: see below
+            write = lambda: self.source.defer_owned(  # noqa: E731
+                fence, outcome.error, delay=0)  # type: ignore[arg-type]
         else:
             write = lambda: self.source.acknowledge_cancel_owned(fence)  # noqa: E731
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
@@ -387,7 +392,7 @@ class Writes:
                 self._signal(flight, Outcome(OutcomeKind.CANCELLED), elapsed)
                 return
         if applied is False:  # None: the database never answered, no fence refused it
-            signals.refused(flight, outcome.kind.value, worker_id=self.worker_id,
+            signals.refused(flight, _signalled(outcome.kind), worker_id=self.worker_id,
                             using=self.using, duration=elapsed)
         self._count(NOT_RECORDED)
         logger.warning("%s %s: %s not recorded; the job is no longer this worker's "
@@ -402,7 +407,7 @@ class Writes:
         kind = outcome.kind
         failed = kind in (OutcomeKind.RETRY, OutcomeKind.DEAD)
         signals.finished(
-            flight, "dead" if exhausted else kind.value, worker_id=self.worker_id,
+            flight, "dead" if exhausted else _signalled(kind), worker_id=self.worker_id,
             using=self.using, duration=elapsed, error=_why(outcome) if failed else None,
             exception=outcome.exception if failed else None,
             dead_letter_reason=(str(DeadLetterReason.MAX_RETRIES_EXCEEDED) if exhausted
@@ -454,6 +459,11 @@ def _log_outcome(claimed: ClaimedJob, outcome: Outcome, recorded: Recorded,
     else:
         logger.info("%s %s %s after %.3fs (attempt %d)", name, job_id, recorded.verb, elapsed,
                     attempt)
+
+
+def _signalled(kind: OutcomeKind) -> str:
+    """The ``outcome`` the signals (and the metrics) name: a stopped run's is a deferral."""
+    return OutcomeKind.DEFERRED.value if kind is OutcomeKind.STOPPED else kind.value
 
 
 def _why(outcome: Outcome) -> str:

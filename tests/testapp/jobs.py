@@ -92,6 +92,13 @@ def worker_always_fails(message: str = "boom") -> None:
     raise ValueError(message)
 
 
+@job(name="tests.worker.fails_unencodable")
+def worker_fails_unencodable() -> None:
+    """Fail with a message holding a lone surrogate (bytes decoded with surrogateescape)."""
+    record("start")
+    raise ValueError("cannot read " + b"name-\xff".decode("utf-8", "surrogateescape"))
+
+
 @job(name="tests.worker.null_budget", retries=1)
 def worker_null_budget() -> None:
     """Always fails; enqueued with max_attempts=None it gets retries + 1 = 2 attempts."""
@@ -147,6 +154,21 @@ async def worker_async_ok(n: int = 0) -> dict:
 async def worker_async_sleep(seconds: float) -> dict:
     record("start")
     await asyncio.sleep(seconds)
+    return _trace()
+
+
+@job(name="tests.worker.async_cooperative")
+async def worker_async_cooperative(seconds: float = 30.0) -> dict:
+    """``tests.worker.cooperative`` as an ``async def``: small awaits, stopping at a cancel."""
+    record("start")
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            current_job().raise_if_cancelled()
+            await asyncio.sleep(0.01)
+    except JobCancelled:
+        record("saw-cancel")
+        raise
     return _trace()
 
 
