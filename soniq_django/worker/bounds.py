@@ -8,9 +8,9 @@ these fractions, and what they guarantee together: docs/internals.md
 - A live lease is renewed at least every ``2 * beat_interval()`` (at most
   two thirds of a lease): a beat sleeps one beat, waits at most
   ``patience()`` for its turn on the shared connection (else it goes on
-  a connection of its own), and its renewal waits at most
-  ``renewal_wait()`` for a row lock. So a claim has at least a third of
-  its lease left at any time.
+  a connection of its own), and its renewal lasts at most
+  ``renewal_wait()``. So a claim has at least a third of its lease left at
+  any time.
 - A call on the shared connection waits at most ``lock_wait()`` for any
   one lock, and runs each of its statements (at most two) at most twice
   that: a turn lasts at most ``longest_turn()``, a quarter of a lease --
@@ -40,7 +40,12 @@ def patience() -> float:
 
 
 def renewal_wait() -> float:
-    """How long a beat's renewal waits for a row lock another transaction holds: half a beat."""
+    """How long a beat's renewal call may last: half a beat (at most what is left of the beat).
+
+    Its statement is bounded by that (``statement_timeout``), and each row
+    lock another transaction holds is waited for at most half of it
+    (``lock_timeout``).
+    """
     return beat_interval() / 2
 
 

@@ -190,17 +190,18 @@ class Heartbeat:
     def renew(self, flights: list[InFlight], deadline: float) -> None:
         """Renew every lease and read every cancel request: in one call, else one by one.
 
-        The call waits for a lock on a row until ``deadline`` at most
-        (``renewal_wait()`` if that is sooner). A row another transaction
-        holds (the last beat found it so, or this call waited past its
-        bound) is renewed on its own, each waiting what is left of the
-        beat's time (at least ``MIN_RENEWAL_WAIT``), so the others are
-        renewed at once.
+        The call lasts until ``deadline`` at most (``renewal_wait()`` if
+        that is sooner): its statement is bounded by that, each row lock by
+        half of it. A row another transaction holds (the last beat found it
+        so, or this call waited past its bound) is renewed on its own, each
+        in a share of what is left of the beat's time (at least
+        ``MIN_RENEWAL_WAIT``), so the others are renewed at once.
         """
         batch = [flight for flight in flights if not flight.row_locked]
         alone = [flight for flight in flights if flight.row_locked]
         if batch:
-            wait = max(MIN_RENEWAL_WAIT, min(renewal_wait(), deadline - time.monotonic()))
+            budget = min(renewal_wait(), deadline - time.monotonic())
+            wait = max(MIN_RENEWAL_WAIT, budget / 2)  # its statement: twice that (bounds_sql)
             try:
                 states = self.source.heartbeat_many_owned(
                     [flight.claimed.claim_fence for flight in batch], lock_wait=wait)
@@ -220,9 +221,9 @@ class Heartbeat:
                 for flight, state in zip(batch, states):
                     self._renewed(flight, state)
         for flight in alone:
-            wait = max(MIN_RENEWAL_WAIT, deadline - time.monotonic()) / len(alone)
+            share = (deadline - time.monotonic()) / len(alone)
             try:
-                self.beat(flight, max(MIN_RENEWAL_WAIT, wait))
+                self.beat(flight, max(MIN_RENEWAL_WAIT, share / 2))
             except Exception:  # one job's trouble must not stop every lease's renewal
                 logger.exception("heartbeat of %s %s failed", flight.claimed.job_name,
                                  flight.claimed.job_id)
@@ -232,7 +233,7 @@ class Heartbeat:
         fence = flight.claimed.claim_fence
         try:
             state = self.source.heartbeat_many_owned(
-                [fence], lock_wait=lock_wait or renewal_wait())[0]
+                [fence], lock_wait=lock_wait or renewal_wait() / 2)[0]
         except SoniqError as error:
             if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
                 raise
