@@ -216,11 +216,15 @@ class AtomicRunner:
             raise RunRolledBack(replace(outcome, written=True, applied=False))
         ttl = float(get_settings().RESULT_TTL)
         try:
-            if isinstance(claims, PostgresClaims):
+            if isinstance(claims, PostgresClaims) and self.durable:
                 # Its lock wait bounded, and the backend ended by the server if the COMMIT
                 # never comes (a lost connection): the row is not held past orphan_limit().
+                # Not inside a caller's transaction (run_jobs()): the settings would last
+                # to the end of the caller's, and limit the caller's own pauses.
                 applied = claims.complete_last(fence, outcome.result, ttl, lock_wait(),
                                                orphan_limit())
+            elif isinstance(claims, PostgresClaims):
+                applied = claims.complete(fence, outcome.result, ttl)
             else:
                 applied = claims.complete(fence, outcome.result, ttl, held_since=held_since)
         except (SoniqError, TransactionManagementError) as error:

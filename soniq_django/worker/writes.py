@@ -159,6 +159,7 @@ class Writes:
         self.tally: Counter[str] = Counter()
         """Final writes by how they ended (``Recorded.tally``, or ``NOT_RECORDED``)."""
         self._tally_lock = threading.Lock()
+        self._held_back = False  # the last claim met a lock past its bound (logged once)
 
     def round(self, batch: list[InFlight], wanted: int) -> Answer:
         """Complete ``batch`` and claim up to ``wanted`` jobs, in one call.
@@ -204,18 +205,24 @@ class Writes:
                 completed, jobs = self.source.complete_many_and_claim_owned(
                     completions, claim_tokens=tokens, pid=self.pid, queues=self.queues,
                     lock_wait=wait)
+                self._claimed_again()
                 return completed, jobs, False, False
             if completions:
                 return self.source.complete_many_owned(completions, lock_wait=wait), [], False, \
                     False
-            return [], self.source.claim_many_owned(
+            jobs = self.source.claim_many_owned(
                 self.worker_id, claim_tokens=tokens, pid=self.pid, queues=self.queues,
-                lock_wait=wait), False, False
+                lock_wait=wait)
+            self._claimed_again()
+            return [], jobs, False, False
         except SoniqError as error:
             if _held(error):  # rolled back: nothing written, the nonces unused
-                logger.info("a lock held the round past %.2f s: nothing was written; %s",
-                            wait, "its completions are written without its claim"
-                            if completions else "claiming again shortly")
+                if not self._held_back:  # once while it lasts
+                    logger.warning("a lock another transaction holds kept a round waiting "
+                                   "past %.2f s: nothing was written; claiming again after a "
+                                   "pause (completions are written without the claim "
+                                   "meanwhile)", wait)
+                self._held_back = bool(tokens) or self._held_back
                 return self._complete_alone(completions), [], False, bool(tokens)
             if error.code is ErrorCode.QUEUE_PERSISTENCE_FAILED:
                 return (*self._recover(completions, tokens), False)
@@ -227,6 +234,12 @@ class Writes:
             logger.error("claim refused (%s: %s); trying again shortly",
                          error.code.value, error.reason)
             return [], [], True, False
+
+    def _claimed_again(self) -> None:
+        """A claim went through: say so if a lock had held claims back."""
+        if self._held_back:
+            self._held_back = False
+            logger.info("claims go through again (the lock that held them back is gone)")
 
     def _recover(self, completions: list[tuple[QueueClaimFence, Any]], tokens: list[str]
                  ) -> tuple[Sequence[bool | None], list[ClaimedJob], bool]:

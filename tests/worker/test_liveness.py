@@ -213,3 +213,38 @@ def _idle_in_transaction() -> list[int]:
         cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
                        "AND pid <> pg_backend_pid() AND state = 'idle in transaction'")
         return [pid for pid, in cursor.fetchall()]
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db(transaction=True, databases=["default", "server_binding"])
+@pytest.mark.parametrize("alias", ["default", "server_binding"])
+def test_a_bounded_claim_that_meets_a_held_lock_is_an_answer_and_leaves_no_setting(alias,
+                                                                                  settings):
+    # The bounds go in the call's own query string (bound on the client too when the
+    # connection binds on the server): past them nothing was written, and the session's
+    # settings are what they were.
+    from django.db import connections
+
+    from soniq_django.errors import ErrorCode, SoniqError
+    from soniq_django.owned._store import LOCK_NOT_AVAILABLE
+
+    settings.SONIQ = {**SHORT, "QUEUES": {"limited": {"concurrency": 1}}}
+    from soniq_django import flow
+    flow.sync_configured("default")
+    job_id = enqueue("tests.worker.ok", queue="limited")
+    source = OwnedJobSource(alias)
+    with _settings_row_locked("limited"):
+        started = time.monotonic()
+        with pytest.raises(SoniqError) as raised:
+            source.claim_many_owned("w", claim_tokens=["t1", "t2"], lock_wait=0.2)
+        waited = time.monotonic() - started
+    assert (raised.value.code, raised.value.reason) == (
+        ErrorCode.QUEUE_PERSISTENCE_FAILED, LOCK_NOT_AVAILABLE)
+    assert 0.2 <= waited < 1.5
+    assert Job.objects.get(id=job_id).status == "queued"  # nothing was written
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout'), "
+                       "current_setting('statement_timeout')")
+        assert cursor.fetchone() == ("0", "0")
+    (claimed,) = source.claim_many_owned("w", claim_tokens=["t1"], lock_wait=0.2)  # unused
+    assert str(claimed.job_id) == str(job_id)
