@@ -24,6 +24,12 @@ A job's final write is taken once, under ``flight.settled``: by the job
 thread, or by the deadline thread for a timeout. Whoever takes it holds the lock
 until the write is over, so the other side waits instead of racing it, and
 a job is never forgotten while its outcome is still unwritten.
+
+A taken write that waits -- handed to the main loop, or retried after a
+lock or an outage -- keeps its lease: the heartbeat renews every flight
+until it is forgotten here (heartbeat.py), so a round held up on the
+database never lets the jobs it is about to complete lapse. Every write
+and claim is bounded (``bounds.lock_wait()``, writes.py).
 """
 
 import logging

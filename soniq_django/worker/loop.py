@@ -62,19 +62,23 @@ database) + 1 listener on PostgreSQL + 1 with ``--with-scheduler``
 connections: 2 at any concurrency when handlers touch no database.
 
 Why the heartbeat shares it and lease renewals still never wait on a slow
-write: no turn lasts longer than one call. Recovery of an unknown round
-and the retries of a final write try each call in a turn of its own and
-pause outside it, so a main loop blocked in recovery holds the connection
-only while a call is on the wire, and the heartbeat's turns come in
-between. A call that is itself slow (a lock wait, a slow server) would
-hold the lease renewals up, so the heartbeat waits at most half a beat
-for its turn and otherwise renews on a second connection until it has
-its turn again (renewals then come at most 1.5 beats apart, within half a
-lease). While
-the shared connection waits for a server that refuses connections, the
-beat is skipped: a second connection would be refused too. A worker that
-cannot get a connection -- at start or later -- waits with backoff and
-jitter, logs it once, and never exits for it.
+write: no turn lasts longer than one call, and no call longer than its
+bounds (bounds.py, decision 0030): every call waits at most
+``lock_wait()`` for a lock and each of its statements runs at most twice
+that, past which its transaction rolled back and nothing was written.
+Recovery of an unknown round and the retries of a final write try each
+call in a turn of its own and pause outside it, so a main loop blocked
+in recovery holds the connection only while a call is on the wire, and
+the heartbeat's turns come in between. A call that is itself slow (a
+lock wait, a slow server) would hold the lease renewals up, so the
+heartbeat waits at most half a beat for its turn, once per beat, and
+otherwise makes the whole beat on a second connection until it has its
+turn again: a live lease is renewed at least every two beats (two thirds
+of a lease), including the leases of jobs whose final write is waiting.
+While the shared connection waits for a server that refuses connections,
+the beat is skipped: a second connection would be refused too. A worker
+that cannot get a connection -- at start or later -- waits with backoff
+and jitter, logs it once, and never exits for it.
 """
 
 import logging
@@ -188,6 +192,8 @@ class Worker:
         self._requeued_then = 0  # Writes.requeued when the round that found nothing began
         self._unknown_streak = 0
         self._backoff_due = False
+        self._held_back_streak = 0  # rounds in a row whose claim a lock held back
+        self._claims_held_until: float | None = None
         self._drain_deadline: float | None = None
         self._stop_deadline: float | None = None  # the runs asked to stop are abandoned then
         self._held_elsewhere: int | None = 0  # leased jobs of our queues others hold
@@ -378,6 +384,7 @@ class Worker:
             idle=not pending and not len(self.flights), claims_left=self.budget.left,
             max_jobs_reached=self.budget.reached, found_nothing=self._nothing_found(),
             unknown_streak=self._unknown_streak, backoff_due=self._backoff_due,
+            claims_held_until=self._claims_held_until,
             burst=self.burst, wait_for_leases=self.wait_for_leases,
             held_elsewhere=self._held_elsewhere, drain_deadline=self._drain_deadline,
             stop_deadline=self._stop_deadline,
@@ -407,6 +414,11 @@ class Worker:
             self._backoff_due = True
             return
         self._unknown_streak = 0
+        if answer.held_back:  # nothing claimed, nothing written: look again after a pause
+            self._held_back_streak += 1
+            self._claims_held_until = time.monotonic() + planner.backoff(self._held_back_streak)
+        elif answer.asked:
+            self._held_back_streak = 0
         self.slots.take(len(answer.jobs))
         on_the_loop = []
         on_threads = []

@@ -61,6 +61,9 @@ class Snapshot:
     """Rounds in a row whose claim's outcome stayed unknown (the database failed)."""
     backoff_due: bool = False
     """The last round's claim stayed unknown and the loop has not backed off since."""
+    claims_held_until: float | None = None
+    """The last claim waited on a lock past its bound (``Answer.held_back``): no claim before
+    this ``now``; pending writes go on meanwhile."""
     burst: bool = False
     wait_for_leases: bool = False
     """Burst mode: do not stop while other workers' leases hold jobs of these queues."""
@@ -132,7 +135,8 @@ def plan(s: Snapshot) -> Plan:
     if s.backoff_due:  # the database keeps failing: don't hammer it
         return Wait(backoff(s.unknown_streak), wake_early=False)
     winding_down = s.stopping or s.max_jobs_reached
-    n = 0 if winding_down or s.found_nothing else _claimable(s)
+    held = s.claims_held_until is not None and s.now < s.claims_held_until
+    n = 0 if winding_down or s.found_nothing or held else _claimable(s)
     if s.pending or n:
         return Claim(n)
     if winding_down:
@@ -147,6 +151,8 @@ def plan(s: Snapshot) -> Plan:
         if s.now >= s.stop_deadline:
             return Stop(StopReason.GRACE_OVER)
         return Wait(min(BUSY_WAIT, s.stop_deadline - s.now))
+    if held:  # a lock held the last claim back: claim again after a pause, not at once
+        return Wait(s.claims_held_until - s.now)  # type: ignore[operator]
     if s.burst and s.found_nothing and s.idle:
         if s.wait_for_leases and s.held_elsewhere != 0:
             # A dead peer's jobs come back when its leases lapse: wait, then claim.
