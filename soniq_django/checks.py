@@ -21,6 +21,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from . import flow, pooling
 from .conf import KEYS, get_settings, problems
+from .encoding import encodable
 from .registry import configured_imports, import_modules, registered_handlers
 
 
@@ -62,7 +63,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             hint="A single slow heartbeat would then lose the lease; a third of it is safe.",
             id="soniq.W001"))
     for name in registered_handlers():
-        if re.fullmatch(pattern, name) is None:
+        if not encodable(name):
+            messages.append(checks.Error(
+                f"The job name {name!r} holds a lone surrogate, which no database can store.",
+                hint="Rename the job with @job(name=...).", id="soniq.E007"))
+        elif re.fullmatch(pattern, name) is None:
             messages.append(checks.Error(
                 f"The job name {name!r} does not match SONIQ['TASK_NAME_PATTERN'].",
                 hint="Rename the job with @job(name=...) or widen the pattern.", id="soniq.E007"))

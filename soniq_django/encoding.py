@@ -94,13 +94,38 @@ def _fine(value: Any) -> bool:
 _EXACT_FLOAT = 2**1000
 
 
-def _check_text(text: str, what: str) -> None:
-    if "\x00" in text:
-        raise _invalid(f"{what} holds a NUL character, which PostgreSQL cannot store")
+def encodable(text: str) -> bool:
+    """Whether the databases can store ``text``: UTF-8 encodes it (it holds no lone surrogate).
+
+    A Python string may hold lone surrogates (``"\\ud800"``; bytes of a command line
+    that are not UTF-8, decoded with ``surrogateescape``); the drivers cannot send them.
+    The validators of every text input call this (ASCII text is decided at once).
+    """
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise _invalid(f"{what} holds a lone surrogate, which is not valid Unicode") from None
+        return False
+    return True
+
+
+def storable(text: str) -> str:
+    """``text`` with what the databases cannot store written as escapes: NUL as ``\\x00``,
+    a lone surrogate as ``\\udXXX``. For free text soniq writes on a caller's behalf (a
+    handler's error message in ``last_error``), where refusing would lose the write."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if encodable(text):
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _check_text(text: str, what: str) -> None:
+    if "\x00" in text:
+        raise _invalid(f"{what} holds a NUL character, which PostgreSQL cannot store")
+    if not encodable(text):
+        raise _invalid(f"{what} holds a lone surrogate, which is not valid Unicode")
 
 
 def _scalar(value: Any, where: str) -> Any:

@@ -28,6 +28,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from .conf import get_settings
+from .encoding import encodable
 from .errors import ConfigValidationError, ErrorCode, SettingsInvalid, translating
 
 #: A rate's unit: its window in seconds.
@@ -67,8 +68,10 @@ def parse_rate(value: Any) -> tuple[int, int]:
 
 def _queue_problems(name: Any, entry: Any) -> list[str]:
     where = f"SONIQ['QUEUES'][{name!r}]"
-    if type(name) is not str or not name or len(name) > MAX_QUEUE_NAME or "\x00" in name:
-        return [f"SONIQ['QUEUES'] keys must be queue names (1-{MAX_QUEUE_NAME} characters)."]
+    if (type(name) is not str or not name or len(name) > MAX_QUEUE_NAME or "\x00" in name
+            or not encodable(name)):
+        return [f"SONIQ['QUEUES'] keys must be queue names (1-{MAX_QUEUE_NAME} characters of "
+                "valid Unicode)."]
     if not isinstance(entry, dict):
         return [f"{where} must be a dict such as {{'concurrency': 5, 'rate': '10/s'}}."]
     found = []
@@ -142,6 +145,19 @@ def _name(value: Any) -> str:
         raise ConfigValidationError(
             f"queue must be a non-empty string of at most {MAX_QUEUE_NAME} characters",
             code=ErrorCode.INVALID_OPTION)
+    if not encodable(value):
+        raise ConfigValidationError("queue holds a lone surrogate, which is not valid Unicode",
+                                    code=ErrorCode.INVALID_OPTION)
+    return value
+
+
+def _by(value: Any) -> str | None:
+    """``pause_queue``'s ``by``: None, or text the database can store (INVALID_OPTION)."""
+    if value is None:
+        return None
+    if type(value) is not str or "\x00" in value or not encodable(value):
+        raise ConfigValidationError("by must be None or a string without a NUL character or a "
+                                    "lone surrogate", code=ErrorCode.INVALID_OPTION)
     return value
 
 
@@ -204,7 +220,7 @@ def pause_queue(name: str, *, by: str | None = None, using: str | None = None) -
     ``paused_by`` (who, for people to read).
     """
     QueueSetting = _models()
-    queue, alias = _name(name), _alias(using)
+    queue, by, alias = _name(name), _by(by), _alias(using)
     now = timezone.now()
     with translating(alias):
         for attempt in range(2):

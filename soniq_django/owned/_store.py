@@ -44,9 +44,13 @@ CLAIM_COLUMNS = (
 #: (soniq_fail has no result-TTL parameter; 300 s is the default RESULT_TTL).
 FAIL_SUPERSEDED_TTL = 300.0
 LAPSED_ERROR = "lease lapsed: the worker stopped heartbeating"
-#: The reason of the QUEUE_PERSISTENCE_FAILED a renewal raises when another
-#: transaction's lock outlasted its ``lock_wait`` (nothing was written).
+#: The reason of the QUEUE_PERSISTENCE_FAILED a call made with ``lock_wait``
+#: raises when another transaction's lock outlasted it, or its statement
+#: outlasted twice that (SQLSTATE 55P03 or 57014): the call's transaction
+#: rolled back and nothing was written -- an answer, not an unknown outcome.
 LOCK_NOT_AVAILABLE = "lock_not_available"
+#: What a call made with ``lock_wait`` answers when it hit its bound.
+_BOUND_REACHED = frozenset({"55P03", "57014"})
 
 logger = logging.getLogger("soniq_django.owned")
 
@@ -86,7 +90,17 @@ def guarded(alias: str, *, atomic: bool) -> Iterator[Any]:
         else:
             yield connection
     except DatabaseError as error:
+        if _sqlite_busy(error):  # the write lock stayed taken: nothing was written
+            raise persistence_failed(LOCK_NOT_AVAILABLE) from None
         raise translate(error, alias) from None
+
+
+def _sqlite_busy(error: DatabaseError) -> bool:
+    """Whether ``error`` is SQLite's "database is locked": the busy timeout (``OPTIONS["timeout"]``)
+    passed while another connection held the write lock. Raised when the lock is taken, or at
+    a COMMIT that could not get it (the transaction is then rolled back): nothing was written."""
+    name = getattr(error.__cause__, "sqlite_errorname", None) or ""
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
 
 
 def _json_text(value: Any) -> str | None:
@@ -124,19 +138,29 @@ def _array_text(values: list[Any]) -> str:
 
 
 class PostgresClaims:
-    """The owned operations as calls to the PostgreSQL claim-protocol functions."""
+    """The owned operations as calls to the PostgreSQL claim-protocol functions.
+
+    ``lock_wait`` (seconds, on the calls that take it): the call waits at
+    most that long for any one lock, and each of its statements runs at most
+    twice that (``bounds_sql``). Past it the call raises
+    QUEUE_PERSISTENCE_FAILED with the reason ``LOCK_NOT_AVAILABLE``: its
+    transaction rolled back, nothing was written. None: as long as it takes.
+    """
 
     def __init__(self, alias: str):
         self.alias = alias
 
-    def _rows(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    def _rows(self, sql: str, params: list[Any], lock_wait: float | None = None
+              ) -> list[tuple[Any, ...]]:
         with guarded(self.alias, atomic=False) as connection, connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            with _bounded_by(lock_wait):
+                _execute(connection, cursor, [sql], params, lock_wait)
             rows: list[tuple[Any, ...]] = cursor.fetchall()
             return rows
 
-    def _claim_row(self, sql: str, params: list[Any]) -> dict[str, Any] | None:
-        rows = self._rows(sql, params)
+    def _claim_row(self, sql: str, params: list[Any], lock_wait: float | None = None
+                   ) -> dict[str, Any] | None:
+        rows = self._rows(sql, params, lock_wait)
         return self._claim_dict(rows[0]) if rows else None
 
     @staticmethod
@@ -158,19 +182,24 @@ class PostgresClaims:
         )
 
     def claim_many(self, owner: str, tokens: list[str], queues: list[str] | None,
-                   lease: float, ttl: float, pid: int | None = None) -> list[dict[str, Any]]:
+                   lease: float, ttl: float, pid: int | None = None,
+                   lock_wait: float | None = None) -> list[dict[str, Any]]:
         rows = self._rows(
             "SELECT * FROM soniq_claim_many(%s, %s::text[], %s::text[], %s, %s, %s)",
-            [owner, array_text(tokens), queues, lease, ttl, pid],
+            [owner, array_text(tokens), queues, lease, ttl, pid], lock_wait,
         )
         return [self._claim_dict(row) for row in rows]
 
-    def recover(self, owner: str, token: str) -> dict[str, Any] | None:
-        return self._claim_row("SELECT * FROM soniq_recover_claim(%s, %s)", [owner, token])
+    def recover(self, owner: str, token: str, lock_wait: float | None = None
+                ) -> dict[str, Any] | None:
+        return self._claim_row("SELECT * FROM soniq_recover_claim(%s, %s)", [owner, token],
+                               lock_wait)
 
-    def _boolean(self, function: str, f: QueueClaimFence, extra: list[Any]) -> bool:
+    def _boolean(self, function: str, f: QueueClaimFence, extra: list[Any],
+                 lock_wait: float | None = None) -> bool:
         placeholders = ", ".join(["%s"] * (5 + len(extra)))
-        rows = self._rows(f"SELECT {function}({placeholders})", self._fence(f) + extra)
+        rows = self._rows(f"SELECT {function}({placeholders})", self._fence(f) + extra,
+                          lock_wait)
         return rows[0][0] is True
 
     def heartbeat(self, f: QueueClaimFence, lease: float, lock_wait: float | None = None) -> bool:
@@ -179,54 +208,97 @@ class PostgresClaims:
         soniq_heartbeat locks the job's row. Another transaction holding it
         (an operator's ``SELECT ... FOR UPDATE``, a migration's lock on the
         table) would hold the renewal, and whoever waits for it, as long as
-        it lasts. With ``lock_wait`` (seconds) the renewal is one transaction
-        whose ``lock_timeout`` is that long: past it, nothing was written and
-        QUEUE_PERSISTENCE_FAILED (``lock_not_available``) is raised. Inside
-        the caller's transaction ``lock_wait`` is not applied: its settings
-        are the caller's.
+        it lasts. Inside the caller's transaction ``lock_wait`` is not
+        applied: its settings are the caller's.
         """
-        connection = connections[self.alias]
-        if lock_wait is None or connection.in_atomic_block:
-            return self._boolean("soniq_heartbeat", f, [lease])
-        try:
-            with transaction.atomic(using=self.alias), connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('lock_timeout', %s, true)",
-                               [f"{max(1, round(lock_wait * 1000))}ms"])
-                cursor.execute("SELECT soniq_heartbeat(%s, %s, %s, %s, %s, %s)",
-                               self._fence(f) + [lease])
-                return bool(cursor.fetchone()[0] is True)
-        except DatabaseError as error:
-            if sqlstate(error) == "55P03":  # lock_not_available: the lock_timeout above
-                raise persistence_failed(LOCK_NOT_AVAILABLE) from None
-            raise translate(error, self.alias) from None
+        return self._boolean("soniq_heartbeat", f, [lease], lock_wait)
 
-    def complete(self, f: QueueClaimFence, result: Any, ttl: float) -> bool:
+    def heartbeat_many(self, fences: list[QueueClaimFence], lease: float,
+                       lock_wait: float | None = None
+                       ) -> list[tuple[bool, int | None] | None]:
+        """Renew every lease and read each claim's state, in one statement.
+
+        For each fence, in order: None when its claim is gone (not
+        renewed), else ``(cancel_requested, pid)``. The rows are locked in
+        id order, as ``soniq_complete_many`` locks them, so a renewal and a
+        batch completion sharing rows cannot deadlock. One locked row makes
+        the whole call wait (and, past ``lock_wait``, fail): the caller
+        renews the others one by one then.
+        """
+        order = sorted(range(len(fences)), key=lambda i: fences[i].job_id)
+        ordered = [fences[i] for i in order]
+        rows = self._rows(
+            "SELECT f.i, soniq_heartbeat(f.id, f.owner, f.generation, f.token, f.queue, %s), "
+            "s.cancel_requested, s.pid "
+            "FROM ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[]), "
+            "pg_catalog.unnest(%s::bigint[]), pg_catalog.unnest(%s::text[]), "
+            "pg_catalog.unnest(%s::text[])) WITH ORDINALITY AS f(id, owner, generation, token, "
+            "queue, i) LEFT JOIN LATERAL soniq_get_state(f.id, f.owner, f.generation, f.token, "
+            "f.queue) AS s ON true",
+            [lease, array_text([f.job_id for f in ordered]),
+             array_text([f.worker_id for f in ordered]),
+             array_text([f.generation for f in ordered]),
+             array_text([f.claim_token for f in ordered]),
+             array_text([f.queue for f in ordered])], lock_wait)
+        states: list[tuple[bool, int | None] | None] = [None] * len(fences)
+        for i, renewed, cancel_requested, pid in rows:
+            if renewed is True and cancel_requested is not None:
+                states[order[i - 1]] = (cancel_requested, pid)
+        return states
+
+    def complete(self, f: QueueClaimFence, result: Any, ttl: float,
+                 lock_wait: float | None = None) -> bool:
         rows = self._rows(
             "SELECT soniq_complete(%s, %s, %s, %s, %s, %s::jsonb, %s)",
-            self._fence(f) + [_json_text(result), ttl],
+            self._fence(f) + [_json_text(result), ttl], lock_wait,
         )
         return rows[0][0] is True
 
+    def complete_last(self, f: QueueClaimFence, result: Any, ttl: float, lock_wait: float,
+                      idle_limit: float) -> bool:
+        """soniq_complete as the last statement of the caller's open transaction (an atomic run).
+
+        Sent in one query string with the transaction's last settings: the
+        completion waits at most ``lock_wait`` for the job's row (longer, it
+        raises QUEUE_PERSISTENCE_FAILED, ``LOCK_NOT_AVAILABLE``, and the
+        caller rolls back), and from now on the backend may sit idle in
+        the transaction at most ``idle_limit`` seconds
+        (``idle_in_transaction_session_timeout``): only the COMMIT is left,
+        a moment later. If the COMMIT never arrives (a connection lost in a
+        partition), the server ends that backend then, and with it the
+        transaction and its lock on the row; the handler's own time before
+        the completion is not limited. Transaction-local, so it holds
+        behind a transaction pooler too.
+        """
+        lock_ms, idle_ms = max(1, round(lock_wait * 1000)), max(1, round(idle_limit * 1000))
+        connection = connections[self.alias]
+        # No savepoint of its own: a failure here ends the run's whole transaction anyway,
+        # and the COMMIT is then the next thing the server hears of it.
+        try:
+            with connection.cursor() as cursor, _bounded_by(lock_wait):
+                _execute(connection, cursor, [
+                    f"SELECT pg_catalog.set_config('lock_timeout', '{lock_ms}ms', true), "
+                    f"pg_catalog.set_config('idle_in_transaction_session_timeout', "
+                    f"'{idle_ms}ms', true)",
+                    "SELECT soniq_complete(%s, %s, %s, %s, %s, %s::jsonb, %s)"],
+                    self._fence(f) + [_json_text(result), ttl], None)
+                cursor.nextset()
+                return bool(cursor.fetchone()[0] is True)
+        except DatabaseError as error:
+            raise translate(error, self.alias) from None
+
     def complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float,
                            owner: str, tokens: list[str], queues: list[str] | None,
-                           lease: float, pid: int | None
+                           lease: float, pid: int | None, lock_wait: float | None = None
                            ) -> tuple[list[bool], list[dict[str, Any]]]:
         """Complete ``completions`` (all of ``owner``) and claim one job per token, in one go.
 
         Two statements in one query string run as one implicit transaction
         (PostgreSQL's simple query protocol): one round trip, one commit, and
         a failure of either leaves neither. With Django's
-        ``OPTIONS["server_side_binding"]`` every statement is sent alone (the
-        extended protocol takes one statement per message): then the two run
-        one after the other in one transaction -- the same outcome, one round
-        trip more.
+        ``OPTIONS["server_side_binding"]`` the string is bound on the client
+        all the same (``_execute``), so it stays one round trip.
         """
-        if completions and tokens and _binds_on_server(connections[self.alias]):
-            with guarded(self.alias, atomic=True):
-                completed, _ = self.complete_and_claim(
-                    completions, ttl, owner, [], queues, lease, pid)
-                _, claimed = self.complete_and_claim([], ttl, owner, tokens, queues, lease, pid)
-            return completed, claimed
         statements: list[str] = []
         params: list[Any] = []
         if completions:
@@ -243,33 +315,40 @@ class PostgresClaims:
                 "SELECT * FROM soniq_claim_many(%s, %s::text[], %s::text[], %s, %s, %s)")
             params += [owner, array_text(tokens), queues, lease, ttl, pid]
         with guarded(self.alias, atomic=False) as connection, connection.cursor() as cursor:
-            cursor.execute("; ".join(statements), params)
-            completed = [value is True for value in cursor.fetchone()[0]] if completions else []
-            if completions and tokens and not cursor.nextset():
-                raise persistence_failed()  # the claim's answer never came
-            claimed = [self._claim_dict(row) for row in cursor.fetchall()] if tokens else []
+            with _bounded_by(lock_wait):
+                _execute(connection, cursor, statements, params, lock_wait)
+                completed = ([value is True for value in cursor.fetchone()[0]]
+                             if completions else [])
+                if completions and tokens and not cursor.nextset():
+                    raise persistence_failed()  # the claim's answer never came
+                claimed = [self._claim_dict(row) for row in cursor.fetchall()] if tokens else []
             return completed, claimed
 
     def fail(self, f: QueueClaimFence, error: str, retry: bool, delay: float | None,
              reason: str, dlq_record_id: str | None, default_max_attempts: int,
-             base: float, cap: float) -> bool:
+             base: float, cap: float, lock_wait: float | None = None) -> bool:
         return self._boolean(
             "soniq_fail", f,
             [error, retry, delay, reason, dlq_record_id, default_max_attempts, base, cap],
+            lock_wait,
         )
 
-    def defer(self, f: QueueClaimFence, error: str, delay: float, ttl: float) -> bool:
-        return self._boolean("soniq_defer", f, [error, delay, ttl])
+    def defer(self, f: QueueClaimFence, error: str, delay: float, ttl: float,
+              lock_wait: float | None = None) -> bool:
+        return self._boolean("soniq_defer", f, [error, delay, ttl], lock_wait)
 
     def set_pid(self, f: QueueClaimFence, pid: int) -> bool:
         return self._boolean("soniq_set_pid", f, [pid])
 
-    def get_state(self, f: QueueClaimFence) -> tuple[bool, int | None] | None:
-        rows = self._rows("SELECT * FROM soniq_get_state(%s, %s, %s, %s, %s)", self._fence(f))
+    def get_state(self, f: QueueClaimFence, lock_wait: float | None = None
+                  ) -> tuple[bool, int | None] | None:
+        rows = self._rows("SELECT * FROM soniq_get_state(%s, %s, %s, %s, %s)", self._fence(f),
+                          lock_wait)
         return rows[0] if rows else None
 
-    def acknowledge_cancel(self, f: QueueClaimFence, ttl: float) -> bool:
-        return self._boolean("soniq_acknowledge_cancel", f, [ttl])
+    def acknowledge_cancel(self, f: QueueClaimFence, ttl: float,
+                           lock_wait: float | None = None) -> bool:
+        return self._boolean("soniq_acknowledge_cancel", f, [ttl], lock_wait)
 
     def request_cancel(self, job_id: uuid.UUID, ttl: float) -> bool:
         rows = self._rows("SELECT soniq_request_cancel(%s, %s)", [job_id, ttl])
@@ -279,6 +358,61 @@ class PostgresClaims:
 def _binds_on_server(connection: Any) -> bool:
     """Whether Django sends this connection's queries with server-side binding."""
     return bool(connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"))
+
+
+def bounds_sql(lock_wait: float) -> str:
+    """The statement that bounds the rest of its transaction's waits: ``lock_wait`` for any one
+    lock (``lock_timeout``), twice that for any one statement (``statement_timeout``).
+
+    Both settings are transaction-local (``set_config(..., true)``), so they
+    end with the call's transaction and nothing leaks to the session -- or,
+    behind a transaction pooler, to another client's. Sent first in the
+    call's own query string: no round trip of its own.
+    """
+    ms = max(1, round(lock_wait * 1000))
+    return (f"SELECT pg_catalog.set_config('lock_timeout', '{ms}ms', true), "
+            f"pg_catalog.set_config('statement_timeout', '{2 * ms}ms', true)")
+
+
+def _execute(connection: Any, cursor: Any, statements: list[str], params: list[Any],
+             lock_wait: float | None) -> None:
+    """Send ``statements`` in one query string, bounded by ``lock_wait`` (``bounds_sql``).
+
+    Several statements in one string run as one implicit transaction
+    (PostgreSQL's simple query protocol), so the bounds set first hold for
+    the statements after them, and a failure of any leaves none of them
+    written. The cursor is left on the first statement's result. Inside
+    the caller's transaction the bounds are not set: its settings are the
+    caller's. A connection that binds on the server
+    (``OPTIONS["server_side_binding"]``) sends one statement per message:
+    the string is bound here, by psycopg's client-side binding (what
+    Django does by default), and sent as one simple query all the same.
+    """
+    bounded = lock_wait is not None and not connection.in_atomic_block
+    if bounded:
+        statements = [bounds_sql(lock_wait)] + statements  # type: ignore[arg-type]
+    sql = "; ".join(statements)
+    if len(statements) > 1 and _binds_on_server(connection):
+        from psycopg import ClientCursor
+
+        sql = ClientCursor(connection.connection).mogrify(sql, params)
+        cursor.execute(sql)
+    else:
+        cursor.execute(sql, params)
+    if bounded:
+        cursor.nextset()  # past the bounds' own result
+
+
+@contextmanager
+def _bounded_by(lock_wait: float | None) -> Iterator[None]:
+    """Raise QUEUE_PERSISTENCE_FAILED(``LOCK_NOT_AVAILABLE``) when a bound of ``lock_wait``
+    was reached (SQLSTATE 55P03, 57014): the call's transaction rolled back."""
+    try:
+        yield
+    except DatabaseError as error:
+        if lock_wait is not None and sqlstate(error) in _BOUND_REACHED:
+            raise persistence_failed(LOCK_NOT_AVAILABLE) from None
+        raise
 
 
 @contextmanager
@@ -317,7 +451,14 @@ def take_sqlite_write_lock(connection: Any) -> None:
 
 
 class SqliteClaims:
-    """The owned operations in Python, each inside one SQLite write transaction."""
+    """The owned operations in Python, each inside one SQLite write transaction.
+
+    ``lock_wait`` is accepted and not needed: SQLite has no row locks, and
+    every write waits for its one write lock at most the busy timeout
+    (``OPTIONS["timeout"]``, 5 s unless set), then raises
+    QUEUE_PERSISTENCE_FAILED with the reason ``LOCK_NOT_AVAILABLE``: nothing
+    was written.
+    """
 
     def __init__(self, alias: str):
         self.alias = alias
@@ -440,7 +581,8 @@ class SqliteClaims:
         return rows[0] if rows else None
 
     def claim_many(self, owner: str, tokens: list[str], queues: list[str] | None,
-                   lease: float, ttl: float, pid: int | None = None) -> list[dict[str, Any]]:
+                   lease: float, ttl: float, pid: int | None = None,
+                   lock_wait: float | None = None) -> list[dict[str, Any]]:
         with self._locked() as now:
             if len(set(tokens)) != len(tokens) or self._jobs().filter(
                 claim_token__in=tokens
@@ -570,7 +712,8 @@ class SqliteClaims:
             budget = min(budget, count - starts.count())
         return max(budget, 0)
 
-    def recover(self, owner: str, token: str) -> dict[str, Any] | None:
+    def recover(self, owner: str, token: str, lock_wait: float | None = None
+                ) -> dict[str, Any] | None:
         with self._locked() as now:
             row = self._jobs().filter(claim_token=token).first()
             if (
@@ -601,15 +744,26 @@ class SqliteClaims:
         return changed == 1
 
     def heartbeat(self, f: QueueClaimFence, lease: float, lock_wait: float | None = None) -> bool:
-        # SQLite has no row locks: its write lock is waited for as every write waits for it.
-        with self._locked() as now:
-            row = self._owned_row(f, now)
-            return row is not None and self._update_owned(
-                row, now, lease_expires_at=now + dt.timedelta(seconds=lease)
-            )
+        # SQLite has no row locks: its write lock is waited for as every write waits for it
+        # (at most the busy timeout, OPTIONS["timeout"]), whatever ``lock_wait`` says.
+        return self.heartbeat_many([f], lease)[0] is not None
 
-    def complete(self, f: QueueClaimFence, result: Any, ttl: float, *,
-                 held_since: dt.datetime | None = None) -> bool:
+    def heartbeat_many(self, fences: list[QueueClaimFence], lease: float,
+                       lock_wait: float | None = None
+                       ) -> list[tuple[bool, int | None] | None]:
+        """Renew every lease and read each claim's state, in one write transaction."""
+        states: list[tuple[bool, int | None] | None] = []
+        with self._locked() as now:
+            for f in fences:
+                row = self._owned_row(f, now)
+                renewed = row is not None and self._update_owned(
+                    row, now, lease_expires_at=now + dt.timedelta(seconds=lease))
+                states.append((row.cancel_requested, row.pid) if renewed and row else None)
+        return states
+
+    def complete(self, f: QueueClaimFence, result: Any, ttl: float,
+                 lock_wait: float | None = None, *, held_since: dt.datetime | None = None
+                 ) -> bool:
         """The twin of soniq_complete.
 
         ``held_since``: the caller's transaction has held the write lock
@@ -632,7 +786,7 @@ class SqliteClaims:
 
     def complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], ttl: float,
                            owner: str, tokens: list[str], queues: list[str] | None,
-                           lease: float, pid: int | None
+                           lease: float, pid: int | None, lock_wait: float | None = None
                            ) -> tuple[list[bool], list[dict[str, Any]]]:
         with guarded(self.alias, atomic=True) as connection:
             take_sqlite_write_lock(connection)
@@ -642,7 +796,7 @@ class SqliteClaims:
 
     def fail(self, f: QueueClaimFence, error: str, retry: bool, delay: float | None,
              reason: str, dlq_record_id: str | None, default_max_attempts: int,
-             base: float, cap: float) -> bool:
+             base: float, cap: float, lock_wait: float | None = None) -> bool:
         with self._locked() as now:
             row = self._owned_row(f, now)
             if row is None or row.cancel_requested:
@@ -660,7 +814,8 @@ class SqliteClaims:
             )
             return True
 
-    def defer(self, f: QueueClaimFence, error: str, delay: float, ttl: float) -> bool:
+    def defer(self, f: QueueClaimFence, error: str, delay: float, ttl: float,
+              lock_wait: float | None = None) -> bool:
         """Give the claim back without counting its attempt: the twin of soniq_defer (v4)."""
         with self._locked() as now:
             row = self._owned_row(f, now)
@@ -678,12 +833,14 @@ class SqliteClaims:
                 return False
             return self._update_owned(row, now, pid=pid)
 
-    def get_state(self, f: QueueClaimFence) -> tuple[bool, int | None] | None:
+    def get_state(self, f: QueueClaimFence, lock_wait: float | None = None
+                  ) -> tuple[bool, int | None] | None:
         with self._locked() as now:
             row = self._owned_row(f, now)
             return None if row is None else (row.cancel_requested, row.pid)
 
-    def acknowledge_cancel(self, f: QueueClaimFence, ttl: float) -> bool:
+    def acknowledge_cancel(self, f: QueueClaimFence, ttl: float,
+                           lock_wait: float | None = None) -> bool:
         with self._locked() as now:
             row = self._owned_row(f, now)
             if row is None or not row.cancel_requested:

@@ -9,7 +9,18 @@ not eligible, and raises -- never returns False -- when the database fails
 (QUEUE_PERSISTENCE_FAILED: the outcome is unknown; recover, don't guess).
 
 On PostgreSQL each method is one call to a claim-protocol SQL function; on
-SQLite the same rules run in one write transaction. Every method has an
+SQLite the same rules run in one write transaction.
+
+``lock_wait`` (seconds), on the claims and fenced writes that take it: on
+PostgreSQL the call waits at most that long for any one lock another
+transaction holds (a row, a queue's settings row, a table), and each of its
+statements runs at most twice that. Past it the call raises
+QUEUE_PERSISTENCE_FAILED with the reason ``"lock_not_available"``, and --
+unlike any other QUEUE_PERSISTENCE_FAILED -- its outcome is known: its
+transaction rolled back, nothing was written (a claim's nonces stay unused).
+Without it a call waits as long as the lock is held. It is not applied
+inside the caller's transaction (its settings are the caller's). On SQLite
+the busy timeout bounds every write instead, with the same answer. Every method has an
 ``a``-prefixed async twin that validates and snapshots its input before
 handing the database work to a thread.
 """
@@ -22,7 +33,7 @@ from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS
 
 from ..conf import get_settings
-from ..encoding import normalize_json
+from ..encoding import encodable, normalize_json, storable
 from ..errors import ConfigValidationError
 from ..producer.request import JobRequest, coerce_job_id
 from ..models import DeadLetterReason
@@ -38,6 +49,7 @@ from .types import (
     fence as checked_fence,
     identity,
     positive_int,
+    queue_names,
 )
 
 __all__ = [
@@ -78,17 +90,6 @@ def _claimed(row: dict[str, Any] | None) -> ClaimedJob | None:
             claim_token=row["token"],
         ),
     )
-
-
-def _queues(queues: Any) -> list[str] | None:
-    if queues is None:
-        return None
-    if isinstance(queues, str) or not all(type(q) is str and q for q in queues):
-        raise ConfigValidationError("queues must be a list of queue names, or None")
-    names = list(queues)
-    if not names:
-        raise ConfigValidationError("queues must name at least one queue, or be None")
-    return names
 
 
 def _lease() -> float:
@@ -174,8 +175,8 @@ class OwnedJobSource:
         return await sync_to_async(self._claim)(*args)
 
     def claim_many_owned(self, worker_id: str, *, claim_tokens: list[str],
-                         queues: list[str] | None = None, pid: int | None = None
-                         ) -> list[ClaimedJob]:
+                         queues: list[str] | None = None, pid: int | None = None,
+                         lock_wait: float | None = None) -> list[ClaimedJob]:
         """Claim up to ``len(claim_tokens)`` jobs in one transaction, one fence each.
 
         The i-th job claimed carries the nonce ``claim_tokens[i]``; the list
@@ -187,36 +188,39 @@ class OwnedJobSource:
         QUEUE_PERSISTENCE_FAILED, recover each nonce with
         ``recover_owned_claim``.
         """
-        return self._claim_many(*_claim_many_args(worker_id, claim_tokens, queues, pid))
+        return self._claim_many(*_claim_many_args(worker_id, claim_tokens, queues, pid),
+                                _wait(lock_wait))
 
     def _claim_many(self, worker_id: str, claim_tokens: list[str], queues: list[str] | None,
-                    pid: int | None) -> list[ClaimedJob]:
+                    pid: int | None, lock_wait: float | None = None) -> list[ClaimedJob]:
         rows = self._claims.claim_many(
-            worker_id, claim_tokens, queues, _lease(), _result_ttl(), pid)
+            worker_id, claim_tokens, queues, _lease(), _result_ttl(), pid, lock_wait)
         return [_claimed(row) for row in rows]
 
     async def aclaim_many_owned(self, worker_id: str, *, claim_tokens: list[str],
-                                queues: list[str] | None = None, pid: int | None = None
-                                ) -> list[ClaimedJob]:
+                                queues: list[str] | None = None, pid: int | None = None,
+                                lock_wait: float | None = None) -> list[ClaimedJob]:
         args = _claim_many_args(worker_id, claim_tokens, queues, pid)
-        return await sync_to_async(self._claim_many)(*args)
+        return await sync_to_async(self._claim_many)(*args, _wait(lock_wait))
 
-    def recover_owned_claim(self, worker_id: str, *, claim_token: str) -> ClaimedJob | None:
+    def recover_owned_claim(self, worker_id: str, *, claim_token: str,
+                            lock_wait: float | None = None) -> ClaimedJob | None:
         """The live claim made with this worker id and nonce, or None; claims nothing.
 
         None means no live claim was seen -- not proof that the original
         claim cannot still commit.
         """
         args = (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"))
-        return self._recover(*args)
+        return self._recover(*args, _wait(lock_wait))
 
-    def _recover(self, worker_id: str, claim_token: str) -> ClaimedJob | None:
-        return _claimed(self._claims.recover(worker_id, claim_token))
+    def _recover(self, worker_id: str, claim_token: str, lock_wait: float | None = None
+                 ) -> ClaimedJob | None:
+        return _claimed(self._claims.recover(worker_id, claim_token, lock_wait))
 
-    async def arecover_owned_claim(self, worker_id: str, *, claim_token: str
-                                   ) -> ClaimedJob | None:
+    async def arecover_owned_claim(self, worker_id: str, *, claim_token: str,
+                                   lock_wait: float | None = None) -> ClaimedJob | None:
         args = (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"))
-        return await sync_to_async(self._recover)(*args)
+        return await sync_to_async(self._recover)(*args, _wait(lock_wait))
 
     # Fenced writes ----------------------------------------------------
 
@@ -229,21 +233,48 @@ class OwnedJobSource:
         reason ``lock_not_available``. Without it the renewal waits as long
         as the lock is held. Not applied inside the caller's transaction.
         """
-        return self._heartbeat(checked_fence(fence), lock_wait)
+        return self._heartbeat(checked_fence(fence), _wait(lock_wait))
 
     def _heartbeat(self, fence: QueueClaimFence, lock_wait: float | None = None) -> bool:
         return self._claims.heartbeat(fence, _lease(), lock_wait)
 
     async def aheartbeat_owned(self, fence: QueueClaimFence, *,
                                lock_wait: float | None = None) -> bool:
-        return await sync_to_async(self._heartbeat)(checked_fence(fence), lock_wait)
+        return await sync_to_async(self._heartbeat)(checked_fence(fence), _wait(lock_wait))
 
-    def complete_owned(self, fence: QueueClaimFence, result: Any = None) -> bool:
+    def heartbeat_many_owned(self, fences: list[QueueClaimFence], *,
+                             lock_wait: float | None = None) -> list[OwnedJobState | None]:
+        """Renew several leases and read each claim's state, in one call.
+
+        Returns, for each fence in order, None when its claim is gone (not
+        renewed), else its ``OwnedJobState`` (the cancel request a worker
+        reads at each renewal). One transaction: on PostgreSQL a row
+        another transaction holds makes the whole call wait (up to
+        ``lock_wait``); renew the others one by one then.
+        """
+        return self._heartbeat_many(_fences(fences), _wait(lock_wait))
+
+    def _heartbeat_many(self, fences: list[QueueClaimFence], lock_wait: float | None
+                        ) -> list[OwnedJobState | None]:
+        if not fences:
+            return []
+        states = self._claims.heartbeat_many(fences, _lease(), lock_wait)
+        return [None if state is None else OwnedJobState(cancel_requested=state[0],
+                                                         pid=state[1]) for state in states]
+
+    async def aheartbeat_many_owned(self, fences: list[QueueClaimFence], *,
+                                    lock_wait: float | None = None
+                                    ) -> list[OwnedJobState | None]:
+        return await sync_to_async(self._heartbeat_many)(_fences(fences), _wait(lock_wait))
+
+    def complete_owned(self, fence: QueueClaimFence, result: Any = None, *,
+                       lock_wait: float | None = None) -> bool:
         """Complete the exact live claim with a JSON ``result``; False if already done."""
-        return self._complete(checked_fence(fence), _result(result))
+        return self._complete(checked_fence(fence), _result(result), _wait(lock_wait))
 
-    def _complete(self, fence: QueueClaimFence, result: Any) -> bool:
-        return self._claims.complete(fence, result, _result_ttl())
+    def _complete(self, fence: QueueClaimFence, result: Any, lock_wait: float | None = None
+                  ) -> bool:
+        return self._claims.complete(fence, result, _result_ttl(), lock_wait)
 
     def complete_and_claim_owned(self, fence: QueueClaimFence, result: Any = None, *,
                                  claim_tokens: list[str], queues: list[str] | None = None,
@@ -270,7 +301,8 @@ class OwnedJobSource:
             [(fence, result)], claim_tokens=claim_tokens, queues=queues, pid=pid)
         return completed[0], claimed
 
-    def complete_many_owned(self, completions: list[tuple[QueueClaimFence, Any]]) -> list[bool]:
+    def complete_many_owned(self, completions: list[tuple[QueueClaimFence, Any]], *,
+                            lock_wait: float | None = None) -> list[bool]:
         """Complete several live claims of one worker in one transaction.
 
         ``completions`` holds ``(fence, result)`` pairs (1 to
@@ -279,18 +311,18 @@ class OwnedJobSource:
         would have answered for it alone.
         """
         worker, checked = _completions(completions)
-        return self._complete_and_claim(checked, worker, [], None, None)[0]
+        return self._complete_and_claim(checked, worker, [], None, None, _wait(lock_wait))[0]
 
-    async def acomplete_many_owned(self, completions: list[tuple[QueueClaimFence, Any]]
-                                   ) -> list[bool]:
+    async def acomplete_many_owned(self, completions: list[tuple[QueueClaimFence, Any]], *,
+                                   lock_wait: float | None = None) -> list[bool]:
         worker, checked = _completions(completions)
         completed, _ = await sync_to_async(self._complete_and_claim)(
-            checked, worker, [], None, None)
+            checked, worker, [], None, None, _wait(lock_wait))
         return completed
 
     def complete_many_and_claim_owned(self, completions: list[tuple[QueueClaimFence, Any]], *,
                                       claim_tokens: list[str], queues: list[str] | None = None,
-                                      pid: int | None = None
+                                      pid: int | None = None, lock_wait: float | None = None
                                       ) -> tuple[list[bool], list[ClaimedJob]]:
         """``complete_many_owned`` and ``claim_many_owned`` for the same worker, one transaction.
 
@@ -300,32 +332,37 @@ class OwnedJobSource:
         fences.
         """
         args = _complete_and_claim_args(completions, claim_tokens, queues, pid)
-        return self._complete_and_claim(*args)
+        return self._complete_and_claim(*args, _wait(lock_wait))
 
     async def acomplete_many_and_claim_owned(
         self, completions: list[tuple[QueueClaimFence, Any]], *, claim_tokens: list[str],
         queues: list[str] | None = None, pid: int | None = None,
+        lock_wait: float | None = None,
     ) -> tuple[list[bool], list[ClaimedJob]]:
         args = _complete_and_claim_args(completions, claim_tokens, queues, pid)
-        return await sync_to_async(self._complete_and_claim)(*args)
+        return await sync_to_async(self._complete_and_claim)(*args, _wait(lock_wait))
 
     def _complete_and_claim(self, completions: list[tuple[QueueClaimFence, Any]], worker: str,
-                            tokens: list[str], queues: list[str] | None, pid: int | None
+                            tokens: list[str], queues: list[str] | None, pid: int | None,
+                            lock_wait: float | None = None
                             ) -> tuple[list[bool], list[ClaimedJob]]:
         completed, rows = self._claims.complete_and_claim(
             completions, _result_ttl(), worker, tokens, queues,
-            _lease(), pid,
+            _lease(), pid, lock_wait,
         )
         return completed, [_claimed(row) for row in rows]
 
-    async def acomplete_owned(self, fence: QueueClaimFence, result: Any = None) -> bool:
-        return await sync_to_async(self._complete)(checked_fence(fence), _result(result))
+    async def acomplete_owned(self, fence: QueueClaimFence, result: Any = None, *,
+                              lock_wait: float | None = None) -> bool:
+        return await sync_to_async(self._complete)(checked_fence(fence), _result(result),
+                                                   _wait(lock_wait))
 
     def fail_owned(self, fence: QueueClaimFence, error: str, *, retry: bool,
                    dlq_record_id: str | None = None,
                    dead_letter_reason: str = DeadLetterReason.PERMANENT_FAILURE,
                    retry_delay: float | None = None,
-                   default_max_attempts: int | None = None) -> bool:
+                   default_max_attempts: int | None = None,
+                   lock_wait: float | None = None) -> bool:
         """Report a failed attempt of the exact live claim.
 
         ``retry=True`` queues the job again after a backoff while attempts
@@ -335,26 +372,29 @@ class OwnedJobSource:
         """
         args = _failure(fence, error, retry, dlq_record_id, dead_letter_reason, retry_delay,
                         default_max_attempts)
-        return self._fail(*args)
+        return self._fail(*args, _wait(lock_wait))
 
     def _fail(self, fence: QueueClaimFence, error: str, retry: bool, dlq_record_id: str | None,
-              reason: str, delay: float | None, default_max: int) -> bool:
+              reason: str, delay: float | None, default_max: int,
+              lock_wait: float | None = None) -> bool:
         config = get_settings()
         return self._claims.fail(
             fence, error, retry, delay, reason, dlq_record_id, default_max,
-            float(config.RETRY_BASE_SECONDS), float(config.RETRY_MAX_SECONDS),
+            float(config.RETRY_BASE_SECONDS), float(config.RETRY_MAX_SECONDS), lock_wait,
         )
 
     async def afail_owned(self, fence: QueueClaimFence, error: str, *, retry: bool,
                           dlq_record_id: str | None = None,
                           dead_letter_reason: str = DeadLetterReason.PERMANENT_FAILURE,
                           retry_delay: float | None = None,
-                          default_max_attempts: int | None = None) -> bool:
+                          default_max_attempts: int | None = None,
+                          lock_wait: float | None = None) -> bool:
         args = _failure(fence, error, retry, dlq_record_id, dead_letter_reason, retry_delay,
                         default_max_attempts)
-        return await sync_to_async(self._fail)(*args)
+        return await sync_to_async(self._fail)(*args, _wait(lock_wait))
 
-    def defer_owned(self, fence: QueueClaimFence, error: str, *, delay: float = 0) -> bool:
+    def defer_owned(self, fence: QueueClaimFence, error: str, *, delay: float = 0,
+                    lock_wait: float | None = None) -> bool:
         """Give the exact live claim back: queued again in ``delay`` seconds, no attempt spent.
 
         For a worker that claimed a job it cannot run now -- one whose name
@@ -367,14 +407,16 @@ class OwnedJobSource:
         instead). Raises ConfigValidationError for a non-string error or a
         delay outside 0 s to a year.
         """
-        return self._defer(*_deferral(fence, error, delay))
+        return self._defer(*_deferral(fence, error, delay), _wait(lock_wait))
 
-    def _defer(self, fence: QueueClaimFence, error: str, delay: float) -> bool:
-        return self._claims.defer(fence, error, delay, _result_ttl())
+    def _defer(self, fence: QueueClaimFence, error: str, delay: float,
+               lock_wait: float | None = None) -> bool:
+        return self._claims.defer(fence, error, delay, _result_ttl(), lock_wait)
 
-    async def adefer_owned(self, fence: QueueClaimFence, error: str, *, delay: float = 0
-                           ) -> bool:
-        return await sync_to_async(self._defer)(*_deferral(fence, error, delay))
+    async def adefer_owned(self, fence: QueueClaimFence, error: str, *, delay: float = 0,
+                           lock_wait: float | None = None) -> bool:
+        return await sync_to_async(self._defer)(*_deferral(fence, error, delay),
+                                                _wait(lock_wait))
 
     def set_pid_owned(self, fence: QueueClaimFence, pid: int) -> bool:
         """Record the process id running the exact live claim."""
@@ -387,26 +429,31 @@ class OwnedJobSource:
         args = (checked_fence(fence), positive_int(pid, "pid", INT32_MAX))
         return await sync_to_async(self._set_pid)(*args)
 
-    def get_owned_state(self, fence: QueueClaimFence) -> OwnedJobState | None:
+    def get_owned_state(self, fence: QueueClaimFence, *, lock_wait: float | None = None
+                        ) -> OwnedJobState | None:
         """A snapshot of the live claim's cancel request and pid; None when not owned."""
-        return self._get_state(checked_fence(fence))
+        return self._get_state(checked_fence(fence), _wait(lock_wait))
 
-    def _get_state(self, fence: QueueClaimFence) -> OwnedJobState | None:
-        state = self._claims.get_state(fence)
+    def _get_state(self, fence: QueueClaimFence, lock_wait: float | None = None
+                   ) -> OwnedJobState | None:
+        state = self._claims.get_state(fence, lock_wait)
         return None if state is None else OwnedJobState(cancel_requested=state[0], pid=state[1])
 
-    async def aget_owned_state(self, fence: QueueClaimFence) -> OwnedJobState | None:
-        return await sync_to_async(self._get_state)(checked_fence(fence))
+    async def aget_owned_state(self, fence: QueueClaimFence, *, lock_wait: float | None = None
+                               ) -> OwnedJobState | None:
+        return await sync_to_async(self._get_state)(checked_fence(fence), _wait(lock_wait))
 
-    def acknowledge_cancel_owned(self, fence: QueueClaimFence) -> bool:
+    def acknowledge_cancel_owned(self, fence: QueueClaimFence, *,
+                                 lock_wait: float | None = None) -> bool:
         """Confirm a requested cancel of the exact live claim: the job becomes cancelled."""
-        return self._acknowledge(checked_fence(fence))
+        return self._acknowledge(checked_fence(fence), _wait(lock_wait))
 
-    def _acknowledge(self, fence: QueueClaimFence) -> bool:
-        return self._claims.acknowledge_cancel(fence, _result_ttl())
+    def _acknowledge(self, fence: QueueClaimFence, lock_wait: float | None = None) -> bool:
+        return self._claims.acknowledge_cancel(fence, _result_ttl(), lock_wait)
 
-    async def aacknowledge_cancel_owned(self, fence: QueueClaimFence) -> bool:
-        return await sync_to_async(self._acknowledge)(checked_fence(fence))
+    async def aacknowledge_cancel_owned(self, fence: QueueClaimFence, *,
+                                        lock_wait: float | None = None) -> bool:
+        return await sync_to_async(self._acknowledge)(checked_fence(fence), _wait(lock_wait))
 
     # Administration ---------------------------------------------------
 
@@ -422,6 +469,23 @@ class OwnedJobSource:
 
     async def arequest_cancel(self, job_id: uuid.UUID | str) -> bool:
         return await sync_to_async(self._request_cancel)(coerce_job_id(job_id))
+
+
+def _wait(lock_wait: Any) -> float | None:
+    """A checked ``lock_wait``: None, or a number of seconds above 0 and at most a day."""
+    if lock_wait is None:
+        return None
+    if type(lock_wait) not in (int, float) or not 0 < lock_wait <= 86400:
+        raise ConfigValidationError("lock_wait must be a number of seconds above 0, at most a "
+                                    "day, or None")
+    return float(lock_wait)
+
+
+def _fences(fences: Any) -> list[QueueClaimFence]:
+    """Checked fences for ``heartbeat_many_owned``: a list of 0 to ``MAX_CLAIM_BATCH``."""
+    if not isinstance(fences, (list, tuple)) or len(fences) > MAX_CLAIM_BATCH:
+        raise ConfigValidationError(f"fences must be a list of at most {MAX_CLAIM_BATCH} fences")
+    return [checked_fence(fence) for fence in fences]
 
 
 def _completions(completions: Any) -> tuple[str, list[tuple[QueueClaimFence, Any]]]:
@@ -463,7 +527,7 @@ def _claim_many_args(worker_id: Any, claim_tokens: Any, queues: Any, pid: Any
 def _claim_args(worker_id: Any, claim_token: Any, queues: Any, pid: Any
                 ) -> tuple[str, str, list[str] | None, int | None]:
     return (identity(worker_id, "worker_id"), identity(claim_token, "claim_token"),
-            _queues(queues), None if pid is None else positive_int(pid, "pid", INT32_MAX))
+            queue_names(queues), None if pid is None else positive_int(pid, "pid", INT32_MAX))
 
 
 def _result(result: Any) -> Any:
@@ -485,7 +549,7 @@ def _failure(fence: Any, error: Any, retry: Any, dlq_record_id: Any, reason: Any
         raise ConfigValidationError("retry must be True or False")
     if dlq_record_id is not None and (
         type(dlq_record_id) is not str or not dlq_record_id
-        or len(dlq_record_id) > MAX_DLQ_RECORD_ID
+        or len(dlq_record_id) > MAX_DLQ_RECORD_ID or not encodable(dlq_record_id)
     ):
         raise ConfigValidationError(
             f"dlq_record_id must be a non-empty string of at most {MAX_DLQ_RECORD_ID} characters"
@@ -497,8 +561,8 @@ def _failure(fence: Any, error: Any, retry: Any, dlq_record_id: Any, reason: Any
     if default_max is None:
         default_max = get_settings().DEFAULT_MAX_ATTEMPTS
     positive_int(default_max, "default_max_attempts", INT32_MAX)
-    # PostgreSQL text cannot hold NUL; a traceback may.
-    return fence, error.replace("\x00", "\\x00"), retry, dlq_record_id, str(reason), delay, default_max
+    # Text cannot hold NUL nor a lone surrogate; a traceback, a handler's message may.
+    return fence, storable(error), retry, dlq_record_id, str(reason), delay, default_max
 
 
 def _deferral(fence: Any, error: Any, delay: Any) -> tuple[QueueClaimFence, str, float]:
@@ -507,4 +571,4 @@ def _deferral(fence: Any, error: Any, delay: Any) -> tuple[QueueClaimFence, str,
         raise ConfigValidationError("error must be a string")
     if type(delay) not in (int, float) or not 0 <= delay <= 31536000:
         raise ConfigValidationError("delay must be a number of seconds from 0 to a year")
-    return fence, error.replace("\x00", "\\x00"), float(delay)
+    return fence, storable(error), float(delay)

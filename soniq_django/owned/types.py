@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..encoding import encodable
 from ..errors import ConfigValidationError, ErrorCode, SoniqError
 
 MAX_IDENTITY = 255
@@ -70,7 +71,28 @@ def identity(value: Any, what: str) -> str:
         )
     if "\x00" in value:
         raise ConfigValidationError(f"{what} must not hold a NUL character")
+    if not encodable(value):
+        raise ConfigValidationError(f"{what} holds a lone surrogate, which is not valid Unicode")
     return value
+
+
+def queue_names(queues: Any) -> list[str] | None:
+    """Return ``queues`` as a list of queue names, or None (every queue); else raise CONFIG.
+
+    What a claim (and a worker's ``--queues``) serves: None, or at least one
+    non-empty string that the database can store.
+    """
+    if queues is None:
+        return None
+    if isinstance(queues, str) or not all(type(q) is str and q for q in queues):
+        raise ConfigValidationError("queues must be a list of queue names, or None")
+    names = list(queues)
+    if not names:
+        raise ConfigValidationError("queues must name at least one queue, or be None")
+    if not all(map(encodable, names)):
+        raise ConfigValidationError("a queue name holds a lone surrogate, which is not valid "
+                                    "Unicode")
+    return names
 
 
 def positive_int(value: Any, what: str, maximum: int) -> int:

@@ -30,7 +30,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal, overload
 
 from ..conf import DEFAULT_MAX_ATTEMPTS, checked, current_problems, get_settings
-from ..encoding import hash_normalized_args, normalize_args
+from ..encoding import encodable, hash_normalized_args, normalize_args
 from ..errors import ConfigValidationError, ErrorCode, PayloadTooLarge
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -185,6 +185,9 @@ def validate_job_name(job_name: Any, pattern: str | None = None) -> str:
             "(by default lowercase words joined by dots, like billing.send_invoice)",
             code=ErrorCode.INVALID_TASK_NAME,
         )
+    if not encodable(job_name):  # a pattern may let a lone surrogate through
+        raise ConfigValidationError("the job name holds a lone surrogate, which is not valid "
+                                    "Unicode", code=ErrorCode.INVALID_TASK_NAME)
     return job_name
 
 
@@ -219,6 +222,8 @@ def _label(value: Any, name: str, *, required: bool) -> str | None:
                       f"characters, not {got}")
     if "\x00" in value:
         raise _option(f"{name} must not hold a NUL character")
+    if not encodable(value):
+        raise _option(f"{name} holds a lone surrogate, which is not valid Unicode")
     return value
 
 
@@ -346,7 +351,8 @@ def _prepare(request: JobRequest, new_id: Callable[[], uuid.UUID],
     args_hash = hash_normalized_args(args) if unique_job else None
     # The checks in the order they always ran. The usual values pass a cheap test; the
     # rest go through the checks that say why not.
-    if type(queue) is not str or not 0 < len(queue) <= MAX_LABEL_LENGTH or "\x00" in queue:
+    if (type(queue) is not str or not 0 < len(queue) <= MAX_LABEL_LENGTH or "\x00" in queue
+            or not queue.isascii()):
         queue = _label(queue, "queue", required=True)
     if type(priority) is not int or not INT32_MIN <= priority <= INT32_MAX:
         priority = _priority(priority)

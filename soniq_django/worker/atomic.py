@@ -21,7 +21,13 @@ SQLite, the same fence check as for any job, with the result. Then:
 Locks and heartbeats (decision 0015). On PostgreSQL nothing of soniq's is
 locked until the completion, the transaction's last statement: until then
 the heartbeat renews the lease on the shared connection, as for any job;
-after it, a heartbeat waits for the COMMIT, a moment later. On SQLite the
+after it the heartbeat leaves the job alone until the COMMIT's outcome is
+known (``flight.commit_pending``). The completion is sent with two
+transaction-local settings (decision 0030): its wait for the row is
+bounded (``bounds.lock_wait()``), and a backend left idle in the
+transaction -- a COMMIT lost with its connection -- is ended by the server
+after ``bounds.orphan_limit()`` (a third of a lease), releasing the row for
+the recovery's fenced failure; the handler's own time is not limited. On SQLite the
 transaction takes the database's write lock before the handler runs,
 checks the fence then, and holds the lock to the end. No other connection
 can write meanwhile -- no heartbeat, but also no re-claim, no cancel
@@ -48,8 +54,9 @@ from django.utils import timezone
 
 from ..conf import get_settings
 from ..errors import RunRolledBack, SoniqError, translate
-from ..owned._store import claims_for, take_sqlite_write_lock
+from ..owned._store import PostgresClaims, claims_for, take_sqlite_write_lock
 from ..registry import get_handler
+from .bounds import lock_wait, orphan_limit
 from .execution import Outcome, OutcomeKind, execute
 from .flight import InFlight
 from .timeouts import TimeLimit
@@ -155,6 +162,9 @@ class AtomicRunner:
                                  "the commit", flight.claimed.job_name, flight.claimed.job_id)
                 return outcome
             if run.committing and outcome is not None:  # the COMMIT failed, or its answer did
+                # Renewed again while it is recovered: once the server ended the lost
+                # transaction (orphan_limit()), the row is free for the renewal and the failure.
+                flight.commit_pending = False
                 return self.writes.recover_atomic(flight, outcome)
             logger.exception("worker error in the atomic run of %s", flight.claimed.job_name)
             return Outcome(OutcomeKind.RETRY, error=(
@@ -206,17 +216,23 @@ class AtomicRunner:
             raise RunRolledBack(replace(outcome, written=True, applied=False))
         ttl = float(get_settings().RESULT_TTL)
         try:
-            if held_since is None:
+            if isinstance(claims, PostgresClaims) and self.durable:
+                # Its lock wait bounded, and the backend ended by the server if the COMMIT
+                # never comes (a lost connection): the row is not held past orphan_limit().
+                # Not inside a caller's transaction (run_jobs()): the settings would last
+                # to the end of the caller's, and limit the caller's own pauses.
+                applied = claims.complete_last(fence, outcome.result, ttl, lock_wait(),
+                                               orphan_limit())
+            elif isinstance(claims, PostgresClaims):
                 applied = claims.complete(fence, outcome.result, ttl)
             else:
-                # held_since is set on SQLite alone: claims is a SqliteClaims here.
-                applied = claims.complete(  # type: ignore[call-arg]
-                    fence, outcome.result, ttl, held_since=held_since)
+                applied = claims.complete(fence, outcome.result, ttl, held_since=held_since)
         except (SoniqError, TransactionManagementError) as error:
             raise RunRolledBack(Outcome(OutcomeKind.RETRY, error=_completion_error(error))) from None
         if not applied:
             raise RunRolledBack(replace(outcome, written=True, applied=False))
         flight.done = True  # the final write is this transaction's COMMIT
+        flight.commit_pending = not sqlite  # the transaction holds the row until it ends
         return replace(outcome, written=True, applied=True)
 
 

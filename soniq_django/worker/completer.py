@@ -24,6 +24,12 @@ A job's final write is taken once, under ``flight.settled``: by the job
 thread, or by the deadline thread for a timeout. Whoever takes it holds the lock
 until the write is over, so the other side waits instead of racing it, and
 a job is never forgotten while its outcome is still unwritten.
+
+A taken write that waits -- handed to the main loop, or retried after a
+lock or an outage -- keeps its lease: the heartbeat renews every flight
+until it is forgotten here (heartbeat.py), so a round held up on the
+database never lets the jobs it is about to complete lapse. Every write
+and claim is bounded (``bounds.lock_wait()``, writes.py).
 """
 
 import logging
@@ -153,17 +159,22 @@ class Completer:
             self._flights.finish_many(batch)
 
     def close(self) -> None:
-        """The main loop is over: take no more timeouts; write those already handed over."""
+        """The main loop is over: take no more timeouts; write those already handed over.
+
+        After ``abort()`` none is written (a write could wait for a turn an abandoned
+        call holds): their leases lapse, as every abandoned run's.
+        """
         with self._lock:
             self._closed = True
-        self._write_timeouts()
+        self._write_timeouts(write=not self._aborted.is_set())
 
-    def _write_timeouts(self) -> None:
+    def _write_timeouts(self, write: bool = True) -> None:
         with self._lock:
             timeouts, self._timeouts = self._timeouts, []
         for flight, outcome in timeouts:
             try:
-                self._writes.write_outcome(flight, outcome)
+                if write:
+                    self._writes.write_outcome(flight, outcome)
             except Exception:
                 logger.exception("%s %s: could not record its timeout", flight.claimed.job_name,
                                  flight.claimed.job_id)

@@ -1,4 +1,4 @@
-"""What a running handler can know about its job, and how it hears of a cancel."""
+"""What a running handler can know about its job, and how it hears of a cancel or a stop."""
 
 import contextvars
 import threading
@@ -28,6 +28,8 @@ class JobContext:
     own (with ``job_id``, it names the run). 0 only outside a claim."""
     _cancel_event: threading.Event | None = field(default=None, repr=False, compare=False)
     """Made on demand (``_cancel()``): most runs never hear of a cancel, nor wait for one."""
+    _stop: bool = field(default=False, repr=False, compare=False)
+    """The worker asked this run to stop (``_request_stop()``): set before the cancel event."""
 
     def _cancel(self) -> threading.Event:
         """The event a cancel sets (made the first time it is needed, by whichever thread)."""
@@ -49,14 +51,31 @@ class JobContext:
         """
         return self.job_id
 
+    def _request_stop(self) -> None:
+        """The worker is stopping and its grace period is over: tell the handler to stop.
+
+        The handler hears it as a cancel (``cancel_requested``, ``raise_if_cancelled()``,
+        ``wait_for_cancel()``); the worker then gives the job back instead of cancelling it.
+        """
+        self._stop = True
+        self._cancel().set()
+
     @property
     def cancel_requested(self) -> bool:
-        """True once an operator asked to cancel this job (or its lease was lost)."""
+        """True once an operator asked to cancel this job (or its lease was lost, or the
+        worker's grace period after a stop signal is over: ``stop_requested``)."""
         event = self._cancel_event
         return event is not None and event.is_set()
 
+    @property
+    def stop_requested(self) -> bool:
+        """True once the worker asked this run to stop: it is stopping, and its grace period
+        is over. The job is given back (queued again at once, no attempt spent) when the
+        handler raises ``JobCancelled`` or returns from now on."""
+        return self._stop
+
     def raise_if_cancelled(self) -> None:
-        """Raise ``JobCancelled`` if a cancel was requested; call it between steps."""
+        """Raise ``JobCancelled`` if a cancel (or a stop) was requested; call it between steps."""
         if self.cancel_requested:
             raise JobCancelled()
 

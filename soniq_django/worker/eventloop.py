@@ -65,8 +65,11 @@ class EventLoop:
             return loop.run_until_complete(coroutine)
         return asyncio.run_coroutine_threadsafe(coroutine, self._running()).result()
 
-    def close(self) -> None:
-        """Stop the loop (tasks still running are abandoned: the worker is aborting then)."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the loop (tasks still running are abandoned: the worker is aborting then).
+
+        Waits up to ``timeout`` seconds for the loop's thread (a daemon thread) to end.
+        """
         with self._lock:
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
@@ -77,7 +80,7 @@ class EventLoop:
                 loop.close()
             return
         loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=5)
+        thread.join(timeout)  # the bound: the caller's
         if not thread.is_alive():
             loop.close()
 

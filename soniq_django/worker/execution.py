@@ -37,6 +37,9 @@ class OutcomeKind(enum.Enum):
     """No handler here for the job's name: unknown.py turns it into DEFERRED or DEAD."""
     DEFERRED = "deferred"
     """Left for a worker that knows the name: ``defer_owned``, no attempt spent."""
+    STOPPED = "stopped"
+    """It ended after the worker asked it to stop (its grace period over): given back with
+    ``defer_owned``, due at once, no attempt spent -- or cancelled if a cancel is pending."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,10 @@ class Outcome:
 
 #: The outcome of every run that returned None (most handlers): one object, never a new one.
 DONE = Outcome(OutcomeKind.DONE)
+#: The outcome of a run that ended after the worker asked it to stop: its ``last_error``.
+STOPPED = Outcome(OutcomeKind.STOPPED, error=(
+    "the worker stopped before this run finished (its grace period was over); given back "
+    "without spending an attempt"))
 
 
 def _error_text(error: BaseException) -> str:
@@ -154,7 +161,8 @@ def execute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | None, *
     Unknown job name → unknown (unknown.py decides: deferred, or dead as
     ``job_not_found`` after the grace period); args that do not bind →
     dead (``invalid_arguments``); ``PermanentFailure`` → dead
-    (``permanent_failure``); a cancel seen by the handler → cancelled; a
+    (``permanent_failure``); a cancel seen by the handler → cancelled (a
+    stop request at the end of the worker's grace period → stopped); a
     non-JSON return value → dead (``permanent_failure``); any other
     exception → retry; an async handler still running at its deadline
     (``started`` plus ``limit``; the whole limit from now when ``started`` is
@@ -179,7 +187,7 @@ def execute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | None, *
             finally:
                 unbind(token)
     except Exception as error:
-        return _failed(error)
+        return _failed(error, context)
     return _returned(claimed, context, result, limit, atomic=atomic)
 
 
@@ -197,7 +205,7 @@ async def aexecute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | 
     try:
         result = await _run_async(handler, claimed.args, context, _seconds(limit, started))
     except Exception as error:
-        return _failed(error)
+        return _failed(error, context)
     return _returned(claimed, context, result, limit)
 
 
@@ -221,10 +229,10 @@ def _prepare(claimed: ClaimedJob) -> tuple[JobHandler[..., Any] | None, Outcome 
     return handler, None
 
 
-def _failed(error: Exception) -> Outcome:
+def _failed(error: Exception, context: JobContext) -> Outcome:
     """The outcome of a handler that raised ``error`` (its own ``TimeoutError`` included)."""
     if isinstance(error, JobCancelled):
-        return Outcome(OutcomeKind.CANCELLED)
+        return STOPPED if context.stop_requested else Outcome(OutcomeKind.CANCELLED)
     if isinstance(error, PermanentFailure):
         return Outcome(OutcomeKind.DEAD, error=_error_text(error),
                        reason=DeadLetterReason.PERMANENT_FAILURE, exception=error)
@@ -238,8 +246,8 @@ def _returned(claimed: ClaimedJob, context: JobContext, result: Any, limit: Time
     """
     if result is _EXPIRED and limit is not None:
         return Outcome(OutcomeKind.RETRY, error=limit.error(atomic=atomic))
-    if context.cancel_requested:
-        return Outcome(OutcomeKind.CANCELLED)
+    if context.cancel_requested:  # it may have returned early: not done
+        return STOPPED if context.stop_requested else Outcome(OutcomeKind.CANCELLED)
     if result is None:
         return DONE
     try:

@@ -32,6 +32,9 @@ class InFlight:
     """Its deadline was given to the deadline thread (it has a time limit): only then has
     that thread anything to forget when the run is settled (deadlines.py)."""
     row_locked: bool = False  # the last renewal found the row locked by another transaction
+    commit_pending: bool = False
+    """An atomic run's completion is written in its own transaction, whose COMMIT is on its way:
+    that transaction holds the row, and the heartbeat leaves it alone (worker/atomic.py)."""
 
     @property
     def key(self) -> tuple[str, int]:

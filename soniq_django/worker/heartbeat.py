@@ -1,35 +1,41 @@
 """A worker's heartbeat: leases, cancel requests, its own row, housekeeping.
 
-It never makes a final write. Timeouts are not its business: the deadline
-thread (deadlines.py) times a job out when its limit is up, and a
-timed-out job's lease is not renewed (its final write is taken).
+It never makes a final write. It renews the lease of every claim this
+worker holds until that claim's final write is made -- also while the
+write waits: a completion handed to the main loop's next round, a
+timeout's failure handed over by the deadline thread, a failure retried
+on a job thread. Only an atomic run's completion, written in its own
+transaction and waiting for its COMMIT, is left alone (that transaction
+holds the row).
 
-Each step of a beat (the worker's row; each job's lease) is one turn on
-the worker's shared connection (connection.py), so the other threads'
-calls go in between. A slow call of another thread must not hold up the
-lease renewals: the heartbeat waits at most half a beat for its turn, and
-otherwise makes the step on a connection of its own, which it closes
-after the first beat that had the shared one again -- unless the shared connection is waiting for a
-server that refuses connections: then no second one would be had either,
-and the beat is skipped.
+One beat is one turn on the worker's shared connection (connection.py),
+waited for at most ``patience()`` (half a beat) once per beat: the
+renewal of every lease and the reading of their cancel requests in one
+call (``heartbeat_many_owned``), then the worker's row. If another
+thread's call holds the connection longer (a claim waiting on a lock, a
+slow server), the whole beat goes on a connection of the heartbeat's own,
+which it closes after the first beat that had the shared one again --
+unless the shared connection is waiting for a server that refuses
+connections: then no second one would be had either, and the beat is
+skipped. A renewal never waits behind a claim, and a beat's renewals are
+sent within one beat of its start (bounds.py).
 """
 
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable
-from functools import partial
 
 from django.db import connections
 
 from .. import signals
-from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
 from ..housekeeping import purge_expired
-from ..owned import OwnedJobSource
+from ..owned import OwnedJobSource, OwnedJobState
 from ..owned._store import LOCK_NOT_AVAILABLE
 from ..throughput import ThroughputCounter
 from . import registration
+from .bounds import beat_interval, patience, renewal_wait
 from .connection import SharedConnection, keep_healthy
 from .flight import Flights, InFlight
 
@@ -42,11 +48,10 @@ HOUSEKEEPING_SECONDS = 60.0
 #: half a beat (then again at the next beat): docs/decisions/0020-storage-tuning.md.
 PURGE_BATCH = 1000
 
+#: The shortest lock wait of a renewal made one by one, after the beat's own time is spent.
+MIN_RENEWAL_WAIT = 0.01
 
-def beat_interval() -> float:
-    """Seconds between heartbeats: HEARTBEAT_SECONDS, at most a third of the lease."""
-    lease = float(get_settings().LEASE_SECONDS)
-    return max(0.05, min(float(get_settings().HEARTBEAT_SECONDS), lease / 3))
+__all__ = ["Heartbeat", "beat_interval"]
 
 
 class Heartbeat:
@@ -68,38 +73,45 @@ class Heartbeat:
 
     def run(self) -> None:
         try:
-            while not self.stopping.wait(beat_interval()) or len(self.flights):
+            wait = beat_interval()
+            while not self.stopping.wait(wait) or len(self.flights):
                 if self.aborted.is_set():
                     return
+                started = time.monotonic()
                 self.beat_all()
                 if self.stopping.is_set():
                     # Draining: beat again in a beat, or end as soon as the last job's
                     # write is over (the worker's exit waits for this thread).
                     self.flights.wait_empty(beat_interval())
+                # Beats start a beat apart, however long the last one took (at once when
+                # it took longer): a slow beat does not push the next renewals back.
+                wait = max(0.0, started + beat_interval() - time.monotonic())
         finally:
             connections.close_all()  # this thread's own, if the last beats went aside
 
     def beat_all(self) -> None:
-        """One beat: the worker's row, then every lease; each step in a turn of its own.
+        """One beat: every lease, then the worker's row, in one turn; then housekeeping.
 
-        While an atomic job of this worker holds SQLite's write lock, every
-        write would only wait for it: the beat is skipped.
+        The turn is waited for at most ``patience()``; then the beat goes on
+        the heartbeat's own connection. While an atomic job of this worker
+        holds SQLite's write lock, every write would only wait for it: the
+        beat is skipped.
         """
-        flights = self.flights.all()
-        if any(flight.holds_write_lock for flight in flights):
+        flights = [flight for flight in self.flights.all()
+                   if not flight.lost and not flight.commit_pending]
+        if any(flight.holds_write_lock for flight in self.flights.all()):
             return
+        deadline = time.monotonic() + beat_interval()  # the renewals are sent by then
         aside = False
         try:
-            steps: list[Callable[[], object]] = [
-                self.beat_worker, *(partial(self._beat_one, flight) for flight in flights)]
-            for step in steps:
-                with self.shared.try_turn(beat_interval() / 2) as turn:
-                    if not turn and self.shared.connecting:
-                        return  # no connection to be had; the waiting turn said so
-                    aside = aside or not turn
-                    step()
-            self._housekeep_quietly()
-            logger.debug("heartbeat: worker row and %d running job(s)%s", len(self.flights),
+            with self.shared.try_turn(patience()) as turn:  # one patience per beat
+                if not turn and self.shared.connecting:
+                    return  # no connection to be had; the waiting turn said so
+                aside = not turn
+                self._renew_quietly(flights, deadline)
+                self.beat_worker()
+            self._housekeep_quietly(deadline)
+            logger.debug("heartbeat: worker row and %d running job(s)%s", len(flights),
                          " (on a second connection)" if aside else "")
         except SoniqError:
             return  # stopping, and the server refused the connection
@@ -118,12 +130,11 @@ class Heartbeat:
                 conn.close()
         self._aside = aside
 
-    def _beat_one(self, flight: InFlight) -> None:
+    def _renew_quietly(self, flights: list[InFlight], deadline: float) -> None:
         try:
-            self.beat(flight)
-        except Exception:  # one job's trouble must not stop every lease's renewal
-            logger.exception("heartbeat of %s %s failed", flight.claimed.job_name,
-                             flight.claimed.job_id)
+            self.renew(flights, deadline)
+        except Exception:  # the next beat tries again (the turn closed a broken connection)
+            logger.exception("heartbeat: renewing the leases failed")
 
     def beat_worker(self) -> None:
         """The worker's own row and its throughput counts."""
@@ -136,31 +147,33 @@ class Heartbeat:
         except Exception:  # the next beat tries again (the turn closed a broken connection)
             pass
 
-    def _housekeep_quietly(self) -> None:
+    def _housekeep_quietly(self, deadline: float) -> None:
         try:
-            self.housekeep()
+            self.housekeep(deadline)
         except Exception:  # the next beat tries again (the turn closed a broken connection)
             pass
 
-    def housekeep(self) -> None:
+    def housekeep(self, deadline: float | None = None) -> None:
         """Purge expired finished rows (never protected ones), about once a minute.
 
         Batch after batch while they come back full, each in a turn of its
         own on the shared connection, so the job threads' calls go in
-        between; for at most half a beat, and if the last batch was still
-        full, on at the next beat rather than a minute later. So a worker
-        deletes as fast as its jobs finish (up to what half its heartbeat
-        thread's time allows), not one batch per beat: that was 100 rows a
-        second per worker, and a faster drain grew the table without bound.
+        between; for at most half a beat, and no later than ``deadline``
+        (the end of the beat's own time: the next beat's renewals are not
+        pushed back); if the last batch was still full, on at the next beat
+        rather than a minute later. So a worker deletes as fast as its jobs
+        finish (up to what half its heartbeat thread's time allows), not one
+        batch per beat: that was 100 rows a second per worker, and a faster
+        drain grew the table without bound.
         """
         now = time.monotonic()
         if now < self._next_purge:
             return
         self._next_purge = now + HOUSEKEEPING_SECONDS
-        deadline = now + beat_interval() / 2
+        deadline = min(now + beat_interval() / 2, deadline or math.inf)
         total = 0
         while True:
-            with self.shared.try_turn(beat_interval() / 2) as turn:
+            with self.shared.try_turn(max(0.0, deadline - time.monotonic())) as turn:
                 if not turn:
                     self._next_purge = now  # the connection is busy: at the next beat
                     break
@@ -174,30 +187,53 @@ class Heartbeat:
         if total:
             logger.info("housekeeping: purged %d expired job rows", total)
 
-    def beat(self, flight: InFlight) -> None:
-        """Renew one job's lease and read its cancel request (none once its write is taken)."""
-        if flight.done or flight.lost:
-            return
+    def renew(self, flights: list[InFlight], deadline: float) -> None:
+        """Renew every lease and read every cancel request: in one call, else one by one.
+
+        The call lasts until ``deadline`` at most (``renewal_wait()`` if
+        that is sooner): its statement is bounded by that, each row lock by
+        half of it. A row another transaction holds (the last beat found it
+        so, or this call waited past its bound) is renewed on its own, each
+        in a share of what is left of the beat's time (at least
+        ``MIN_RENEWAL_WAIT``), so the others are renewed at once.
+        """
+        batch = [flight for flight in flights if not flight.row_locked]
+        alone = [flight for flight in flights if flight.row_locked]
+        if batch:
+            budget = min(renewal_wait(), deadline - time.monotonic())
+            wait = max(MIN_RENEWAL_WAIT, budget / 2)  # its statement: twice that (bounds_sql)
+            try:
+                states = self.source.heartbeat_many_owned(
+                    [flight.claimed.claim_fence for flight in batch], lock_wait=wait)
+            except SoniqError as error:
+                if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
+                    raise
+                if error.reason != LOCK_NOT_AVAILABLE:
+                    logger.warning("heartbeat failed (database unavailable); retrying")
+                    return
+                if connections[self.using].vendor == "sqlite":
+                    # The busy timeout passed: another writer holds the database's one lock.
+                    logger.warning("heartbeat: the database is locked by another writer; the "
+                                   "leases are renewed at the next beat")
+                    return
+                alone = batch + alone  # a row is held: find which, renewing the others
+            else:
+                for flight, state in zip(batch, states):
+                    self._renewed(flight, state)
+        for flight in alone:
+            share = (deadline - time.monotonic()) / len(alone)
+            try:
+                self.beat(flight, max(MIN_RENEWAL_WAIT, share / 2))
+            except Exception:  # one job's trouble must not stop every lease's renewal
+                logger.exception("heartbeat of %s %s failed", flight.claimed.job_name,
+                                 flight.claimed.job_id)
+
+    def beat(self, flight: InFlight, lock_wait: float | None = None) -> None:
+        """Renew one job's lease and read its cancel request."""
         fence = flight.claimed.claim_fence
         try:
-            # Half a beat at most for another transaction's lock on the row: the
-            # other jobs' leases are renewed in the same beat, after this one.
-            if not self.source.heartbeat_owned(fence, lock_wait=beat_interval() / 2):
-                if flight.done:  # its final write ended the claim meanwhile: not a loss
-                    return
-                flight.lost = True
-                flight.context._cancel().set()
-                signals.lost(flight, worker_id=self.worker_id, using=self.using)
-                logger.warning("%s %s: lease lost; this worker will not write it again",
-                               flight.claimed.job_name, flight.claimed.job_id)
-                return
-            if flight.row_locked:
-                flight.row_locked = False
-                logger.info("%s %s: its row is free again; its lease is renewed",
-                            flight.claimed.job_name, flight.claimed.job_id)
-            state = self.source.get_owned_state(fence)
-            if state is not None and state.cancel_requested:
-                flight.context._cancel().set()
+            state = self.source.heartbeat_many_owned(
+                [fence], lock_wait=lock_wait or renewal_wait() / 2)[0]
         except SoniqError as error:
             if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
                 raise
@@ -208,3 +244,23 @@ class Heartbeat:
                 logger.warning("%s %s: its row is locked by another transaction; its lease is "
                                "not renewed until the lock is released (it lapses if the lock "
                                "outlasts it)", flight.claimed.job_name, flight.claimed.job_id)
+            return
+        self._renewed(flight, state)
+
+    def _renewed(self, flight: InFlight, state: OwnedJobState | None) -> None:
+        """What a renewal answered: the lease renewed (``state``), or the claim gone (None)."""
+        if state is None:
+            if flight.done:  # its final write ended the claim meanwhile: not a loss
+                return
+            flight.lost = True
+            flight.context._cancel().set()
+            signals.lost(flight, worker_id=self.worker_id, using=self.using)
+            logger.warning("%s %s: lease lost; this worker will not write it again",
+                           flight.claimed.job_name, flight.claimed.job_id)
+            return
+        if flight.row_locked:
+            flight.row_locked = False
+            logger.info("%s %s: its row is free again; its lease is renewed",
+                        flight.claimed.job_name, flight.claimed.job_id)
+        if state.cancel_requested:
+            flight.context._cancel().set()

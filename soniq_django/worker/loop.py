@@ -42,6 +42,14 @@ So every final write has one owner:
 
 Every claim goes through ``Writes.round`` (writes.py), from whichever thread.
 
+Stopping (decision 0032): after a stop signal the running jobs get the
+grace period; then each is asked to stop (``StopRuns``: its context's stop
+request, which a cooperative handler sees as a cancel), and a run that ends
+is given back by its job thread (``defer_owned``, no attempt spent). Runs
+still going ``planner.WIND_UP`` seconds later are abandoned; the worker's
+threads are joined within ``JOIN_SECONDS``, its row is marked stopped within
+``SIGN_OFF_SECONDS``, and no thread of its own keeps the process alive.
+
 Connections (connection.py). The worker's own calls -- every write above,
 every claim, every heartbeat -- go through **one shared connection**,
 taken in turns: a turn is one call, whichever thread makes it. A job
@@ -54,19 +62,23 @@ database) + 1 listener on PostgreSQL + 1 with ``--with-scheduler``
 connections: 2 at any concurrency when handlers touch no database.
 
 Why the heartbeat shares it and lease renewals still never wait on a slow
-write: no turn lasts longer than one call. Recovery of an unknown round
-and the retries of a final write try each call in a turn of its own and
-pause outside it, so a main loop blocked in recovery holds the connection
-only while a call is on the wire, and the heartbeat's turns come in
-between. A call that is itself slow (a lock wait, a slow server) would
-hold the lease renewals up, so the heartbeat waits at most half a beat
-for its turn and otherwise renews on a second connection until it has
-its turn again (renewals then come at most 1.5 beats apart, within half a
-lease). While
-the shared connection waits for a server that refuses connections, the
-beat is skipped: a second connection would be refused too. A worker that
-cannot get a connection -- at start or later -- waits with backoff and
-jitter, logs it once, and never exits for it.
+write: no turn lasts longer than one call, and no call longer than its
+bounds (bounds.py, decision 0030): every call waits at most
+``lock_wait()`` for a lock and each of its statements runs at most twice
+that, past which its transaction rolled back and nothing was written.
+Recovery of an unknown round and the retries of a final write try each
+call in a turn of its own and pause outside it, so a main loop blocked
+in recovery holds the connection only while a call is on the wire, and
+the heartbeat's turns come in between. A call that is itself slow (a
+lock wait, a slow server) would hold the lease renewals up, so the
+heartbeat waits at most half a beat for its turn, once per beat, and
+otherwise makes the whole beat on a second connection until it has its
+turn again: a live lease is renewed at least every two beats (two thirds
+of a lease), including the leases of jobs whose final write is waiting.
+While the shared connection waits for a server that refuses connections,
+the beat is skipped: a second connection would be refused too. A worker
+that cannot get a connection -- at start or later -- waits with backoff
+and jitter, logs it once, and never exits for it.
 """
 
 import logging
@@ -75,7 +87,9 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from functools import partial
+from typing import TypeVar
 
 from django.db import close_old_connections, connections
 
@@ -83,6 +97,7 @@ from .. import flow, pooling, signals
 from ..conf import get_settings
 from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
+from ..owned.types import queue_names
 from ..registry import get_handler, registered_handlers
 from ..throughput import ThroughputCounter
 from . import peers, planner, registration
@@ -103,8 +118,16 @@ from .writes import NOT_RECORDED, RECORDED, Writes, retrying
 
 logger = logging.getLogger("soniq_django.worker")
 
+T = TypeVar("T")
+
 #: The longest start-up jitter a worker waits by default (never more than POLL_INTERVAL).
 MAX_STARTUP_JITTER = 1.0
+#: Once the loop is over, the longest a worker waits for its threads to end, all of them
+#: together (an abandoned handler's thread is not waited for past it: decision 0032).
+JOIN_SECONDS = 3.0
+#: The longest the worker's last writes may take: its throughput counts and its row marked
+#: stopped, on the shared connection (a turn, then the calls; decision 0032).
+SIGN_OFF_SECONDS = 2.0
 
 
 class Worker:
@@ -127,7 +150,7 @@ class Worker:
                  grace_seconds: float = 30.0, startup_jitter: float | None = None,
                  wait_for_leases: bool = False):
         self.using = using
-        self.queues = queues
+        self.queues = queues = queue_names(queues)  # ConfigValidationError before any thread
         self.concurrency = concurrency
         self.burst = burst
         self.worker_id = worker_id or str(uuid.uuid4())
@@ -138,6 +161,8 @@ class Worker:
         self.stopping = threading.Event()  # no more claims; finish in-flight jobs
         self.aborted = threading.Event()  # give up on in-flight jobs too
         self.wake = threading.Event()
+        self.abandoned = 0
+        """Jobs whose handlers still ran when ``run()`` returned (their leases lapse)."""
         self.listener: Listener | None = None  # PostgreSQL: started with the worker
         self.source = OwnedJobSource(using)
         self.shared = SharedConnection(using, self.stopping)
@@ -167,7 +192,10 @@ class Worker:
         self._requeued_then = 0  # Writes.requeued when the round that found nothing began
         self._unknown_streak = 0
         self._backoff_due = False
+        self._held_back_streak = 0  # rounds in a row whose claim a lock held back
+        self._claims_held_until: float | None = None
         self._drain_deadline: float | None = None
+        self._stop_deadline: float | None = None  # the runs asked to stop are abandoned then
         self._held_elsewhere: int | None = 0  # leased jobs of our queues others hold
 
     @property
@@ -217,22 +245,52 @@ class Worker:
             self.stopping.set()
             if self.listener is not None:
                 self.listener.interrupt()  # its wait ends now, not at the end of its slice
-            pool.shutdown(wait=not self.aborted.is_set())
-            self.event_loop.close()
-            for thread in background:
-                thread.join(timeout=5)
+            self._end_threads(pool, background)
+            last_word = _bounded(self._sign_off, SIGN_OFF_SECONDS)
+            if last_word is None:
+                logger.warning("could not mark worker %s stopped within %g s", self.short_id,
+                               SIGN_OFF_SECONDS)
+            close_old_connections()
+        self.abandoned = len(self.flights)
+        logger.info("worker %s stopped after %d jobs%s%s", self.short_id, self.claimed_count,
+                    self._summary(), last_word or "")
+        return 1 if self.aborted.is_set() else 0
+
+    def _end_threads(self, pool: JobThreads, background: list[threading.Thread]) -> None:
+        """Let the worker's threads end: within ``JOIN_SECONDS`` in all.
+
+        Job threads whose handler still runs (abandoned) are daemon threads, as
+        every other thread of the worker: none keeps the process alive.
+        """
+        deadline = time.monotonic() + JOIN_SECONDS  # the bound of every join below
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        pool.shutdown(wait=not self.aborted.is_set(), timeout=left())
+        self.event_loop.close(timeout=left())
+        for thread in background:
+            thread.join(timeout=left())
+
+    def _sign_off(self) -> str:
+        """The worker's last writes: its throughput counts, its row marked stopped.
+
+        Returns what a burst worker's last line adds ('' otherwise). Called
+        through ``_bounded``: a lock or a server that stopped answering must
+        not keep a stopping worker (its row then says stopped once its
+        heartbeat is old enough).
+        """
+        with self.shared.try_turn(SIGN_OFF_SECONDS) as turn:  # the bound: SIGN_OFF_SECONDS
+            if not turn:  # an abandoned call holds the connection
+                raise TimeoutError
             try:
-                with self.shared.turn():
-                    self.throughput.flush(self.using)
-                    registration.unregister(self.using, self.worker_id)
+                self.throughput.flush(self.using)
+                registration.unregister(self.using, self.worker_id)
             except Exception:
                 logger.warning("could not mark worker %s stopped", self.short_id)
             last_word = self._held_note() if self.burst else ""
             self.shared.close()
-            close_old_connections()
-        logger.info("worker %s stopped after %d jobs%s%s", self.short_id, self.claimed_count,
-                    self._summary(), last_word)
-        return 1 if self.aborted.is_set() else 0
+            return last_word
 
     def _banner(self) -> str:
         """The first line a worker logs: who it is, what it serves, how it hears of new jobs."""
@@ -266,6 +324,8 @@ class Worker:
         tally = self.writes.tally
         order = list(dict.fromkeys(r.tally for r in RECORDED.values())) + [NOT_RECORDED]
         parts = [f"{tally[name]} {name}" for name in order if tally[name]]
+        if self.abandoned:  # still running when the worker stopped: their leases lapse
+            parts.append(f"{self.abandoned} abandoned")
         return f" ({', '.join(parts)})" if parts else ""
 
     def _register(self) -> bool:
@@ -285,13 +345,32 @@ class Worker:
             step = planner.plan(self._snapshot())
             if isinstance(step, planner.Stop):
                 if step.reason is planner.StopReason.GRACE_OVER:
-                    logger.warning("grace period over; abandoning %d job(s)", len(self.flights))
+                    logger.warning("abandoning %d job(s) still running %g s after they were "
+                                   "asked to stop (they run again once their leases lapse)",
+                                   len(self.flights), planner.WIND_UP)
                     self.aborted.set()
                 return
             if isinstance(step, planner.Wait):
                 self._wait(step)
+            elif isinstance(step, planner.StopRuns):
+                self._stop_runs(step)
             else:
                 self._claim(step.n, pool)
+
+    def _stop_runs(self, step: planner.StopRuns) -> None:
+        """The grace period is over: ask every running job to stop (decision 0032).
+
+        A cooperative handler sees it as a cancel (``raise_if_cancelled()``
+        raises); a run that ends from now on is given back (``defer_owned``,
+        due at once, no attempt spent) by its job thread, while this loop
+        goes on writing what is handed over until ``step.deadline``.
+        """
+        self._stop_deadline = step.deadline
+        flights = self.flights.all()
+        logger.warning("grace period over; asking %d running job(s) to stop (abandoned if "
+                       "still running in %g s)", len(flights), planner.WIND_UP)
+        for flight in flights:
+            flight.context._request_stop()
 
     def _snapshot(self) -> planner.Snapshot:
         # Pending writes before free slots: a job thread frees its slot before
@@ -305,8 +384,10 @@ class Worker:
             idle=not pending and not len(self.flights), claims_left=self.budget.left,
             max_jobs_reached=self.budget.reached, found_nothing=self._nothing_found(),
             unknown_streak=self._unknown_streak, backoff_due=self._backoff_due,
+            claims_held_until=self._claims_held_until,
             burst=self.burst, wait_for_leases=self.wait_for_leases,
             held_elsewhere=self._held_elsewhere, drain_deadline=self._drain_deadline,
+            stop_deadline=self._stop_deadline,
             poll_interval=self._poll_interval(), grace_seconds=self.grace_seconds)
 
     def _poll_interval(self) -> float:
@@ -333,6 +414,11 @@ class Worker:
             self._backoff_due = True
             return
         self._unknown_streak = 0
+        if answer.held_back:  # nothing claimed, nothing written: look again after a pause
+            self._held_back_streak += 1
+            self._claims_held_until = time.monotonic() + planner.backoff(self._held_back_streak)
+        elif answer.asked:
+            self._held_back_streak = 0
         self.slots.take(len(answer.jobs))
         on_the_loop = []
         on_threads = []
@@ -467,6 +553,23 @@ class Worker:
         """On a job thread: the final write of an async job that ran on the event loop."""
         self.completer.settle(flight, outcome)
         self.deadlines.forget(flight)
+
+
+def _bounded(call: Callable[[], T], seconds: float) -> T | None:
+    """``call()`` on a daemon thread of its own, waited for ``seconds`` at most; None past it
+    (or when it raised)."""
+    answer: list[T] = []
+
+    def run() -> None:
+        try:
+            answer.append(call())
+        except Exception:  # said by the caller: None
+            pass
+
+    thread = threading.Thread(target=run, name="soniq-sign-off", daemon=True)
+    thread.start()
+    thread.join(seconds)  # the bound: the caller's
+    return answer[0] if answer else None
 
 
 def _runs_on_the_loop(job_name: str) -> bool:

@@ -1,4 +1,6 @@
-"""What the worker's main loop does next: claim n, wait t, or stop. Pure: no database, no threads.
+"""What the worker's main loop does next: claim n, wait t, ask the runs to stop, or stop.
+
+Pure: no database, no threads.
 
 The loop (worker/loop.py) takes a ``Snapshot`` of what it knows, asks
 ``plan()``, and acts on the answer; every decision the loop makes lives
@@ -16,6 +18,9 @@ BURST_WAIT = 0.2
 #: again this often at most: each look is a claim (whose reaper settles lapsed
 #: leases) and a count.
 LEASE_WAIT = 1.0
+#: After the grace period of a stop: how long the runs asked to stop get to end and have
+#: their final writes made before the worker abandons them (decision 0032).
+WIND_UP = 2.0
 
 
 class StopReason(enum.Enum):
@@ -29,7 +34,8 @@ class StopReason(enum.Enum):
     """Burst mode: the last claim found nothing and no job is running (with
     ``wait_for_leases``: and no other worker's lease holds a job of its queues)."""
     GRACE_OVER = "grace period over"
-    """Stopping, but jobs still run after the grace period: the loop aborts them."""
+    """Stopping, and jobs still run ``WIND_UP`` seconds after they were asked to stop at the
+    end of the grace period: the loop abandons them (their leases lapse)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +61,9 @@ class Snapshot:
     """Rounds in a row whose claim's outcome stayed unknown (the database failed)."""
     backoff_due: bool = False
     """The last round's claim stayed unknown and the loop has not backed off since."""
+    claims_held_until: float | None = None
+    """The last claim waited on a lock past its bound (``Answer.held_back``): no claim before
+    this ``now``; pending writes go on meanwhile."""
     burst: bool = False
     wait_for_leases: bool = False
     """Burst mode: do not stop while other workers' leases hold jobs of these queues."""
@@ -62,6 +71,9 @@ class Snapshot:
     """Jobs of these queues under other workers' leases, as last counted (None: unknown)."""
     drain_deadline: float | None = None
     """When the grace period of a stop ends (set by the first drain wait)."""
+    stop_deadline: float | None = None
+    """When the runs asked to stop at the end of the grace period are abandoned (set by
+    ``StopRuns``)."""
     poll_interval: float = 1.0
     grace_seconds: float = 30.0
 
@@ -90,13 +102,24 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class StopRuns:
+    """The grace period is over: ask every running job to stop; abandon them at ``deadline``.
+
+    A cooperative handler sees the request (``raise_if_cancelled()`` raises); the loop keeps
+    writing what is handed over until the runs have ended or ``deadline`` passed.
+    """
+
+    deadline: float
+
+
+@dataclass(frozen=True)
 class Stop:
     """Leave the loop."""
 
     reason: StopReason
 
 
-Plan = Claim | Wait | Stop
+Plan = Claim | Wait | StopRuns | Stop
 
 
 def backoff(unknown_streak: int) -> float:
@@ -112,7 +135,8 @@ def plan(s: Snapshot) -> Plan:
     if s.backoff_due:  # the database keeps failing: don't hammer it
         return Wait(backoff(s.unknown_streak), wake_early=False)
     winding_down = s.stopping or s.max_jobs_reached
-    n = 0 if winding_down or s.found_nothing else _claimable(s)
+    held = s.claims_held_until is not None and s.now < s.claims_held_until
+    n = 0 if winding_down or s.found_nothing or held else _claimable(s)
     if s.pending or n:
         return Claim(n)
     if winding_down:
@@ -120,9 +144,15 @@ def plan(s: Snapshot) -> Plan:
             return Stop(StopReason.DRAINED)
         if s.drain_deadline is None:
             return Wait(BUSY_WAIT, drain_deadline=s.now + s.grace_seconds)
-        if s.now >= s.drain_deadline:
+        if s.stop_deadline is None:
+            if s.now >= s.drain_deadline:
+                return StopRuns(s.now + WIND_UP)
+            return Wait(min(BUSY_WAIT, s.drain_deadline - s.now))
+        if s.now >= s.stop_deadline:
             return Stop(StopReason.GRACE_OVER)
-        return Wait(BUSY_WAIT)
+        return Wait(min(BUSY_WAIT, s.stop_deadline - s.now))
+    if held:  # a lock held the last claim back: claim again after a pause, not at once
+        return Wait(s.claims_held_until - s.now)  # type: ignore[operator]
     if s.burst and s.found_nothing and s.idle:
         if s.wait_for_leases and s.held_elsewhere != 0:
             # A dead peer's jobs come back when its leases lapse: wait, then claim.

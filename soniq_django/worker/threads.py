@@ -18,6 +18,7 @@ as the process outlives ``Worker.run()`` (a worker run in a thread, a test).
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from django.db import connections
@@ -48,14 +49,16 @@ class JobThreads:
             put(item)
         threads = self._threads
         for _ in range(min(len(items), self._size - len(threads))):  # one per item, up to size
-            thread = threading.Thread(target=self._serve, name=f"{self._name}_{len(threads)}")
+            thread = threading.Thread(target=self._serve, name=f"{self._name}_{len(threads)}",
+                                      daemon=True)  # an abandoned handler keeps no process
             threads.append(thread)
             thread.start()
 
-    def shutdown(self, *, wait: bool) -> None:
+    def shutdown(self, *, wait: bool, timeout: float = 0.0) -> bool:
         """Stop every thread once it is idle; items not yet taken are dropped.
 
-        With ``wait``, return once every thread ended (their running items too).
+        With ``wait``, return once every thread ended (their running items too), or
+        ``timeout`` seconds passed. Returns whether every thread ended.
         """
         self._closed = True
         try:
@@ -66,8 +69,15 @@ class JobThreads:
         for _ in self._threads:
             self._items.put(None)
         if wait:
+            deadline = time.monotonic() + timeout  # the bound: the caller's
             for thread in self._threads:
-                thread.join()
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return not self.running
+
+    @property
+    def running(self) -> int:
+        """Threads still running (an item, or waiting for one)."""
+        return sum(thread.is_alive() for thread in self._threads)
 
     def _serve(self) -> None:
         try:

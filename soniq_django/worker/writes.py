@@ -7,6 +7,14 @@ and never retried by id; one that raises QUEUE_PERSISTENCE_FAILED is
 recovered or retried with the same fence until the database answers (or
 the lease is certainly gone); one the database refuses is logged with its
 SQLSTATE and left to its lease.
+
+Every call is made with ``lock_wait=bounds.lock_wait()``: it waits at most
+that long for any one lock, and each statement runs at most twice that
+(decision 0030). Past it the call's transaction rolled back and nothing was
+written (``lock_not_available``): an answer. A round that hit it claimed
+nothing -- its nonces unused, no recovery needed -- and is ``held_back``;
+its completions are written without the claim, each retried outside the
+turn until its deadline, as every final write that hit it is.
 """
 
 import logging
@@ -24,11 +32,12 @@ from ..errors import ErrorCode, SoniqError
 from .. import signals
 from ..models import DeadLetterReason, Job
 from ..owned import OwnedJobSource
-from ..owned._store import guarded, retry_backoff
+from ..owned._store import LOCK_NOT_AVAILABLE, guarded, retry_backoff
 from ..owned.types import ClaimedJob, QueueClaimFence
 from ..registry import get_handler
 from ..throughput import ThroughputCounter
 from . import unknown
+from .bounds import lock_wait
 from .capacity import Budget
 from .connection import CallersConnection, SharedConnection
 from .execution import Outcome, OutcomeKind
@@ -57,6 +66,8 @@ RECORDED = {
                                    "deferred"),
     OutcomeKind.UNKNOWN: Recorded("deferred or dead-lettered (no handler here)", None,
                                   "deferred"),
+    OutcomeKind.STOPPED: Recorded("given back (the worker stopped before it finished; no "
+                                  "attempt spent)", None, "given back"),
 }
 _EXHAUSTED = Recorded("failed with no attempts left, dead-lettered", "dead_lettered",
                       "dead-lettered")
@@ -87,6 +98,12 @@ def retrying(call: Callable[..., Any], deadline: float, stop: threading.Event) -
         delay = min(delay * 2, 2.0)
 
 
+def _held(error: SoniqError) -> bool:
+    """Whether ``error`` is a call's bound reached (``lock_wait``): rolled back, nothing written."""
+    return (error.code is ErrorCode.QUEUE_PERSISTENCE_FAILED
+            and error.reason == LOCK_NOT_AVAILABLE)
+
+
 def nonces(count: int) -> list[str]:
     """``count`` fresh claim nonces, 128 random bits each (``secrets.token_hex(16)``'s), read
     from the system's random source in one call rather than one call per nonce."""
@@ -106,11 +123,16 @@ class Answer:
 
     Not an empty queue: a burst worker must not exit on it.
     """
+    held_back: bool = False
+    """The claim waited on a lock past its bound (``bounds.lock_wait()``) and claimed nothing.
+
+    Known, not unknown: nothing was written. Not an empty queue either.
+    """
 
     @property
     def found_nothing(self) -> bool:
         """The round claimed and the queue had nothing eligible."""
-        return bool(self.asked) and not self.jobs and not self.unknown
+        return bool(self.asked) and not self.jobs and not self.unknown and not self.held_back
 
 
 class Writes:
@@ -139,6 +161,7 @@ class Writes:
         self.tally: Counter[str] = Counter()
         """Final writes by how they ended (``Recorded.tally``, or ``NOT_RECORDED``)."""
         self._tally_lock = threading.Lock()
+        self._held_back = False  # the last claim met a lock past its bound (logged once)
 
     def round(self, batch: list[InFlight], wanted: int) -> Answer:
         """Complete ``batch`` and claim up to ``wanted`` jobs, in one call.
@@ -158,7 +181,7 @@ class Writes:
             return Answer([], 0)
         jobs: list[ClaimedJob] = []
         try:
-            completed, jobs, unknown = self._call(completions, tokens)
+            completed, jobs, unknown, held_back = self._call(completions, tokens)
         finally:
             self.budget.account(asked, len(jobs))
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
@@ -170,33 +193,55 @@ class Writes:
         if asked and logger.isEnabledFor(logging.DEBUG):
             for job in jobs:
                 logger.debug("claimed %s %s (attempt %d)", job.job_name, job.job_id, job.attempts)
-            if not jobs and not unknown:
+            if not jobs and not unknown and not held_back:
                 logger.debug("claimed nothing: no job is due")
-        return Answer(jobs, asked, unknown)
+        return Answer(jobs, asked, unknown, held_back)
 
     def _call(self, completions: list[tuple[QueueClaimFence, Any]], tokens: list[str]
-              ) -> tuple[Sequence[bool | None], list[ClaimedJob], bool]:
-        """(completion answers, claimed jobs, whether the claim stayed unknown)."""
+              ) -> tuple[Sequence[bool | None], list[ClaimedJob], bool, bool]:
+        """(completion answers, claimed jobs, whether the claim stayed unknown, whether it was
+        held back by a lock)."""
+        wait = lock_wait()
         try:
             if completions and tokens:
                 completed, jobs = self.source.complete_many_and_claim_owned(
-                    completions, claim_tokens=tokens, pid=self.pid, queues=self.queues)
-                return completed, jobs, False
+                    completions, claim_tokens=tokens, pid=self.pid, queues=self.queues,
+                    lock_wait=wait)
+                self._claimed_again()
+                return completed, jobs, False, False
             if completions:
-                return self.source.complete_many_owned(completions), [], False
-            return [], self.source.claim_many_owned(
-                self.worker_id, claim_tokens=tokens, pid=self.pid, queues=self.queues), False
+                return self.source.complete_many_owned(completions, lock_wait=wait), [], False, \
+                    False
+            jobs = self.source.claim_many_owned(
+                self.worker_id, claim_tokens=tokens, pid=self.pid, queues=self.queues,
+                lock_wait=wait)
+            self._claimed_again()
+            return [], jobs, False, False
         except SoniqError as error:
+            if _held(error):  # rolled back: nothing written, the nonces unused
+                if not self._held_back:  # once while it lasts
+                    logger.warning("a lock another transaction holds kept a round waiting "
+                                   "past %.2f s: nothing was written; claiming again after a "
+                                   "pause (completions are written without the claim "
+                                   "meanwhile)", wait)
+                self._held_back = bool(tokens) or self._held_back
+                return self._complete_alone(completions), [], False, bool(tokens)
             if error.code is ErrorCode.QUEUE_PERSISTENCE_FAILED:
-                return self._recover(completions, tokens)
+                return (*self._recover(completions, tokens), False)
             if completions:  # the claim was refused: the completions must still be written
                 logger.warning("claim refused (%s: %s); completing without it",
                                error.code.value, error.reason)
-                return self._complete_alone(completions), [], False
+                return self._complete_alone(completions), [], False, False
             # Not an outage: say what the database said, and try again later.
             logger.error("claim refused (%s: %s); trying again shortly",
                          error.code.value, error.reason)
-            return [], [], True
+            return [], [], True, False
+
+    def _claimed_again(self) -> None:
+        """A claim went through: say so if a lock had held claims back."""
+        if self._held_back:
+            self._held_back = False
+            logger.info("claims go through again (the lock that held them back is gone)")
 
     def _recover(self, completions: list[tuple[QueueClaimFence, Any]], tokens: list[str]
                  ) -> tuple[Sequence[bool | None], list[ClaimedJob], bool]:
@@ -212,13 +257,14 @@ class Writes:
         claimed: list[ClaimedJob] = []
         for token in tokens:
             job = retrying(lambda token=token: self.source.recover_owned_claim(
-                self.worker_id, claim_token=token), deadline, self.stop)
+                self.worker_id, claim_token=token, lock_wait=lock_wait()), deadline, self.stop)
             if job is None:
                 break
             claimed.append(job)
         completed = [
             retrying(lambda fence=fence, result=result: self._completed(fence)
-                      or self.source.complete_owned(fence, result), deadline, self.stop)
+                      or self.source.complete_owned(fence, result, lock_wait=lock_wait()),
+                      deadline, self.stop)
             for fence, result in completions
         ]
         # Nothing recovered proves nothing about the queue: the claim stays unknown.
@@ -226,9 +272,32 @@ class Writes:
 
     def _complete_alone(self, completions: list[tuple[QueueClaimFence, Any]]
                         ) -> list[bool | None]:
+        """Write completions without a claim: in one call, retried while a lock holds it.
+
+        Each try is a turn of its own, the pauses outside it. After an
+        unknown outcome (the database failed) each completion is recovered
+        on its own: found done under its claim, or written again.
+        """
+        if not completions:
+            return []
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
-        return [retrying(lambda fence=fence, result=result: self.source.complete_owned(
-            fence, result), deadline, self.stop) for fence, result in completions]
+        failed = threading.Event()
+
+        def once() -> list[bool] | None:
+            try:
+                return self.source.complete_many_owned(completions, lock_wait=lock_wait())
+            except SoniqError as error:
+                if error.code is ErrorCode.QUEUE_PERSISTENCE_FAILED and not _held(error):
+                    failed.set()  # unknown: recover one by one
+                    return None
+                raise
+
+        completed: list[bool] | None = retrying(once, deadline, self.stop)
+        if completed is not None:
+            return list(completed)
+        if not failed.is_set():
+            return [None] * len(completions)
+        return list(self._recover(completions, [])[0])
 
     def _completed(self, fence: QueueClaimFence) -> bool:
         """Whether this claim's completion is in the database (it was written unseen)."""
@@ -270,7 +339,7 @@ class Writes:
                 return replace(outcome, written=True, applied=True)
             if self.source.fail_owned(fence, error, retry=True, retry_delay=delay,
                                       default_max_attempts=_default_max_attempts(
-                                          claimed.job_name)):
+                                          claimed.job_name), lock_wait=lock_wait()):
                 return Outcome(OutcomeKind.RETRY, error=error, delay=delay, written=True,
                                applied=True)
             return replace(outcome, written=True, applied=self._completed(fence))
@@ -301,15 +370,16 @@ class Writes:
         fence = claimed.claim_fence
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
         if self._cancel_pending(fence) and retrying(
-                lambda: self.source.acknowledge_cancel_owned(fence), deadline, self.stop):
+                lambda: self.source.acknowledge_cancel_owned(fence, lock_wait=lock_wait()),
+                deadline, self.stop):
             self._count(RECORDED[OutcomeKind.CANCELLED].tally)
             elapsed = time.monotonic() - flight.started
             logger.info("%s %s cancelled after %.3fs (attempt %d); its writes were rolled back",
                         claimed.job_name, claimed.job_id, elapsed, claimed.attempts)
             self._signal(flight, Outcome(OutcomeKind.CANCELLED), elapsed)
             return
-        signals.refused(flight, outcome.kind.value, worker_id=self.worker_id, using=self.using,
-                        duration=time.monotonic() - flight.started)
+        signals.refused(flight, _signalled(outcome.kind), worker_id=self.worker_id,
+                        using=self.using, duration=time.monotonic() - flight.started)
         self._count(NOT_RECORDED)
         logger.warning("%s %s: %s", claimed.job_name, claimed.job_id, outcome.error or (
             "completion refused by the fence (lease lost, cancelled or re-claimed); its writes "
@@ -329,7 +399,8 @@ class Writes:
         # Each kind of Outcome carries its error (and DEAD its reason, DEFERRED
         # its delay): execution.py and unknown.py set them; the types cannot say so.
         if outcome.kind is OutcomeKind.DONE:
-            write = lambda: self.source.complete_owned(fence, outcome.result)  # noqa: E731
+            write = lambda: self.source.complete_owned(  # noqa: E731
+                fence, outcome.result, lock_wait=lock_wait())
         elif outcome.kind is OutcomeKind.RETRY:
             if claimed.attempts < _attempt_limit(claimed):
                 # The backoff soniq_fail would choose, chosen here so that the log says it.
@@ -340,16 +411,23 @@ class Writes:
             write = lambda: self.source.fail_owned(  # noqa: E731
                 fence, outcome.error, retry=True,  # type: ignore[arg-type]
                 retry_delay=outcome.delay,
-                default_max_attempts=_default_max_attempts(claimed.job_name))
+                default_max_attempts=_default_max_attempts(claimed.job_name),
+                lock_wait=lock_wait())
         elif outcome.kind is OutcomeKind.DEAD:
             write = lambda: self.source.fail_owned(  # noqa: E731
                 fence, outcome.error, retry=False,  # type: ignore[arg-type]
-                dead_letter_reason=outcome.reason)  # type: ignore[arg-type]
+                dead_letter_reason=outcome.reason,  # type: ignore[arg-type]
+                lock_wait=lock_wait())
         elif outcome.kind is OutcomeKind.DEFERRED:
             write = lambda: self.source.defer_owned(  # noqa: E731
-                fence, outcome.error, delay=outcome.delay)  # type: ignore[arg-type]
+                fence, outcome.error, delay=outcome.delay,  # type: ignore[arg-type]
+                lock_wait=lock_wait())
+        elif outcome.kind is OutcomeKind.STOPPED:  # refused while a cancel is pending: see below
+            write = lambda: self.source.defer_owned(  # noqa: E731
+                fence, outcome.error, delay=0, lock_wait=lock_wait())  # type: ignore[arg-type]
         else:
-            write = lambda: self.source.acknowledge_cancel_owned(fence)  # noqa: E731
+            write = lambda: self.source.acknowledge_cancel_owned(  # noqa: E731
+                fence, lock_wait=lock_wait())
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
         try:
             applied = retrying(write, deadline, self.stop)
@@ -379,15 +457,15 @@ class Writes:
             return
         if outcome.kind is not OutcomeKind.CANCELLED and self._cancel_pending(fence):
             # A cancel arrived while the handler was finishing: honour it.
-            if retrying(lambda: self.source.acknowledge_cancel_owned(fence), deadline,
-                         self.stop):
+            if retrying(lambda: self.source.acknowledge_cancel_owned(
+                    fence, lock_wait=lock_wait()), deadline, self.stop):
                 self._count(RECORDED[OutcomeKind.CANCELLED].tally)
                 logger.info("%s %s cancelled after %.3fs (attempt %d)", claimed.job_name,
                             claimed.job_id, elapsed, claimed.attempts)
                 self._signal(flight, Outcome(OutcomeKind.CANCELLED), elapsed)
                 return
         if applied is False:  # None: the database never answered, no fence refused it
-            signals.refused(flight, outcome.kind.value, worker_id=self.worker_id,
+            signals.refused(flight, _signalled(outcome.kind), worker_id=self.worker_id,
                             using=self.using, duration=elapsed)
         self._count(NOT_RECORDED)
         logger.warning("%s %s: %s not recorded; the job is no longer this worker's "
@@ -402,7 +480,7 @@ class Writes:
         kind = outcome.kind
         failed = kind in (OutcomeKind.RETRY, OutcomeKind.DEAD)
         signals.finished(
-            flight, "dead" if exhausted else kind.value, worker_id=self.worker_id,
+            flight, "dead" if exhausted else _signalled(kind), worker_id=self.worker_id,
             using=self.using, duration=elapsed, error=_why(outcome) if failed else None,
             exception=outcome.exception if failed else None,
             dead_letter_reason=(str(DeadLetterReason.MAX_RETRIES_EXCEEDED) if exhausted
@@ -422,7 +500,7 @@ class Writes:
 
     def _cancel_pending(self, fence: QueueClaimFence) -> bool:
         try:
-            state = self.source.get_owned_state(fence)
+            state = self.source.get_owned_state(fence, lock_wait=lock_wait())
         except SoniqError:
             return False
         return state is not None and state.cancel_requested
@@ -454,6 +532,11 @@ def _log_outcome(claimed: ClaimedJob, outcome: Outcome, recorded: Recorded,
     else:
         logger.info("%s %s %s after %.3fs (attempt %d)", name, job_id, recorded.verb, elapsed,
                     attempt)
+
+
+def _signalled(kind: OutcomeKind) -> str:
+    """The ``outcome`` the signals (and the metrics) name: a stopped run's is a deferral."""
+    return OutcomeKind.DEFERRED.value if kind is OutcomeKind.STOPPED else kind.value
 
 
 def _why(outcome: Outcome) -> str:

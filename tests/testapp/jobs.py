@@ -92,6 +92,13 @@ def worker_always_fails(message: str = "boom") -> None:
     raise ValueError(message)
 
 
+@job(name="tests.worker.fails_unencodable")
+def worker_fails_unencodable() -> None:
+    """Fail with a message holding a lone surrogate (bytes decoded with surrogateescape)."""
+    record("start")
+    raise ValueError("cannot read " + b"name-\xff".decode("utf-8", "surrogateescape"))
+
+
 @job(name="tests.worker.null_budget", retries=1)
 def worker_null_budget() -> None:
     """Always fails; enqueued with max_attempts=None it gets retries + 1 = 2 attempts."""
@@ -147,6 +154,21 @@ async def worker_async_ok(n: int = 0) -> dict:
 async def worker_async_sleep(seconds: float) -> dict:
     record("start")
     await asyncio.sleep(seconds)
+    return _trace()
+
+
+@job(name="tests.worker.async_cooperative")
+async def worker_async_cooperative(seconds: float = 30.0) -> dict:
+    """``tests.worker.cooperative`` as an ``async def``: small awaits, stopping at a cancel."""
+    record("start")
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            current_job().raise_if_cancelled()
+            await asyncio.sleep(0.01)
+    except JobCancelled:
+        record("saw-cancel")
+        raise
     return _trace()
 
 
@@ -329,4 +351,47 @@ def timeouts_atomic(hold: float = 0.0, note: str = "") -> dict:
     if context.attempts == 1:
         time.sleep(hold)
     record("end")
+    return {"generation": context.generation}
+
+
+# --- Bounded waits (tests/worker/test_liveness.py) -----------------------------
+
+#: The real sockets of connections cut by ``atomic_lost_commit``, kept open so that the server
+#: sees no end of them: their backends stay idle in transaction, as behind a partition.
+CUT_SOCKETS: list[int] = []
+
+
+def _cut_after_completion(execute, sql, params, many, context):
+    """An execute wrapper: once the atomic run's completion has run, cut the connection.
+
+    The client's socket is swapped for a dead one (a socket pair whose other
+    end is closed) and the real socket is kept open in ``CUT_SOCKETS``: the
+    COMMIT fails on the client, and the server never hears of it -- its
+    backend holds the job's row, idle in the transaction.
+    """
+    import socket
+
+    result = execute(sql, params, many, context)
+    if "soniq_complete(" in sql:
+        connection = context["connection"]
+        connection.execute_wrappers.remove(_cut_after_completion)
+        fd = connection.connection.pgconn.socket
+        CUT_SOCKETS.append(os.dup(fd))
+        alive, dead = socket.socketpair()
+        dead.close()
+        os.dup2(alive.fileno(), fd)
+        alive.close()
+    return result
+
+
+@job(name="tests.atomic.lost_commit", atomic=True, retries=3)
+def atomic_lost_commit(note: str = "") -> dict:
+    """Write an Effect; on attempt 1 the COMMIT after its completion is lost (PostgreSQL)."""
+    from django.db import connection
+
+    record("start")
+    context = current_job()
+    _effect(note).save()
+    if context.attempts == 1:
+        connection.execute_wrappers.append(_cut_after_completion)
     return {"generation": context.generation}

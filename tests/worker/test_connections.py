@@ -69,11 +69,11 @@ def test_every_call_the_worker_makes_for_itself_goes_through_one_connection(sett
     worker = Worker(burst=True, concurrency=concurrency)
     used: set[tuple[int, str]] = set()
     for name in ("claim_many_owned", "complete_many_and_claim_owned", "complete_many_owned",
-                 "fail_owned", "heartbeat_owned", "get_owned_state"):
+                 "fail_owned", "heartbeat_many_owned", "get_owned_state"):
         def recording(*args, _method=getattr(worker.source, name), _name=name, **kwargs):
             thread = threading.current_thread().name
             used.add((id(connections[worker.using]), thread.rstrip("_0123456789")))
-            if _name == "heartbeat_owned":
+            if _name == "heartbeat_many_owned":
                 beaten.touch()
             return _method(*args, **kwargs)
         setattr(worker.source, name, recording)

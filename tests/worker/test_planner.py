@@ -6,10 +6,12 @@ from soniq_django.worker.planner import (
     BURST_WAIT,
     BUSY_WAIT,
     LEASE_WAIT,
+    WIND_UP,
     Claim,
     Snapshot,
     Stop,
     StopReason,
+    StopRuns,
     Wait,
     backoff,
     plan,
@@ -80,7 +82,20 @@ TABLE = [
     ("stopping, within the grace period", dict(stopping=True, idle=False,
                                                 drain_deadline=NOW + 1),
      Wait(BUSY_WAIT)),
-    ("stopping, grace period over", dict(stopping=True, idle=False, drain_deadline=NOW),
+    ("stopping, the grace period ends within the busy wait: wait no longer than that",
+     dict(stopping=True, idle=False, drain_deadline=NOW + 0.25), Wait(0.25)),
+    ("stopping, grace period over: ask the running jobs to stop",
+     dict(stopping=True, idle=False, drain_deadline=NOW), StopRuns(NOW + WIND_UP)),
+    ("asked to stop: completions pending are still written",
+     dict(stopping=True, idle=False, pending=1, drain_deadline=NOW - 1,
+          stop_deadline=NOW + 1), Claim(0)),
+    ("asked to stop: wait for the runs to end", dict(stopping=True, idle=False,
+                                                   drain_deadline=NOW - 1,
+                                                   stop_deadline=NOW + 1), Wait(BUSY_WAIT)),
+    ("asked to stop, and they did", dict(stopping=True, drain_deadline=NOW - 1,
+                                         stop_deadline=NOW + 1), Stop(StopReason.DRAINED)),
+    ("asked to stop, still running at the deadline: abandon them",
+     dict(stopping=True, idle=False, drain_deadline=NOW - 2, stop_deadline=NOW),
      Stop(StopReason.GRACE_OVER)),
     ("max_jobs claimed: drain like a stop", dict(max_jobs_reached=True, free_slots=1,
                                                  claims_left=0, idle=False),
@@ -113,19 +128,29 @@ def test_the_backoff_doubles_up_to_two_seconds(streak, seconds):
     assert backoff(streak) == pytest.approx(seconds)
 
 
-def test_a_plan_is_always_one_of_claim_wait_stop():
+def test_a_plan_is_always_one_of_claim_wait_stop_runs_or_stop():
     import itertools
 
     flags = ["aborted", "stopping", "idle", "max_jobs_reached", "found_nothing", "backoff_due",
              "burst", "wait_for_leases"]
     for values in itertools.product([False, True], repeat=len(flags)):
-        for pending, free, left, deadline, held in itertools.product(
-                (0, 2), (0, 3), (None, 0, 1), (None, NOW - 1, NOW + 1), (0, 1, None)):
+        for pending, free, left, deadline, stop, held in itertools.product(
+                (0, 2), (0, 3), (None, 0, 1), (None, NOW - 1, NOW + 1), (None, NOW, NOW + 1),
+                (0, 1, None)):
+            if deadline is None and stop is not None:
+                continue  # runs are asked to stop only once the grace is over
             facts = dict(zip(flags, values), pending=pending, free_slots=free,
-                         claims_left=left, drain_deadline=deadline, unknown_streak=1,
-                         held_elsewhere=held)
+                         claims_left=left, drain_deadline=deadline, stop_deadline=stop,
+                         unknown_streak=1, held_elsewhere=held)
             decided = plan(snap(**facts))
-            assert isinstance(decided, Claim | Wait | Stop)
+            assert isinstance(decided, Claim | Wait | StopRuns | Stop)
+            winding_down = facts["stopping"] or facts["max_jobs_reached"]
+            if isinstance(decided, Wait) and decided.wake_early and winding_down:
+                for limit in (deadline, stop):  # a drain never waits past its deadlines
+                    assert limit is None or limit <= NOW or NOW + decided.seconds <= limit
+            if isinstance(decided, StopRuns):  # once, at the end of the grace, with work
+                assert stop is None and deadline is not None and deadline <= NOW
+                assert not facts["idle"] and not pending
             if isinstance(decided, Claim):  # never past max_jobs, never more than the slots
                 assert 0 <= decided.n <= free and (left is None or decided.n <= left)
                 assert decided.n or pending

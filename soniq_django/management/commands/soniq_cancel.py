@@ -5,6 +5,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django import operations
+from soniq_django.encoding import encodable
 from soniq_django.errors import SoniqError, translating
 from soniq_django.management.database import (
     add_database_argument, database_alias, migrations_required,
@@ -36,6 +37,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if not (options["ids"] or options["queue"] or options["job_name"]):
             raise CommandError("Say which jobs to cancel: ids, --queue or --name (or several).")
+        for option in ("queue", "job_name"):  # argv bytes that are not UTF-8 match no job
+            if options[option] and not encodable(options[option]):
+                raise CommandError(f"--{option.removeprefix('job_')} is not valid UTF-8 text")
         alias = database_alias(options)
         try:
             with migrations_required(alias):

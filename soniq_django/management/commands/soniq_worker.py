@@ -1,6 +1,7 @@
 import logging
 import os
 import signal
+import sys
 import threading
 import uuid
 from contextlib import AbstractContextManager, ExitStack, nullcontext
@@ -10,10 +11,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from soniq_django import flow
 from soniq_django.conf import get_settings
+from soniq_django.errors import ConfigValidationError
 from soniq_django.management.console import command_log
 from soniq_django.management.database import (
     add_database_argument, database_alias, require_migrated,
 )
+from soniq_django.owned.types import queue_names
 from soniq_django.registry import discover
 from soniq_django.worker import Worker
 from soniq_django.worker.connection import wait_for_database
@@ -46,17 +49,54 @@ def _queues(value: str | None) -> list[str] | None:
     names = [name.strip() for name in value.split(",") if name.strip()]
     if not names:
         raise CommandError("--queues needs at least one queue name")
-    return names
+    try:
+        return queue_names(names)
+    except ConfigValidationError:  # bytes that are not UTF-8 on the command line
+        raise CommandError("--queues: a queue name is not valid UTF-8 text") from None
 
 
 class Command(BaseCommand):
     help = (
         "Run jobs. Claims jobs with fenced, leased claims, runs their handlers and records "
-        "the outcome. SIGTERM or Ctrl-C: stop claiming, finish running jobs, exit 0; a "
-        "second signal exits at once (the abandoned jobs are re-run after their lease). "
+        "the outcome. SIGTERM or Ctrl-C: stop claiming, finish running jobs, exit 0; at the "
+        "end of --grace, running jobs are asked to stop (those that stop are given back "
+        "at once) and the worker exits within seconds, abandoning the others (status 1); "
+        "a second signal exits at once (the abandoned jobs are re-run after their lease). "
         "Without a LOGGING setting for soniq_django it logs to stderr: -v 0 warnings and "
         "errors, -v 1 a line per job, -v 2 claims, heartbeats and wake-ups too."
     )
+
+    #: The worker of this command's run (``_run``): whether it abandoned a running handler.
+    _worker: Worker | None = None
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """``manage.py soniq_worker``: as any command; then, if the worker stopped while a
+        handler still ran (abandoned at the end of its grace), end the process at once.
+
+        A plain function cannot be interrupted: its thread (a daemon thread) and any
+        thread it started itself (an executor's, which the interpreter joins at exit)
+        would keep the process alive until it returned -- under systemd or ``docker
+        stop``, until a SIGKILL. The logs are flushed first; the worker's row was marked
+        stopped, within its bound (decision 0032).
+        """
+        try:
+            super().run_from_argv(argv)
+        except SystemExit as exit:
+            self._exit_if_abandoned(exit.code)
+            raise
+        self._exit_if_abandoned(0)
+
+    def _exit_if_abandoned(self, code: object) -> None:
+        worker = self._worker
+        if worker is None or not worker.abandoned:
+            return
+        logging.shutdown()  # flush every log handler: os._exit skips it
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed, or a pipe nobody reads
+                pass
+        os._exit(code if isinstance(code, int) else 1)
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--queues", help="Comma-separated queues to serve (default: all).")
@@ -74,7 +114,8 @@ class Command(BaseCommand):
         parser.add_argument("--with-scheduler", action="store_true",
                             help="Also run the scheduler of periodic jobs in this process.")
         parser.add_argument("--grace", type=float, default=30.0,
-                            help="Seconds running jobs get to finish after a stop signal.")
+                            help="Seconds running jobs get to finish after a stop signal; "
+                                 "then they are asked to stop, and abandoned 2 s later.")
         parser.add_argument("--metrics-port", type=int,
                             help="Serve Prometheus metrics over HTTP on this port (0: a free "
                                  "one, logged); needs the prometheus extra (docs/metrics.md).")
@@ -122,6 +163,7 @@ class Command(BaseCommand):
             with_scheduler=options["with_scheduler"], grace_seconds=options["grace"],
             wait_for_leases=options["wait_for_leases"],
         )
+        self._worker = worker
         with ExitStack() as stack:
             try:
                 stack.enter_context(_metrics(worker, options))
