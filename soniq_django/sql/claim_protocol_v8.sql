@@ -214,7 +214,8 @@ $fn$;
 -- Version 7's claim (claim_protocol_v7.sql; version 2's answers), that never
 -- waits for a queue's settings row and whose cost does not grow with the
 -- backlogs of queues it does not serve. With no flow control and no queue
--- named (the usual worker), version 7's statements as they were. Otherwise
+-- named (the usual worker), version 7's statements (less their filter on
+-- the queues named, which is NULL there). Otherwise
 -- the queues served are scanned one by one, each from an index that starts
 -- with the queue, and merged in claim order (priority, created_at, then the
 -- row's place in the table, the order a scan of soniq_jobs_claim_now_idx
