@@ -42,6 +42,7 @@ class Migration(migrations.Migration):
         migrations.RunPython(
             run_file("claim_protocol_v8.sql"),
             run_file("claim_protocol_v8.down.sql", restore=(
+                ("claim_protocol_v4.sql", "soniq_defer"),
             )),
             elidable=False,
         ),

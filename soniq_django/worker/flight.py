@@ -32,6 +32,11 @@ class InFlight:
     """Its deadline was given to the deadline thread (it has a time limit): only then has
     that thread anything to forget when the run is settled (deadlines.py)."""
     row_locked: bool = False  # the last renewal found the row locked by another transaction
+    holding: bool = False
+    """Its timeout's write asked to hold its queue slot (soniq_queue_holds) for the handler,
+    which runs on: set under ``settled`` before that write, so the hold is released when the
+    handler returns even if the write's outcome stayed unknown; cleared by that release.
+    The heartbeat renews the hold meanwhile (completer.py, heartbeat.py)."""
 
     @property
     def key(self) -> tuple[str, int]:

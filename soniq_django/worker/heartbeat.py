@@ -28,6 +28,7 @@ from ..errors import ErrorCode, SoniqError
 from ..housekeeping import purge_expired
 from ..owned import OwnedJobSource
 from ..owned._store import LOCK_NOT_AVAILABLE
+from ..owned.types import MAX_CLAIM_BATCH
 from ..throughput import ThroughputCounter
 from . import registration
 from .connection import SharedConnection, keep_healthy
@@ -91,7 +92,8 @@ class Heartbeat:
         aside = False
         try:
             steps: list[Callable[[], object]] = [
-                self.beat_worker, *(partial(self._beat_one, flight) for flight in flights)]
+                self.beat_worker, *(partial(self._beat_one, flight) for flight in flights),
+                self.renew_holds]
             for step in steps:
                 with self.shared.try_turn(beat_interval() / 2) as turn:
                     if not turn and self.shared.connecting:
@@ -135,6 +137,29 @@ class Heartbeat:
             self.throughput.flush(self.using)
         except Exception:  # the next beat tries again (the turn closed a broken connection)
             pass
+
+    def renew_holds(self) -> None:
+        """Renew the holds of the queue slots of timed-out handlers still running (one call).
+
+        None held (the usual case): no call. A hold that was not renewed had
+        lapsed (the worker could not renew it for a lease): its slot is free
+        for other claims while the handler still runs, and the log says so.
+        """
+        held = [flight for flight in self.flights.all() if flight.holding]
+        if not held:
+            return
+        try:
+            for start in range(0, len(held), MAX_CLAIM_BATCH):
+                batch = held[start:start + MAX_CLAIM_BATCH]
+                renewed = self.source._renew_holds(
+                    self.worker_id, [flight.claimed.claim_fence for flight in batch])
+                if renewed < len(batch):
+                    logger.warning("%d timed-out handler(s) still running no longer hold their "
+                                   "queue's slot (the hold lapsed before it was renewed)",
+                                   len(batch) - renewed)
+        except Exception:  # the next beat tries again (the turn closed a broken connection)
+            logger.warning("could not renew the queue slots held by timed-out handlers; "
+                           "retrying at the next beat")
 
     def _housekeep_quietly(self) -> None:
         try:

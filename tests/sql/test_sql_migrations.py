@@ -216,6 +216,11 @@ def test_reversing_0011_restores_the_released_bodies_and_reapplying_gives_versio
     assert fetch("SELECT soniq_request_cancel(gen_random_uuid())") == [(False,)]
 
 
+#: What migration 0018 (claim protocol v8) adds, or replaces by a new body: going back to
+#: 0017 or below reverses it (tested by the last test of this file).
+_BY_0018 = {"soniq_defer", "soniq_hold_slot", "soniq_release_hold", "soniq_renew_holds"}
+
+
 def _soniq_functions() -> dict[str, str]:
     return dict(fetch("SELECT p.proname, p.prosrc FROM pg_proc AS p WHERE p.pronamespace = "
                       "current_schema()::regnamespace AND p.proname LIKE 'soniq%%'"))
@@ -225,11 +230,12 @@ def _soniq_functions() -> dict[str, str]:
 def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     v4 = _file_source("claim_protocol_v4.sql", "soniq_defer")
     before = _soniq_functions()
-    assert before["soniq_defer"] == v4
+    # Version 8's body since 0018 (tested below), which going back to 0011 reverses.
+    assert before["soniq_defer"] == _file_source("claim_protocol_v8.sql", "soniq_defer") != v4
     # Going back to 0011 also reverses 0013 (flow control, tested below),
     # 0016 (version 7's batched bodies) and 0017 (soniq_enqueue v4, both tested below).
     by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many",
-               "soniq_enqueue"}
+               "soniq_enqueue", *_BY_0018}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -281,7 +287,8 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
         call_command("migrate", "soniq_django", "0012", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v2
-        assert set(after) == set(before) - {"soniq_queue_budget_v1"}
+        assert set(after) == set(before) - {"soniq_queue_budget_v1"} - (
+            _BY_0018 - {"soniq_defer"})
         # 0017 reversed too: version 3's soniq_enqueue.
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         assert fetch("SELECT to_regclass('soniq_queue_settings'), "
@@ -322,7 +329,7 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
             "claim_protocol_v2.sql", "soniq_complete_many")
         # soniq_enqueue: version 3's again (0017 reversed too).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
-        changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue")
+        changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_BY_0018)
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert _claim_indexes() == {"soniq_jobs_claim_idx", "soniq_jobs_claim_any_idx"}
@@ -354,7 +361,7 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
         assert after["soniq_claim_many"] == v6 and after["soniq_complete_many"] == v2
         # 0017 reversed too (tested below).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
-        changed = {*v7, "soniq_enqueue"}
+        changed = {*v7, "soniq_enqueue", *_BY_0018}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
@@ -392,8 +399,8 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
         call_command("migrate", "soniq_django", "0016", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_enqueue"] == v3
-        assert {n: b for n, b in after.items() if n != "soniq_enqueue"} == {
-            n: b for n, b in before.items() if n != "soniq_enqueue"}
+        assert {n: b for n, b in after.items() if n not in {"soniq_enqueue", *_BY_0018}} == {
+            n: b for n, b in before.items() if n not in {"soniq_enqueue", *_BY_0018}}
         # Replaced, not dropped: the producer keeps its grant; version 3 works again.
         assert _may_enqueue(producer)
         job_id = fetch("SELECT soniq_enqueue('back.to_v3', '{\"n\": 1}')")[0][0]
@@ -407,3 +414,41 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
     (ids,) = fetch("SELECT soniq_enqueue_many('[{\"job_name\": \"again.v4_many\", "
                    "\"dedup_key\": \"d-v4\"}]')")[0]
     assert fetch("SELECT job_name FROM soniq_get_job(%s)", [ids[0]]) == [("again.v4_many",)]
+
+
+def _holds() -> list[tuple]:
+    return fetch("SELECT job_id::text, generation, queue, claim_owner FROM soniq_queue_holds")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0018s_holds_restores_version_4s_defer_and_reapplying_gives_them_back():
+    v4 = _file_source("claim_protocol_v4.sql", "soniq_defer")
+    v8 = {name: _file_source("claim_protocol_v8.sql", name) for name in _BY_0018}
+    before = _soniq_functions()
+    assert {name: before[name] for name in _BY_0018} == v8 and v8["soniq_defer"] != v4
+    try:
+        call_command("migrate", "soniq_django", "0017", verbosity=0)
+        after = _soniq_functions()
+        assert after["soniq_defer"] == v4
+        assert not set(after) & (_BY_0018 - {"soniq_defer"})
+        assert fetch("SELECT to_regclass('soniq_queue_holds')") == [(None,)]
+        # Version 4's deferral works again.
+        fetch("SELECT soniq_enqueue('back.to_v4')")
+        job_id, generation = fetch(
+            "SELECT job_id::text, generation FROM soniq_claim('w', 'nonce-d4')")[0]
+        assert fetch("SELECT soniq_defer(%s, 'w', %s, 'nonce-d4', 'default', 'later')",
+                     [job_id, generation]) == [(True,)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert {name: body for name, body in _soniq_functions().items() if name in _BY_0018} == v8
+    # Version 8 again: a timeout's hold, renewed, released; a deferral takes back its start.
+    fetch("SELECT soniq_enqueue('again.v8')")
+    job_id, generation = fetch(
+        "SELECT job_id::text, generation FROM soniq_claim('w', 'nonce-h8')")[0]
+    fence = [job_id, "w", generation, "nonce-h8", "default"]
+    assert fetch("SELECT soniq_hold_slot(%s, %s, %s, %s, %s, 30)", fence) == [(True,)]
+    assert _holds() == [(job_id, generation, "default", "w")]
+    assert fetch("SELECT soniq_renew_holds('w', ARRAY[%s], ARRAY[%s]::bigint[], 30)",
+                 [job_id, generation]) == [(1,)]
+    assert fetch("SELECT soniq_release_hold(%s, 'w', %s)", [job_id, generation]) == [(True,)]
+    assert _holds() == []
