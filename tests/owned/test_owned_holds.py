@@ -202,3 +202,17 @@ def test_the_hold_functions_refuse_bad_input_with_config(call):
         c.execute(f"SELECT {call}")
     assert (caught.value.__cause__.sqlstate, caught.value.__cause__.diag.message_hint) == (
         "22023", "CONFIG")
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db(transaction=True, databases=["default", "server_binding"])
+def test_a_timeouts_hold_and_failure_go_together_with_server_side_binding():
+    # tests/settings.py: the same database, with OPTIONS["server_side_binding"] (one
+    # statement per message: the two run one after the other in one transaction).
+    bound = OwnedJobSource(using="server_binding")
+    job_id = enqueue("held.job", queue="api", max_attempts=1)
+    fence = bound.claim_next_owned("w-1", claim_token=nonce()).claim_fence
+    assert bound._fail_and_hold(fence, "timed out") is True
+    assert DeadLetterJob.objects.filter(id=job_id).exists()
+    assert holds() == [(job_id, 1, "api", "w-1")]
+    assert bound._release_hold(fence) is True

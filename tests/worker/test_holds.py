@@ -9,6 +9,7 @@ back then too, exactly once. The handlers are ``tests.timeouts.*`` of
 tests/testapp/jobs.py (``short``: a plain function with ``@job(timeout=1)``).
 """
 
+import datetime as dt
 import time
 
 import pytest
@@ -103,3 +104,20 @@ def test_a_queue_limited_to_one_never_runs_two_handlers_when_one_timed_out(setti
     assert set(DeadLetterJob.objects.filter(id__in=jobs).values_list(
         "dead_letter_reason", flat=True)) == {"max_retries_exceeded"}
     assert holds() == []
+
+
+def test_after_an_abort_the_hold_is_left_to_lapse_and_the_worker_slot_is_given_back(
+        settings, run_log):
+    soniq(settings, **SHORT_LEASE)
+    job_id = enqueue("tests.timeouts.short", {"seconds": 2.5}, queue="api", max_attempts=1)
+    worker = Worker(concurrency=2)
+    running = WorkerThread(worker).start()
+    wait_until(lambda: holds(), 10, "the timeout's hold")
+    worker.abort()  # nothing more is written: the hold lapses with its lease, as claims do
+    assert running.join(10) == 1
+    run_log.wait_for("end", job_id, timeout=10)
+    wait_until(lambda: worker.slots.free == 2, 5, "the worker's slot given back")
+    time.sleep(0.2)
+    assert worker.slots.free == 2  # once
+    [(lease,)] = QueueHold.objects.values_list("lease_expires_at")
+    assert lease < timezone.now() + dt.timedelta(seconds=SHORT_LEASE["LEASE_SECONDS"])
