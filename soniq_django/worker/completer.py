@@ -15,7 +15,9 @@ which of them writes what:
 - ``time_out(flight, error)`` -- on the deadline thread (deadlines.py), at
   the run's deadline: takes the final write of a job past its time limit
   and hands it to the main loop. It never writes and never waits, so a
-  slow database cannot hold up the other jobs' deadlines.
+  slow database cannot hold up the other jobs' deadlines. The main loop
+  writes the failure with a hold of the claim's queue slot, since the
+  handler may run on; ``settle`` releases it once the handler returned.
 - ``round(n)`` -- on the main loop: writes the timeouts handed over, then
   the completions handed over together with a claim of ``n`` jobs, in one
   call. Both completers claim through ``Writes.round``, the one claim path.

@@ -1,4 +1,4 @@
-"""A worker's heartbeat: leases, cancel requests, its own row, housekeeping.
+"""A worker's heartbeat: leases, holds, cancel requests, its own row, housekeeping.
 
 It never makes a final write. Timeouts are not its business: the deadline
 thread (deadlines.py) times a job out when its limit is up, and a
