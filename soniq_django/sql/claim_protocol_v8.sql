@@ -843,7 +843,8 @@ SELECT 1;
 -- row and checks the whole fence after the lock, as every fenced write does.
 -- True when held (again: its lease renewed); false, nothing written, when
 -- the fence does not own the job (missing, stale, expired, finished). Also
--- deletes the queue's lapsed holds (their workers stopped renewing them).
+-- deletes the queue's lapsed holds (their workers stopped renewing them):
+-- the claim's budget does so for a limited queue, this for every queue.
 CREATE FUNCTION {schema}.soniq_hold_slot(
     job_id text, worker_id text, generation bigint, claim_token text, queue text,
     lease_seconds double precision DEFAULT 30
@@ -863,8 +864,11 @@ BEGIN
     IF v_now IS NULL THEN
         RETURN false;
     END IF;
+    -- SKIP LOCKED: a lapsed hold another transaction is deleting is left to it.
     DELETE FROM {schema}.soniq_queue_holds AS h
-     WHERE h.queue = soniq_hold_slot.queue AND h.lease_expires_at <= v_now;
+     WHERE h.id IN (SELECT l.id FROM {schema}.soniq_queue_holds AS l
+                     WHERE l.queue = soniq_hold_slot.queue AND l.lease_expires_at <= v_now
+                       FOR UPDATE SKIP LOCKED);
     INSERT INTO {schema}.soniq_queue_holds AS h
            (job_id, generation, queue, claim_owner, lease_expires_at, created_at)
     VALUES (soniq_hold_slot.job_id::uuid, soniq_hold_slot.generation, soniq_hold_slot.queue,

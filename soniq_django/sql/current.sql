@@ -2000,8 +2000,11 @@ BEGIN
     IF v_now IS NULL THEN
         RETURN false;
     END IF;
+    -- SKIP LOCKED: a lapsed hold another transaction is deleting is left to it.
     DELETE FROM {schema}.soniq_queue_holds AS h
-     WHERE h.queue = soniq_hold_slot.queue AND h.lease_expires_at <= v_now;
+     WHERE h.id IN (SELECT l.id FROM {schema}.soniq_queue_holds AS l
+                     WHERE l.queue = soniq_hold_slot.queue AND l.lease_expires_at <= v_now
+                       FOR UPDATE SKIP LOCKED);
     INSERT INTO {schema}.soniq_queue_holds AS h
            (job_id, generation, queue, claim_owner, lease_expires_at, created_at)
     VALUES (soniq_hold_slot.job_id::uuid, soniq_hold_slot.generation, soniq_hold_slot.queue,
