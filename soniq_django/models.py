@@ -229,6 +229,15 @@ class Job(models.Model):
                 condition=Q(status="queued", scheduled_at__isnull=False),
                 name="soniq_jobs_claim_due_idx",
             ),
+            # One queue's unscheduled jobs in claim order (claim protocol v8,
+            # decision 0029): a claim that serves some queues, or holds some
+            # back, scans each queue it serves on its own, so a backlog it
+            # does not serve (a paused queue's, say) is never read.
+            models.Index(
+                fields=["queue", "priority", "created_at"],
+                condition=Q(status="queued", scheduled_at__isnull=True),
+                name="soniq_jobs_claim_queue_now_idx",
+            ),
             # Housekeeping finds expired finished rows without a scan.
             models.Index(
                 fields=["expires_at"],

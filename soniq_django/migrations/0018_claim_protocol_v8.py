@@ -5,6 +5,14 @@ on past its time limit), then runs sql/claim_protocol_v8.sql (PostgreSQL).
 Reversing runs claim_protocol_v8.down.sql, puts back the released bodies of
 the functions version 8 replaced, then drops the table. See
 docs/decisions/0029-claim-protocol-v8.md.
+
+The claim's part: the index soniq_jobs_claim_queue_now_idx ((queue, priority,
+created_at) of the unscheduled queued jobs) is added before the SQL runs, so
+that a claim scans each queue it serves on its own, and dropped after the
+reverse has put version 7's soniq_claim_many and soniq_complete_many back
+(read from claim_protocol_v7.sql). Built with a plain CREATE INDEX, which
+holds off writes to soniq_jobs while it runs (about a second per 100,000
+queued jobs).
 """
 
 import django.db.models.functions.datetime
@@ -39,9 +47,16 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('job_id', 'generation'), name='soniq_queue_holds_claim_uniq')],
             },
         ),
+        migrations.AddIndex(
+            model_name='job',
+            index=models.Index(condition=models.Q(('scheduled_at__isnull', True), ('status', 'queued')), fields=['queue', 'priority', 'created_at'], name='soniq_jobs_claim_queue_now_idx'),
+        ),
         migrations.RunPython(
             run_file("claim_protocol_v8.sql"),
             run_file("claim_protocol_v8.down.sql", restore=(
+                ("claim_protocol_v7.sql", "soniq_claim_many"),
+                ("claim_protocol_v7.sql", "soniq_complete_many"),
+                ("claim_protocol_v4.sql", "soniq_defer"),
             )),
             elidable=False,
         ),

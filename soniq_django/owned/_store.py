@@ -23,14 +23,15 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import IntegrityError, connections, transaction
 from django.db.models import F as models_F
-from django.db.models import Max, Q
+from django.db.models import Count, Max, Q
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from ..conf import DEFAULT_MAX_ATTEMPTS
 from ..errors import ConfigValidationError, ErrorCode, SoniqError, sqlstate, translate
 from ..models import (
-    FLOW_CONTROLLED, DeadLetterJob, Job, JobStatus, QueueSetting, QueueStart, TaskRegistration,
-    Worker,
+    FLOW_CONTROLLED, DeadLetterJob, Job, JobStatus, QueueHold, QueueSetting, QueueStart,
+    TaskRegistration, Worker,
 )
 from .types import INT64_MAX, QueueClaimFence
 
@@ -336,6 +337,38 @@ class PostgresClaims:
               lock_wait: float | None = None) -> bool:
         return self._boolean("soniq_defer", f, [error, delay, ttl], lock_wait)
 
+    def fail_and_hold(self, f: QueueClaimFence, lease: float, error: str, retry: bool,
+                      delay: float | None, reason: str, dlq_record_id: str | None,
+                      default_max_attempts: int, base: float, cap: float,
+                      lock_wait: float | None = None) -> bool:
+        """soniq_hold_slot, then soniq_fail, in one transaction; soniq_fail's answer.
+
+        Two statements in one query string: one implicit transaction, one
+        round trip (as ``complete_and_claim``), bounded by ``lock_wait``
+        (``_execute``).
+        """
+        fail = [error, retry, delay, reason, dlq_record_id, default_max_attempts, base, cap]
+        hold_sql = "SELECT soniq_hold_slot(%s, %s, %s, %s, %s, %s)"
+        fail_sql = "SELECT soniq_fail(" + ", ".join(["%s"] * 13) + ")"
+        with guarded(self.alias, atomic=False) as connection, connection.cursor() as cursor:
+            with _bounded_by(lock_wait):
+                _execute(connection, cursor, [hold_sql, fail_sql],
+                         self._fence(f) + [lease] + self._fence(f) + fail, lock_wait)
+            if not cursor.nextset():
+                raise persistence_failed()  # the failure's answer never came
+            return bool(cursor.fetchone()[0] is True)
+
+    def release_hold(self, f: QueueClaimFence) -> bool:
+        rows = self._rows("SELECT soniq_release_hold(%s, %s, %s)",
+                          [f.job_id, f.worker_id, f.generation])
+        return rows[0][0] is True
+
+    def renew_holds(self, owner: str, fences: list[QueueClaimFence], lease: float) -> int:
+        rows = self._rows("SELECT soniq_renew_holds(%s, %s::text[], %s::bigint[], %s)",
+                          [owner, array_text([f.job_id for f in fences]),
+                           array_text([f.generation for f in fences]), lease])
+        return int(rows[0][0])
+
     def set_pid(self, f: QueueClaimFence, pid: int) -> bool:
         return self._boolean("soniq_set_pid", f, [pid])
 
@@ -616,46 +649,93 @@ class SqliteClaims:
                   wanted: int) -> tuple[list[tuple[uuid.UUID, int]], set[str]]:
         """The jobs a claim may start, in claim order, and the rate-limited queues among them.
 
-        The twin of claim protocol v5's flow control (sql/claim_protocol_v5.sql):
-        paused queues are skipped, each limited queue gives at most its
-        budget (``_budget``), and the first ``wanted`` by (priority,
-        created_at) are taken. The caller holds the write lock, so no other
-        claim can change the counts before this one writes.
+        The twin of claim protocol v8's soniq_claim_many (sql/claim_protocol_v8.sql):
+        paused queues are skipped, each limited queue with a due job gives at
+        most its budget (``_budget``), and the first ``wanted`` by (priority,
+        created_at) are taken. Every scan reads one index in its order with a
+        limit, so that a claim reads no row it could not take: a claim of
+        every queue with nothing held back scans the unscheduled jobs of all
+        queues (soniq_jobs_claim_now_idx), and the due scheduled ones only
+        while one is due; otherwise each queue served is scanned on its own
+        (soniq_jobs_claim_queue_now_idx, or soniq_jobs_claim_idx while a
+        scheduled job is due), so that the backlog of a queue held back or
+        not served is never read. The caller holds the write lock, so no
+        other claim can change the counts before this one writes.
         """
-        due = self._jobs().filter(status=JobStatus.QUEUED).filter(
-            Q(scheduled_at__isnull=True) | Q(scheduled_at__lte=now))
+        queued = self._jobs().filter(status=JobStatus.QUEUED)
         controlled = QueueSetting.objects.using(self.alias).filter(FLOW_CONTROLLED)
         if queues is not None:
-            due = due.filter(queue__in=queues)
             controlled = controlled.filter(queue__in=queues)
-        controlled = list(controlled.order_by("queue"))
-        order: tuple[str, ...] = ("priority", "created_at")
-        columns: tuple[str, ...] = ("id", "claim_generation")
-        if not controlled:
-            return list(due.order_by(*order).values_list(*columns)[:wanted]), set()
-        columns += order
-        found = list(due.exclude(queue__in=[setting.queue for setting in controlled])
-                     .order_by(*order).values_list(*columns)[:wanted])
+        settings = list(controlled.order_by("queue"))
+        first_due = queued.filter(scheduled_at__isnull=False).order_by(
+            "scheduled_at").values_list("scheduled_at", flat=True).first()
+        due = Q(scheduled_at__isnull=True)
+        if first_due is not None and first_due <= now:
+            due |= Q(scheduled_at__lte=now)
+        if queues is None and not settings:
+            scans = [(queued.filter(scheduled_at__isnull=True), wanted)]
+            if first_due is not None and first_due <= now:
+                scans.append((queued.filter(scheduled_at__lte=now), wanted))
+            return self._first(scans, wanted), set()
+        held = {setting.queue for setting in settings}
+        served = (dict.fromkeys(queues) if queues is not None
+                  else self._queues_with_jobs(queued))
+        scans = [(queued.filter(due, queue=queue), wanted)
+                 for queue in served if queue not in held]
         rated = set()
-        for setting in controlled:
-            if setting.paused:
+        for setting in settings:
+            if setting.paused or not queued.filter(due, queue=setting.queue).exists():
                 continue
             budget = self._budget(setting, now, wanted)
             if setting.effective_rate is not None:
                 rated.add(setting.queue)
             if budget > 0:
-                found += due.filter(queue=setting.queue).order_by(*order).values_list(
-                    *columns)[:budget]
-        found.sort(key=lambda row: (row[2], row[3]))
-        return [(job_id, generation) for job_id, generation, _, _ in found[:wanted]], rated
+                scans.append((queued.filter(due, queue=setting.queue), budget))
+        return self._first(scans, wanted), rated
+
+    def _queues_with_jobs(self, queued: Any) -> list[str]:
+        """The queues with a queued job, one index lookup each (soniq_jobs_claim_idx)."""
+        names: list[str] = []
+        while True:
+            after = queued.filter(queue__gt=names[-1]) if names else queued
+            name = after.order_by("queue").values_list("queue", flat=True).first()
+            if name is None:
+                return names
+            names.append(name)
+
+    @staticmethod
+    def _first(scans: list[tuple[Any, int]], wanted: int) -> list[tuple[uuid.UUID, int]]:
+        """The first ``wanted`` of the scans' jobs in claim order, each scan up to its limit.
+
+        Ties in (priority, created_at) go by rowid, the order one scan of an
+        index of every queue gives them.
+        """
+        found: list[tuple[Any, ...]] = []
+        for scan, most in scans:
+            found += scan.order_by("priority", "created_at").annotate(
+                place=RawSQL('"soniq_jobs".rowid', ())).values_list(
+                "id", "claim_generation", "priority", "created_at", "place")[:most]
+        found.sort(key=lambda row: row[2:])
+        return [(row[0], row[1]) for row in found[:wanted]]
 
     def _budget(self, setting: QueueSetting, now: dt.datetime, wanted: int) -> int:
-        """How many of the queue's jobs may start now: the twin of soniq_queue_budget_v1."""
+        """How many of the queue's jobs may start now: the twin of soniq_queue_budget_v2.
+
+        SQLite has no row locks: the write lock the caller holds stands for
+        the settings row's, so a queue is never held back by a lock here.
+        Running jobs are the queue's processing rows plus its live holds
+        (soniq_queue_holds); its lapsed holds are deleted.
+        """
         budget = wanted
         limit = setting.effective_concurrency
         if limit is not None:
             running = self._jobs().filter(status=JobStatus.PROCESSING, queue=setting.queue)
-            budget = min(budget, limit - running.count())
+            holds = QueueHold.objects.using(self.alias).filter(queue=setting.queue)
+            counts = holds.aggregate(live=Count("id", filter=Q(lease_expires_at__gt=now)),
+                                     lapsed=Count("id", filter=Q(lease_expires_at__lte=now)))
+            if counts["lapsed"]:
+                holds.filter(lease_expires_at__lte=now).delete()
+            budget = min(budget, limit - running.count() - counts["live"])
         rate = setting.effective_rate
         if rate is not None:
             count, period = rate
@@ -768,15 +848,62 @@ class SqliteClaims:
 
     def defer(self, f: QueueClaimFence, error: str, delay: float, ttl: float,
               lock_wait: float | None = None) -> bool:
-        """Give the claim back without counting its attempt: the twin of soniq_defer (v4)."""
+        """Give the claim back without counting its attempt: the twin of soniq_defer (v8).
+
+        A deferral is not a start: the start the claim recorded (its time is
+        the row's ``updated_at`` until a renewal moves it) is taken back.
+        """
         with self._locked() as now:
             row = self._owned_row(f, now)
             if row is None or row.cancel_requested:
                 return False
+            start = QueueStart.objects.using(self.alias).filter(
+                queue=row.queue, started_at=row.updated_at).values_list("pk", flat=True).first()
+            if start is not None:
+                QueueStart.objects.using(self.alias).filter(pk=start).delete()
             # The row is this claim's (checked after the write lock) until we commit.
             self._jobs().filter(id=row.id).update(attempts=max(row.attempts - 1, 0))
             self._requeue(row, error, now + dt.timedelta(seconds=delay), now, ttl)
             return True
+
+    def fail_and_hold(self, f: QueueClaimFence, lease: float, error: str, retry: bool,
+                      delay: float | None, reason: str, dlq_record_id: str | None,
+                      default_max_attempts: int, base: float, cap: float,
+                      lock_wait: float | None = None) -> bool:
+        """The twin of soniq_hold_slot then soniq_fail, in one write transaction."""
+        with self._locked() as now:
+            row = self._owned_row(f, now)
+            if row is not None:
+                holds = QueueHold.objects.using(self.alias)
+                holds.filter(queue=row.queue, lease_expires_at__lte=now).delete()
+                holds.update_or_create(
+                    job_id=row.id, generation=row.claim_generation,
+                    defaults={"queue": row.queue, "claim_owner": f.worker_id,
+                              "lease_expires_at": now + dt.timedelta(seconds=lease)},
+                    create_defaults={"queue": row.queue, "claim_owner": f.worker_id,
+                                     "lease_expires_at": now + dt.timedelta(seconds=lease),
+                                     "created_at": now})
+            return self.fail(f, error, retry, delay, reason, dlq_record_id,
+                             default_max_attempts, base, cap)
+
+    def release_hold(self, f: QueueClaimFence) -> bool:
+        """The twin of soniq_release_hold."""
+        with self._locked():
+            deleted: int = QueueHold.objects.using(self.alias).filter(
+                job_id=uuid.UUID(f.job_id), generation=f.generation,
+                claim_owner=f.worker_id).delete()[0]
+            return deleted > 0
+
+    def renew_holds(self, owner: str, fences: list[QueueClaimFence], lease: float) -> int:
+        """The twin of soniq_renew_holds."""
+        with self._locked() as now:
+            claims = Q(pk__in=[])
+            for f in fences:
+                claims |= Q(job_id=uuid.UUID(f.job_id), generation=f.generation)
+            renewed: int = QueueHold.objects.using(self.alias).filter(
+                claims, claim_owner=owner, lease_expires_at__gt=now,
+            ).update(lease_expires_at=now + dt.timedelta(seconds=lease))
+            return renewed
 
     def set_pid(self, f: QueueClaimFence, pid: int) -> bool:
         with self._locked() as now:

@@ -7,6 +7,7 @@ tests/worker/test_flow_processes.py proves the limits with real workers.
 """
 
 import datetime as dt
+import uuid
 
 import pytest
 from django.db.models import F
@@ -16,7 +17,7 @@ from django.utils import timezone
 from soniq_django import bulk_enqueue, enqueue, pause_queue, resume_queue
 from soniq_django.errors import ConfigValidationError, ErrorCode, SettingsInvalid
 from soniq_django.flow import Limits, configured_limits, parse_rate, queue_states, sync_configured
-from soniq_django.models import Job, QueueSetting, QueueStart
+from soniq_django.models import Job, QueueHold, QueueSetting, QueueStart
 from soniq_django.owned import OwnedJobSource
 from soniq_django.producer.request import JobRequest
 from tests.support.owned import nonce, rewrite
@@ -165,6 +166,26 @@ def test_a_processing_job_of_the_queue_counts_whoever_claimed_it(source):
     # Jobs claimed by a worker serving every queue count as much.
     assert len(claim(source, 5, worker="w-all")) == 1
     assert running("api") == 2 and mine.queue == "api"
+
+
+def hold(queue, seconds):
+    """A slot kept by a handler that outlived its claim, its lease ``seconds`` from now."""
+    QueueHold.objects.create(job_id=uuid.uuid4(), generation=1, queue=queue,
+                             claim_owner="w-old",
+                             lease_expires_at=timezone.now() + dt.timedelta(seconds=seconds))
+
+
+def test_a_live_hold_takes_a_slot_and_a_lapsed_one_is_deleted(source):
+    fill("api", 5)
+    limit("api", concurrency=3)
+    hold("api", 60)
+    hold("api", -1)  # its worker died: it holds nothing any more
+    hold("other", 60)  # another queue's
+    assert len(claim(source, 5)) == 2
+    assert sorted(QueueHold.objects.values_list("queue", flat=True)) == ["api", "other"]
+    assert claim(source, 5, worker="w-2") == []
+    QueueHold.objects.filter(queue="api").delete()  # its handler returned
+    assert len(claim(source, 5, worker="w-2")) == 1
 
 
 # Rate ----------------------------------------------------------------------------

@@ -138,11 +138,11 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
     assert v1 != v2 and "soniq_complete_many" in v2
     new = ("soniq_claim_many", "soniq_complete_many")
     assert _function_source("soniq_complete") == v2
-    # Both batched functions have version 7's bodies since migration 0016 (tested below).
+    # Both batched functions have version 8's bodies since migration 0018 (tested below).
     assert _function_source("soniq_complete_many") == _file_source(
-        "claim_protocol_v7.sql", "soniq_complete_many")
+        "claim_protocol_v8.sql", "soniq_complete_many")
     assert _function_source("soniq_claim_many") == _file_source(
-        "claim_protocol_v7.sql", "soniq_claim_many")
+        "claim_protocol_v8.sql", "soniq_claim_many")
     try:
         call_command("migrate", "soniq_django", "0008", verbosity=0)
         assert _function_source("soniq_complete") == v1
@@ -162,6 +162,16 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
         "SELECT job_id::text, generation FROM soniq_claim_many('w', ARRAY['nonce-2'])")[0]
     assert fetch("SELECT soniq_complete(%s, 'w', %s, 'nonce-2', 'default')",
                  [job_id, generation]) == [(True,)]
+
+
+#: What migration 0018 (claim protocol v8) adds, and what it replaces: function -> the
+#: released file whose body its reverse puts back. Going back to any earlier migration
+#: reverses it too.
+_ADDED_BY_0018 = ("soniq_queue_budget_v2", "soniq_reap_lapsed_v2",
+                  "soniq_hold_slot", "soniq_release_hold", "soniq_renew_holds")
+_REPLACED_BY_0018 = {"soniq_claim_many": "claim_protocol_v7.sql",
+                     "soniq_complete_many": "claim_protocol_v7.sql",
+                     "soniq_defer": "claim_protocol_v4.sql"}
 
 
 #: What migration 0011 changes: (file that released the body it replaces, function).
@@ -225,11 +235,13 @@ def _soniq_functions() -> dict[str, str]:
 def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     v4 = _file_source("claim_protocol_v4.sql", "soniq_defer")
     before = _soniq_functions()
-    assert before["soniq_defer"] == v4
+    # Version 8's body since 0018 (tested below), which going back to 0011 reverses.
+    assert before["soniq_defer"] == _file_source("claim_protocol_v8.sql", "soniq_defer") != v4
     # Going back to 0011 also reverses 0013 (flow control, tested below),
-    # 0016 (version 7's batched bodies) and 0017 (soniq_enqueue v4, both tested below).
+    # 0016 (version 7's batched bodies), 0017 (soniq_enqueue v4) and 0018 (claim
+    # protocol v8; all tested below).
     by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many",
-               "soniq_enqueue"}
+               "soniq_enqueue", *_ADDED_BY_0018}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -274,14 +286,14 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
     v5 = _file_source("claim_protocol_v5.sql", "soniq_claim_many")
     assert v2 != v5 and "soniq_queue_budget_v1" in v5
     before = _soniq_functions()
-    # Version 7 (0016, tested below) has the body now; going back to 0012 reverses it too.
-    assert before["soniq_claim_many"] == _file_source("claim_protocol_v7.sql", "soniq_claim_many")
+    # Version 8 (0018, tested below) has the body now; going back to 0012 reverses it too.
+    assert before["soniq_claim_many"] == _file_source("claim_protocol_v8.sql", "soniq_claim_many")
     assert "soniq_queue_budget_v1" in before
     try:
         call_command("migrate", "soniq_django", "0012", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v2
-        assert set(after) == set(before) - {"soniq_queue_budget_v1"}
+        assert set(after) == set(before) - {"soniq_queue_budget_v1", *_ADDED_BY_0018}
         # 0017 reversed too: version 3's soniq_enqueue.
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         assert fetch("SELECT to_regclass('soniq_queue_settings'), "
@@ -310,9 +322,11 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
     assert v5 != v6
     v6_indexes = {"soniq_jobs_claim_idx", "soniq_jobs_claim_now_idx",
                   "soniq_jobs_claim_scheduled_idx", "soniq_jobs_claim_due_idx"}
-    v7 = _file_source("claim_protocol_v7.sql", "soniq_claim_many")
+    # ... and 0018's (claim protocol v8, tested below).
+    v8_indexes = v6_indexes | {"soniq_jobs_claim_queue_now_idx"}
+    v8 = _file_source("claim_protocol_v8.sql", "soniq_claim_many")
     before = _soniq_functions()
-    assert before["soniq_claim_many"] == v7 and _claim_indexes() == v6_indexes
+    assert before["soniq_claim_many"] == v8 and _claim_indexes() == v8_indexes
     try:
         call_command("migrate", "soniq_django", "0013", verbosity=0)
         after = _soniq_functions()
@@ -322,16 +336,18 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
             "claim_protocol_v2.sql", "soniq_complete_many")
         # soniq_enqueue: version 3's again (0017 reversed too).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
-        changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue")
+        changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_ADDED_BY_0018,
+                   *_REPLACED_BY_0018)
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
+        assert not set(_ADDED_BY_0018) & set(after)
         assert _claim_indexes() == {"soniq_jobs_claim_idx", "soniq_jobs_claim_any_idx"}
         # Version 5's claim works again, a due scheduled job and all.
         fetch("SELECT soniq_enqueue('back.to_v5', run_at => now() - interval '1 second')")
         assert len(fetch("SELECT * FROM soniq_claim_many('w', ARRAY['nonce-v5'])")) == 1
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
-    assert _soniq_functions() == before and _claim_indexes() == v6_indexes
+    assert _soniq_functions() == before and _claim_indexes() == v8_indexes
     fetch("SELECT soniq_enqueue('again.v6', run_at => now() - interval '1 second')")
     fetch("SELECT soniq_enqueue('again.v6_later', run_at => now() + interval '1 hour')")
     assert [row[1] for row in fetch(
@@ -347,14 +363,16 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
           for name in ("soniq_claim_many", "soniq_complete_many")}
     assert v7["soniq_claim_many"] != v6 and v7["soniq_complete_many"] != v2
     before = _soniq_functions()
-    assert {name: before[name] for name in v7} == v7
+    # Version 8's bodies since 0018 (tested below), which going back to 0015 reverses.
+    assert {name: before[name] for name in v7} == {
+        name: _file_source("claim_protocol_v8.sql", name) for name in v7}
     try:
         call_command("migrate", "soniq_django", "0015", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v6 and after["soniq_complete_many"] == v2
-        # 0017 reversed too (tested below).
+        # 0017 and 0018 reversed too (tested below).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
-        changed = {*v7, "soniq_enqueue"}
+        changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
@@ -388,12 +406,14 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
     assert before["soniq_enqueue"] == v4
     producer = roles.create("soniq_producer")
     call_command("soniq_grant", producer, stdout=io.StringIO())
+    # Going back to 0016 reverses 0018 too (tested below).
+    changed = {"soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018}
     try:
         call_command("migrate", "soniq_django", "0016", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_enqueue"] == v3
-        assert {n: b for n, b in after.items() if n != "soniq_enqueue"} == {
-            n: b for n, b in before.items() if n != "soniq_enqueue"}
+        assert {n: b for n, b in after.items() if n not in changed} == {
+            n: b for n, b in before.items() if n not in changed}
         # Replaced, not dropped: the producer keeps its grant; version 3 works again.
         assert _may_enqueue(producer)
         job_id = fetch("SELECT soniq_enqueue('back.to_v3', '{\"n\": 1}')")[0][0]
@@ -407,3 +427,59 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
     (ids,) = fetch("SELECT soniq_enqueue_many('[{\"job_name\": \"again.v4_many\", "
                    "\"dedup_key\": \"d-v4\"}]')")[0]
     assert fetch("SELECT job_name FROM soniq_get_job(%s)", [ids[0]]) == [("again.v4_many",)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
+    v8 = {name: _file_source("claim_protocol_v8.sql", name)
+          for name in (*_REPLACED_BY_0018, *_ADDED_BY_0018)}
+    restored = {name: _file_source(released, name)
+                for name, released in _REPLACED_BY_0018.items()}
+    assert all(v8[name] != restored[name] for name in restored)
+    before = _soniq_functions()
+    assert {name: before[name] for name in v8} == v8
+    # Version 8 replaced nothing else: version 1's budget and reaper stay as they were.
+    assert before["soniq_queue_budget_v1"] == _file_source(
+        "claim_protocol_v5.sql", "soniq_queue_budget_v1")
+    assert before["soniq_reap_lapsed_v1"] == _file_source(
+        "claim_protocol_v3.sql", "soniq_reap_lapsed_v1")
+    assert "soniq_jobs_claim_queue_now_idx" in _claim_indexes()
+    try:
+        call_command("migrate", "soniq_django", "0017", verbosity=0)
+        after = _soniq_functions()
+        assert {name: after[name] for name in restored} == restored
+        assert not set(_ADDED_BY_0018) & set(after)
+        changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018}
+        assert {n: b for n, b in after.items() if n not in changed} == {
+            n: b for n, b in before.items() if n not in changed}
+        assert "soniq_jobs_claim_queue_now_idx" not in _claim_indexes()
+        assert fetch("SELECT to_regclass('soniq_queue_holds')") == [(None,)]
+        # Version 7 works again, flow control and all: claim two, complete both.
+        fetch("SELECT soniq_enqueue('back.to_v7', queue => q) "
+              "FROM unnest(ARRAY['paused', 'free', 'free']) AS q")
+        fetch("INSERT INTO soniq_queue_settings (queue, paused) VALUES ('paused', true)")
+        claimed = fetch("SELECT job_id::text, generation, token, queue FROM "
+                        "soniq_claim_many('w', ARRAY['nonce-v7a', 'nonce-v7b', 'nonce-v7c'])")
+        assert [row[3] for row in claimed] == ["free", "free"]
+        assert fetch("SELECT soniq_complete_many(%s::text[], 'w', %s::bigint[], %s::text[], "
+                     "%s::text[], ARRAY[NULL, NULL]::jsonb[])",
+                     [list(column) for column in zip(*claimed)]) == [([True, True],)]
+    finally:
+        fetch("DELETE FROM soniq_queue_settings")
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before
+    assert "soniq_jobs_claim_queue_now_idx" in _claim_indexes()
+    fetch("SELECT soniq_enqueue('again.v8', queue => q) "
+          "FROM unnest(ARRAY['paused', 'free', 'free']) AS q")
+    fetch("INSERT INTO soniq_queue_settings (queue, paused) VALUES ('paused', true)")
+    try:
+        claimed = fetch("SELECT job_id::text, generation, token, queue FROM "
+                        "soniq_claim_many('w', ARRAY['nonce-v8a', 'nonce-v8b', 'nonce-v8c'])")
+        assert [row[3] for row in claimed] == ["free", "free"]
+        # Version 8's completion closes the write gate before it returns.
+        assert fetch("SELECT soniq_complete_many(%s::text[], 'w', %s::bigint[], %s::text[], "
+                     "%s::text[], ARRAY[NULL, NULL]::jsonb[]), "
+                     "current_setting('soniq.fenced_write', true)",
+                     [list(column) for column in zip(*claimed)]) == [([True, True], "off")]
+    finally:
+        fetch("DELETE FROM soniq_queue_settings")
