@@ -127,12 +127,18 @@ def test_a_call_holding_the_shared_connection_for_three_leases_leaves_every_leas
 def _settings_row_locked(queue: str):
     """An operator's open transaction on ``queue``'s soniq_queue_settings row (docs/operations.md's
     pause from another language, inside BEGIN ... COMMIT), on a connection of its own."""
+    with _operator("SELECT * FROM soniq_queue_settings WHERE queue = %s FOR UPDATE", [queue]):
+        yield
+
+
+@contextmanager
+def _operator(sql: str, params: list | None = None):
+    """An open transaction that ran ``sql``, on a connection of its own, until the block ends."""
     db = connection.settings_dict
     with psycopg.connect(host=db["HOST"] or None, port=db["PORT"] or None,
                          user=db["USER"] or None, password=db["PASSWORD"] or None,
                          dbname=db["NAME"], autocommit=False) as operator:
-        operator.execute("SELECT * FROM soniq_queue_settings WHERE queue = %s FOR UPDATE",
-                         [queue])
+        operator.execute(sql, params or [])
         try:
             yield
         finally:
@@ -233,7 +239,9 @@ def test_a_bounded_claim_that_meets_a_held_lock_is_an_answer_and_leaves_no_setti
     flow.sync_configured("default")
     job_id = enqueue("tests.worker.ok", queue="limited")
     source = OwnedJobSource(alias)
-    with _settings_row_locked("limited"):
+    # Claim protocol v8 no longer waits for a settings row; a lock on the table the claim
+    # must lock rows of still makes it wait (a migration's, a LOCK TABLE).
+    with _operator("LOCK TABLE soniq_jobs IN EXCLUSIVE MODE"):
         started = time.monotonic()
         with pytest.raises(SoniqError) as raised:
             source.claim_many_owned("w", claim_tokens=["t1", "t2"], lock_wait=0.2)
