@@ -56,6 +56,7 @@ class Migration(migrations.Migration):
             run_file("claim_protocol_v8.down.sql", restore=(
                 ("claim_protocol_v7.sql", "soniq_claim_many"),
                 ("claim_protocol_v7.sql", "soniq_complete_many"),
+                ("claim_protocol_v4.sql", "soniq_defer"),
             )),
             elidable=False,
         ),

@@ -337,6 +337,38 @@ class PostgresClaims:
               lock_wait: float | None = None) -> bool:
         return self._boolean("soniq_defer", f, [error, delay, ttl], lock_wait)
 
+    def fail_and_hold(self, f: QueueClaimFence, lease: float, error: str, retry: bool,
+                      delay: float | None, reason: str, dlq_record_id: str | None,
+                      default_max_attempts: int, base: float, cap: float,
+                      lock_wait: float | None = None) -> bool:
+        """soniq_hold_slot, then soniq_fail, in one transaction; soniq_fail's answer.
+
+        Two statements in one query string: one implicit transaction, one
+        round trip (as ``complete_and_claim``), bounded by ``lock_wait``
+        (``_execute``).
+        """
+        fail = [error, retry, delay, reason, dlq_record_id, default_max_attempts, base, cap]
+        hold_sql = "SELECT soniq_hold_slot(%s, %s, %s, %s, %s, %s)"
+        fail_sql = "SELECT soniq_fail(" + ", ".join(["%s"] * 13) + ")"
+        with guarded(self.alias, atomic=False) as connection, connection.cursor() as cursor:
+            with _bounded_by(lock_wait):
+                _execute(connection, cursor, [hold_sql, fail_sql],
+                         self._fence(f) + [lease] + self._fence(f) + fail, lock_wait)
+            if not cursor.nextset():
+                raise persistence_failed()  # the failure's answer never came
+            return bool(cursor.fetchone()[0] is True)
+
+    def release_hold(self, f: QueueClaimFence) -> bool:
+        rows = self._rows("SELECT soniq_release_hold(%s, %s, %s)",
+                          [f.job_id, f.worker_id, f.generation])
+        return rows[0][0] is True
+
+    def renew_holds(self, owner: str, fences: list[QueueClaimFence], lease: float) -> int:
+        rows = self._rows("SELECT soniq_renew_holds(%s, %s::text[], %s::bigint[], %s)",
+                          [owner, array_text([f.job_id for f in fences]),
+                           array_text([f.generation for f in fences]), lease])
+        return int(rows[0][0])
+
     def set_pid(self, f: QueueClaimFence, pid: int) -> bool:
         return self._boolean("soniq_set_pid", f, [pid])
 
@@ -816,15 +848,62 @@ class SqliteClaims:
 
     def defer(self, f: QueueClaimFence, error: str, delay: float, ttl: float,
               lock_wait: float | None = None) -> bool:
-        """Give the claim back without counting its attempt: the twin of soniq_defer (v4)."""
+        """Give the claim back without counting its attempt: the twin of soniq_defer (v8).
+
+        A deferral is not a start: the start the claim recorded (its time is
+        the row's ``updated_at`` until a renewal moves it) is taken back.
+        """
         with self._locked() as now:
             row = self._owned_row(f, now)
             if row is None or row.cancel_requested:
                 return False
+            start = QueueStart.objects.using(self.alias).filter(
+                queue=row.queue, started_at=row.updated_at).values_list("pk", flat=True).first()
+            if start is not None:
+                QueueStart.objects.using(self.alias).filter(pk=start).delete()
             # The row is this claim's (checked after the write lock) until we commit.
             self._jobs().filter(id=row.id).update(attempts=max(row.attempts - 1, 0))
             self._requeue(row, error, now + dt.timedelta(seconds=delay), now, ttl)
             return True
+
+    def fail_and_hold(self, f: QueueClaimFence, lease: float, error: str, retry: bool,
+                      delay: float | None, reason: str, dlq_record_id: str | None,
+                      default_max_attempts: int, base: float, cap: float,
+                      lock_wait: float | None = None) -> bool:
+        """The twin of soniq_hold_slot then soniq_fail, in one write transaction."""
+        with self._locked() as now:
+            row = self._owned_row(f, now)
+            if row is not None:
+                holds = QueueHold.objects.using(self.alias)
+                holds.filter(queue=row.queue, lease_expires_at__lte=now).delete()
+                holds.update_or_create(
+                    job_id=row.id, generation=row.claim_generation,
+                    defaults={"queue": row.queue, "claim_owner": f.worker_id,
+                              "lease_expires_at": now + dt.timedelta(seconds=lease)},
+                    create_defaults={"queue": row.queue, "claim_owner": f.worker_id,
+                                     "lease_expires_at": now + dt.timedelta(seconds=lease),
+                                     "created_at": now})
+            return self.fail(f, error, retry, delay, reason, dlq_record_id,
+                             default_max_attempts, base, cap)
+
+    def release_hold(self, f: QueueClaimFence) -> bool:
+        """The twin of soniq_release_hold."""
+        with self._locked():
+            deleted: int = QueueHold.objects.using(self.alias).filter(
+                job_id=uuid.UUID(f.job_id), generation=f.generation,
+                claim_owner=f.worker_id).delete()[0]
+            return deleted > 0
+
+    def renew_holds(self, owner: str, fences: list[QueueClaimFence], lease: float) -> int:
+        """The twin of soniq_renew_holds."""
+        with self._locked() as now:
+            claims = Q(pk__in=[])
+            for f in fences:
+                claims |= Q(job_id=uuid.UUID(f.job_id), generation=f.generation)
+            renewed: int = QueueHold.objects.using(self.alias).filter(
+                claims, claim_owner=owner, lease_expires_at__gt=now,
+            ).update(lease_expires_at=now + dt.timedelta(seconds=lease))
+            return renewed
 
     def set_pid(self, f: QueueClaimFence, pid: int) -> bool:
         with self._locked() as now:

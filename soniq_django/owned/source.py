@@ -418,6 +418,42 @@ class OwnedJobSource:
         return await sync_to_async(self._defer)(*_deferral(fence, error, delay),
                                                 _wait(lock_wait))
 
+    # Slots held by handlers that run on (the worker's own; no async twins) ----------
+
+    def _fail_and_hold(self, fence: QueueClaimFence, error: str, *,
+                       retry_delay: float | None = None,
+                       default_max_attempts: int | None = None,
+                       lock_wait: float | None = None) -> bool:
+        """``fail_owned(retry=True)`` of a run past its time limit, holding its queue slot.
+
+        In one transaction: while the fence owns the job, a row of
+        soniq_queue_holds keeps the claim's queue slot taken for the handler,
+        which runs on (a plain function cannot be stopped), with a lease of
+        LEASE_SECONDS; then the fenced failure. Returns the failure's answer.
+        The worker renews the hold (``_renew_holds``) until the handler
+        returns, then deletes it (``_release_hold``).
+        """
+        args = _failure(fence, error, True, None, DeadLetterReason.PERMANENT_FAILURE,
+                        retry_delay, default_max_attempts)
+        config = get_settings()
+        return self._claims.fail_and_hold(
+            args[0], _lease(), args[1], True, args[5], args[4], None, args[6],
+            float(config.RETRY_BASE_SECONDS), float(config.RETRY_MAX_SECONDS), _wait(lock_wait))
+
+    def _release_hold(self, fence: QueueClaimFence) -> bool:
+        """Delete the hold of this claim (its handler returned); False: there was none."""
+        return self._claims.release_hold(checked_fence(fence))
+
+    def _renew_holds(self, worker_id: str, fences: list[QueueClaimFence]) -> int:
+        """Renew the live holds of these claims of ``worker_id`` for LEASE_SECONDS; how many.
+
+        At most ``MAX_CLAIM_BATCH`` fences; a lapsed hold is not renewed.
+        """
+        if not 1 <= len(fences) <= MAX_CLAIM_BATCH:
+            raise ConfigValidationError(f"fences must hold 1 to {MAX_CLAIM_BATCH} claims")
+        return self._claims.renew_holds(identity(worker_id, "worker_id"),
+                                        [checked_fence(f) for f in fences], _lease())
+
     def set_pid_owned(self, fence: QueueClaimFence, pid: int) -> bool:
         """Record the process id running the exact live claim."""
         return self._set_pid(checked_fence(fence), positive_int(pid, "pid", INT32_MAX))

@@ -1783,8 +1783,8 @@ BEGIN
 END
 $fn$;
 
--- soniq_defer (from claim_protocol_v4.sql) --
-CREATE FUNCTION {schema}.soniq_defer(
+-- soniq_defer (from claim_protocol_v8.sql) --
+CREATE OR REPLACE FUNCTION {schema}.soniq_defer(
     job_id text, worker_id text, generation bigint, claim_token text, queue text,
     error text,
     delay_seconds double precision DEFAULT 0,
@@ -1796,7 +1796,7 @@ AS $fn$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz;
-    v_cancel boolean;
+    r record;
 BEGIN
     IF soniq_defer.error IS NULL THEN
         RAISE EXCEPTION 'invalid deferral' USING ERRCODE = '22023', HINT = 'CONFIG';
@@ -1810,11 +1810,16 @@ BEGIN
     IF v_now IS NULL THEN
         RETURN false;
     END IF;
-    SELECT j.cancel_requested INTO v_cancel
+    SELECT j.cancel_requested, j.queue, j.updated_at INTO r
       FROM {schema}.soniq_jobs AS j WHERE j.id = soniq_defer.job_id::uuid;
-    IF v_cancel THEN  -- the worker must acknowledge the cancel instead
+    IF r.cancel_requested THEN  -- the worker must acknowledge the cancel instead
         RETURN false;
     END IF;
+    DELETE FROM {schema}.soniq_queue_starts AS t
+     WHERE t.ctid = (SELECT s.ctid FROM {schema}.soniq_queue_starts AS s
+                      WHERE s.queue = r.queue AND s.started_at = r.updated_at
+                      LIMIT 1
+                        FOR UPDATE SKIP LOCKED);
     PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
     UPDATE {schema}.soniq_jobs AS j
        SET attempts = GREATEST(j.attempts - 1, 0)
@@ -2016,6 +2021,101 @@ BEGIN
     IF v_seen THEN  -- in the common case nothing lapsed and nothing was opened
         PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
     END IF;
+    RETURN v_count;
+END
+$fn$;
+
+-- soniq_hold_slot (from claim_protocol_v8.sql) --
+CREATE FUNCTION {schema}.soniq_hold_slot(
+    job_id text, worker_id text, generation bigint, claim_token text, queue text,
+    lease_seconds double precision DEFAULT 30
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz;
+BEGIN
+    PERFORM {schema}.soniq_check_seconds_v1(lease_seconds, 'lease_seconds', false);
+    -- Locks the row, then reads the clock: the whole fence is compared after the lock.
+    v_now := {schema}.soniq_lock_fence_v1(
+        soniq_hold_slot.job_id, soniq_hold_slot.worker_id, soniq_hold_slot.generation,
+        soniq_hold_slot.claim_token, soniq_hold_slot.queue);
+    IF v_now IS NULL THEN
+        RETURN false;
+    END IF;
+    -- SKIP LOCKED: a lapsed hold another transaction is deleting is left to it.
+    DELETE FROM {schema}.soniq_queue_holds AS h
+     WHERE h.id IN (SELECT l.id FROM {schema}.soniq_queue_holds AS l
+                     WHERE l.queue = soniq_hold_slot.queue AND l.lease_expires_at <= v_now
+                       FOR UPDATE SKIP LOCKED);
+    INSERT INTO {schema}.soniq_queue_holds AS h
+           (job_id, generation, queue, claim_owner, lease_expires_at, created_at)
+    VALUES (soniq_hold_slot.job_id::uuid, soniq_hold_slot.generation, soniq_hold_slot.queue,
+            soniq_hold_slot.worker_id,
+            v_now + pg_catalog.make_interval(secs => soniq_hold_slot.lease_seconds), v_now)
+    ON CONFLICT ON CONSTRAINT soniq_queue_holds_claim_uniq
+    DO UPDATE SET lease_expires_at = EXCLUDED.lease_expires_at;
+    RETURN true;
+END
+$fn$;
+
+-- soniq_release_hold (from claim_protocol_v8.sql) --
+CREATE FUNCTION {schema}.soniq_release_hold(
+    job_id text, worker_id text, generation bigint
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    PERFORM {schema}.soniq_check_identity_v1(soniq_release_hold.worker_id, 'worker_id');
+    IF soniq_release_hold.job_id IS NULL OR soniq_release_hold.generation IS NULL
+       OR soniq_release_hold.generation < 1 THEN
+        RAISE EXCEPTION 'invalid hold' USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    DELETE FROM {schema}.soniq_queue_holds AS h
+     WHERE h.job_id = soniq_release_hold.job_id::uuid
+       AND h.generation = soniq_release_hold.generation
+       AND h.claim_owner COLLATE "C" = soniq_release_hold.worker_id COLLATE "C";
+    RETURN FOUND;
+END
+$fn$;
+
+-- soniq_renew_holds (from claim_protocol_v8.sql) --
+CREATE FUNCTION {schema}.soniq_renew_holds(
+    worker_id text, job_ids text[], generations bigint[],
+    lease_seconds double precision DEFAULT 30
+) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz;
+    v_count integer;
+    v_size integer := pg_catalog.cardinality(soniq_renew_holds.job_ids);
+BEGIN
+    PERFORM {schema}.soniq_check_identity_v1(soniq_renew_holds.worker_id, 'worker_id');
+    PERFORM {schema}.soniq_check_seconds_v1(lease_seconds, 'lease_seconds', false);
+    IF v_size IS NULL OR v_size < 1 OR v_size > 1000
+       OR pg_catalog.array_ndims(soniq_renew_holds.job_ids) <> 1
+       OR pg_catalog.cardinality(soniq_renew_holds.generations) IS DISTINCT FROM v_size
+       OR pg_catalog.array_ndims(soniq_renew_holds.generations) <> 1 THEN
+        RAISE EXCEPTION 'job_ids and generations must hold 1 to 1000 claims each, in pairs'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    v_now := pg_catalog.clock_timestamp();
+    UPDATE {schema}.soniq_queue_holds AS h
+       SET lease_expires_at = v_now + pg_catalog.make_interval(
+               secs => soniq_renew_holds.lease_seconds)
+      FROM ROWS FROM (pg_catalog.unnest(soniq_renew_holds.job_ids),
+                      pg_catalog.unnest(soniq_renew_holds.generations)) AS c(job_id, generation)
+     WHERE h.job_id = c.job_id::uuid AND h.generation = c.generation
+       AND h.claim_owner COLLATE "C" = soniq_renew_holds.worker_id COLLATE "C"
+       AND h.lease_expires_at > v_now;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
 END
 $fn$;

@@ -15,7 +15,9 @@ which of them writes what:
 - ``time_out(flight, error)`` -- on the deadline thread (deadlines.py), at
   the run's deadline: takes the final write of a job past its time limit
   and hands it to the main loop. It never writes and never waits, so a
-  slow database cannot hold up the other jobs' deadlines.
+  slow database cannot hold up the other jobs' deadlines. The main loop
+  writes the failure with a hold of the claim's queue slot, since the
+  handler may run on; ``settle`` releases it once the handler returned.
 - ``round(n)`` -- on the main loop: writes the timeouts handed over, then
   the completions handed over together with a claim of ``n`` jobs, in one
   call. Both completers claim through ``Writes.round``, the one claim path.
@@ -80,6 +82,7 @@ class Completer:
                 self._writes.report_atomic(flight, outcome)
             except Exception:
                 logger.exception("worker error while recording %s", flight.claimed.job_name)
+            self._give_back_hold(flight)
             return self._run_on(flight)
         completion = False
         try:
@@ -87,6 +90,7 @@ class Completer:
                 completion = self._take(flight, outcome)
         except Exception:
             logger.exception("worker error while running %s", flight.claimed.job_name)
+        self._give_back_hold(flight)
         if completion:
             return self._complete(flight)
         self._flights.finish(flight)
@@ -118,6 +122,26 @@ class Completer:
     def _complete(self, flight: InFlight) -> InFlight | None:
         """Write the completion of ``flight`` or hand it over; free the slot unless it runs on."""
         raise NotImplementedError
+
+    def _give_back_hold(self, flight: InFlight) -> None:
+        """The handler returned: release the queue slot its timeout held, if it did (once).
+
+        A run without a time limit was never timed out: nothing to do, no lock
+        taken. Otherwise ``flight.settled`` orders this after the timeout's
+        write (which holds it throughout), so the hold is never released
+        before it was taken. After ``abort()`` nothing is written: the hold
+        lapses with its lease, as the worker's claims do.
+        """
+        if not flight.watched:
+            return
+        with flight.settled:
+            holding, flight.holding = flight.holding, False
+        if holding and not self._aborted.is_set():
+            try:
+                self._writes.release_hold(flight)
+            except Exception:
+                logger.exception("worker error while giving back the queue slot of %s",
+                                 flight.claimed.job_name)
 
     def _free_slot(self) -> None:
         self._slots.give()
@@ -172,9 +196,9 @@ class Completer:
         with self._lock:
             timeouts, self._timeouts = self._timeouts, []
         for flight, outcome in timeouts:
-            try:
+            try:  # its handler may run on: the failure holds the claim's queue slot
                 if write:
-                    self._writes.write_outcome(flight, outcome)
+                    self._writes.write_outcome(flight, outcome, hold=True)
             except Exception:
                 logger.exception("%s %s: could not record its timeout", flight.claimed.job_name,
                                  flight.claimed.job_id)

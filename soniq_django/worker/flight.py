@@ -35,6 +35,11 @@ class InFlight:
     commit_pending: bool = False
     """An atomic run's completion is written in its own transaction, whose COMMIT is on its way:
     that transaction holds the row, and the heartbeat leaves it alone (worker/atomic.py)."""
+    holding: bool = False
+    """Its timeout's write asked to hold its queue slot (soniq_queue_holds) for the handler,
+    which runs on: set under ``settled`` before that write, so the hold is released when the
+    handler returns even if the write's outcome stayed unknown; cleared by that release.
+    The heartbeat renews the hold meanwhile (completer.py, heartbeat.py)."""
 
     @property
     def key(self) -> tuple[str, int]:

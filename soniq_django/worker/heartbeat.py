@@ -1,4 +1,4 @@
-"""A worker's heartbeat: leases, cancel requests, its own row, housekeeping.
+"""A worker's heartbeat: leases, holds, cancel requests, its own row, housekeeping.
 
 It never makes a final write. It renews the lease of every claim this
 worker holds until that claim's final write is made -- also while the
@@ -33,6 +33,7 @@ from ..errors import ErrorCode, SoniqError
 from ..housekeeping import purge_expired
 from ..owned import OwnedJobSource, OwnedJobState
 from ..owned._store import LOCK_NOT_AVAILABLE
+from ..owned.types import MAX_CLAIM_BATCH
 from ..throughput import ThroughputCounter
 from . import registration
 from .bounds import beat_interval, patience, renewal_wait
@@ -110,6 +111,7 @@ class Heartbeat:
                 aside = not turn
                 self._renew_quietly(flights, deadline)
                 self.beat_worker()
+                self.renew_holds()
             self._housekeep_quietly(deadline)
             logger.debug("heartbeat: worker row and %d running job(s)%s", len(flights),
                          " (on a second connection)" if aside else "")
@@ -146,6 +148,29 @@ class Heartbeat:
             self.throughput.flush(self.using)
         except Exception:  # the next beat tries again (the turn closed a broken connection)
             pass
+
+    def renew_holds(self) -> None:
+        """Renew the holds of the queue slots of timed-out handlers still running (one call).
+
+        None held (the usual case): no call. A hold that was not renewed had
+        lapsed (the worker could not renew it for a lease): its slot is free
+        for other claims while the handler still runs, and the log says so.
+        """
+        held = [flight for flight in self.flights.all() if flight.holding]
+        if not held:
+            return
+        try:
+            for start in range(0, len(held), MAX_CLAIM_BATCH):
+                batch = held[start:start + MAX_CLAIM_BATCH]
+                renewed = self.source._renew_holds(
+                    self.worker_id, [flight.claimed.claim_fence for flight in batch])
+                if renewed < len(batch):
+                    logger.warning("%d timed-out handler(s) still running no longer hold their "
+                                   "queue's slot (the hold lapsed before it was renewed)",
+                                   len(batch) - renewed)
+        except Exception:  # the next beat tries again (the turn closed a broken connection)
+            logger.warning("could not renew the queue slots held by timed-out handlers; "
+                           "retrying at the next beat")
 
     def _housekeep_quietly(self, deadline: float) -> None:
         try:

@@ -37,7 +37,9 @@ So every final write has one owner:
   transaction); with more, the main thread (with the round's claims); an
   atomic job's, its job thread (in the handler's transaction);
 - a failure, a dead letter, a deferral, a cancel acknowledgement: the job thread;
-- the failure of a job past its time limit: the main thread, at once;
+- the failure of a job past its time limit: the main thread, at once, with
+  a hold of its queue slot while the handler runs on (released by the job
+  thread when it returns, renewed by the heartbeat meanwhile);
 - a cancel honoured after it refused a write: the thread of that write.
 
 Every claim goes through ``Writes.round`` (writes.py), from whichever thread.

@@ -13,9 +13,14 @@ work on first contact. The rule (``decide``), in order:
 3. otherwise → dead letter, ``job_not_found`` (replay it once a handler
    exists).
 
-A deferral (``defer_owned``) queues the job again ``DEFER_SECONDS`` later
-and takes back the attempt its claim counted, so old workers never spend a
-new handler's attempts. When the facts cannot be read (the database is
+A deferral (``defer_owned``) queues the job again later and takes back
+the attempt its claim counted, so old workers never spend a new handler's
+attempts, and the start it counted against a rate-limited queue (a
+deferral is not a start). The delay doubles with each deferral of the job
+(``defer_delay``), from ``DEFER_SECONDS`` to ``DEFER_MAX_SECONDS``: a job no
+worker here can run comes back less and less often instead of being claimed
+ahead of the jobs the worker can run, every few seconds, for the whole grace
+period (docs/decisions/0033). When the facts cannot be read (the database is
 unavailable) the job is deferred: any worker can undo a deferral, only a
 replay undoes a dead letter.
 """
@@ -32,9 +37,33 @@ from ..owned.types import ClaimedJob
 from . import peers
 from .execution import Outcome, OutcomeKind
 
-#: Seconds a deferred job waits before any worker may claim it again (times
-#: a jitter from 0.5 to 1, so that the workers deferring it drift apart).
+#: Seconds a deferred job waits before any worker may claim it again, at its
+#: first deferral (times a jitter from 0.5 to 1, so that the workers deferring
+#: it drift apart); doubled at each deferral after it, up to DEFER_MAX_SECONDS.
 DEFER_SECONDS = 5.0
+#: The longest a deferral makes a job wait (before the jitter): how late, at
+#: most, a worker that knows the job sees it come back once it is running.
+DEFER_MAX_SECONDS = 30.0
+
+
+def defer_delay(deferrals: int, jitter: float) -> float:
+    """Seconds the deferral of a job deferred ``deferrals`` times before waits.
+
+    ``jitter`` is from 0.5 to 1.
+    """
+    doubled: float = DEFER_SECONDS * 2 ** min(max(deferrals, 0), 16)
+    return min(DEFER_MAX_SECONDS, doubled) * jitter
+
+
+def deferrals(claimed: ClaimedJob) -> int:
+    """How many times the job was deferred before this claim, as its row tells.
+
+    Every claim raises the generation by one and counts an attempt; a
+    deferral takes its attempt back. So the generation less the attempts
+    counts the claims that were given back (a dead-letter replay, which
+    starts the attempts again, counts as some: the delay is capped).
+    """
+    return max(claimed.claim_fence.generation - claimed.attempts, 0)
 
 
 def decide(*, age: float | None, knowers: int, grace: float) -> bool:
@@ -56,20 +85,21 @@ def resolve(using: str, worker_id: str, claimed: ClaimedJob, error: str | None) 
         age = _age(using, claimed)
         knowing = peers.knowers(using, claimed.job_name, claimed.queue, exclude=worker_id)
     except SoniqError:
-        return _deferred(f"{error}; deferred (this worker could not read who knows it)")
+        return _deferred(claimed, f"{error}; deferred (this worker could not read who knows it)")
     if not decide(age=age, knowers=knowing, grace=grace):
         return Outcome(OutcomeKind.DEAD, reason=DeadLetterReason.JOB_NOT_FOUND, error=(
             f"{error}; no live worker registered it, and it was enqueued {age:.0f} s ago: "
             f"longer than UNKNOWN_JOB_GRACE_SECONDS ({grace:g} s)"))
     if knowing:
-        return _deferred(f"{error}; deferred for the {knowing} live worker(s) that registered it")
-    return _deferred(f"{error}; deferred for a worker that knows it, until "
+        return _deferred(claimed, f"{error}; deferred for the {knowing} live worker(s) that "
+                         "registered it")
+    return _deferred(claimed, f"{error}; deferred for a worker that knows it, until "
                      f"UNKNOWN_JOB_GRACE_SECONDS ({grace:g} s) after it was enqueued")
 
 
-def _deferred(error: str) -> Outcome:
+def _deferred(claimed: ClaimedJob, error: str) -> Outcome:
     return Outcome(OutcomeKind.DEFERRED, error=error,
-                   delay=DEFER_SECONDS * (0.5 + 0.5 * random.random()))
+                   delay=defer_delay(deferrals(claimed), 0.5 + 0.5 * random.random()))
 
 
 def _age(using: str, claimed: ClaimedJob) -> float | None:

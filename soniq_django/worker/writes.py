@@ -385,8 +385,13 @@ class Writes:
             "completion refused by the fence (lease lost, cancelled or re-claimed); its writes "
             "were rolled back"))
 
-    def write_outcome(self, flight: InFlight, outcome: Outcome) -> None:
-        """Make one job's final write on its own, retried while the database is unavailable."""
+    def write_outcome(self, flight: InFlight, outcome: Outcome, *, hold: bool = False) -> None:
+        """Make one job's final write on its own, retried while the database is unavailable.
+
+        ``hold`` (a timeout's failure, whose handler may run on): the failure
+        also holds the claim's queue slot, in the same transaction
+        (``flight.holding``; ``release_hold`` gives it back).
+        """
         claimed = flight.claimed
         if flight.lost:  # the heartbeat saw the claim go: it is not ours to write
             self._count(NOT_RECORDED)
@@ -413,6 +418,12 @@ class Writes:
                 retry_delay=outcome.delay,
                 default_max_attempts=_default_max_attempts(claimed.job_name),
                 lock_wait=lock_wait())
+            if hold:
+                flight.holding = True  # before the call: released even if its outcome is unknown
+                write = lambda: self.source._fail_and_hold(  # noqa: E731
+                    fence, outcome.error, retry_delay=outcome.delay,  # type: ignore[arg-type]
+                    default_max_attempts=_default_max_attempts(claimed.job_name),
+                    lock_wait=lock_wait())
         elif outcome.kind is OutcomeKind.DEAD:
             write = lambda: self.source.fail_owned(  # noqa: E731
                 fence, outcome.error, retry=False,  # type: ignore[arg-type]
@@ -438,6 +449,27 @@ class Writes:
                          RECORDED[outcome.kind].verb, error.code.value, error.reason)
             return
         self._report(flight, outcome, applied, deadline)
+
+    def release_hold(self, flight: InFlight) -> None:
+        """The timed-out handler of ``flight`` returned: delete the hold of its queue slot.
+
+        Tried while the database is unavailable for at most one lease: by
+        then the hold, which nothing renews any more, has lapsed anyway.
+        """
+        claimed = flight.claimed
+        deadline = time.monotonic() + float(get_settings().LEASE_SECONDS)  # bound: one lease
+        try:
+            released = retrying(lambda: self.source._release_hold(claimed.claim_fence),
+                                deadline, self.stop)
+        except SoniqError as error:  # refused, not unavailable
+            logger.error("%s %s: its queue slot could not be given back (%s: %s); it is "
+                         "given back when the hold's lease lapses", claimed.job_name,
+                         claimed.job_id, error.code.value, error.reason)
+            return
+        if released is None:
+            logger.warning("%s %s: its queue slot could not be given back (database "
+                           "unavailable); it is given back when the hold's lease lapses",
+                           claimed.job_name, claimed.job_id)
 
     def _report(self, flight: InFlight, outcome: Outcome, applied: bool | None,
                 deadline: float) -> None:

@@ -72,7 +72,7 @@ def test_a_timeouts_write_never_blocks_the_deadline_thread(settings):
         release.wait(10)
         return True
 
-    worker.source.fail_owned = slow_fail
+    worker.source._fail_and_hold = slow_fail  # a timeout's failure, holding its queue slot
     limit = TimeLimit(1, "@job(timeout=1)")
     first, second = _timed_out_flight(), _timed_out_flight()
     second.started = time.monotonic() - 0.8  # due 0.2 s from now

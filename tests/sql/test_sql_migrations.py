@@ -167,9 +167,11 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
 #: What migration 0018 (claim protocol v8) adds, and what it replaces: function -> the
 #: released file whose body its reverse puts back. Going back to any earlier migration
 #: reverses it too.
-_ADDED_BY_0018 = ("soniq_queue_budget_v2", "soniq_reap_lapsed_v2")
+_ADDED_BY_0018 = ("soniq_queue_budget_v2", "soniq_reap_lapsed_v2",
+                  "soniq_hold_slot", "soniq_release_hold", "soniq_renew_holds")
 _REPLACED_BY_0018 = {"soniq_claim_many": "claim_protocol_v7.sql",
-                     "soniq_complete_many": "claim_protocol_v7.sql"}
+                     "soniq_complete_many": "claim_protocol_v7.sql",
+                     "soniq_defer": "claim_protocol_v4.sql"}
 
 
 #: What migration 0011 changes: (file that released the body it replaces, function).
@@ -233,7 +235,8 @@ def _soniq_functions() -> dict[str, str]:
 def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     v4 = _file_source("claim_protocol_v4.sql", "soniq_defer")
     before = _soniq_functions()
-    assert before["soniq_defer"] == v4
+    # Version 8's body since 0018 (tested below), which going back to 0011 reverses.
+    assert before["soniq_defer"] == _file_source("claim_protocol_v8.sql", "soniq_defer") != v4
     # Going back to 0011 also reverses 0013 (flow control, tested below),
     # 0016 (version 7's batched bodies), 0017 (soniq_enqueue v4) and 0018 (claim
     # protocol v8; all tested below).
@@ -333,7 +336,8 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
             "claim_protocol_v2.sql", "soniq_complete_many")
         # soniq_enqueue: version 3's again (0017 reversed too).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
-        changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_ADDED_BY_0018)
+        changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_ADDED_BY_0018,
+                   *_REPLACED_BY_0018)
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert not set(_ADDED_BY_0018) & set(after)
@@ -368,7 +372,7 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
         assert after["soniq_claim_many"] == v6 and after["soniq_complete_many"] == v2
         # 0017 and 0018 reversed too (tested below).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
-        changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018}
+        changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.

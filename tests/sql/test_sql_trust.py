@@ -80,7 +80,7 @@ def test_functions_run_as_definer_with_a_fixed_search_path_and_no_public_execute
 @pytest.mark.django_db
 def test_the_tables_are_not_open_to_public():
     for table in ("soniq_jobs", "soniq_dead_letter_jobs", "soniq_recurring_jobs", "soniq_workers",
-                  "soniq_task_registry"):
+                  "soniq_task_registry", "soniq_queue_holds"):
         for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE"):
             assert fetch("SELECT has_table_privilege('public', %s, %s)", [table, privilege]) == [
                 (False,)]
@@ -162,6 +162,12 @@ def test_a_role_without_the_grant_can_call_nothing(roles):
             ("SELECT * FROM soniq_get_job(gen_random_uuid())", "soniq_get_job"),
             ("SELECT soniq_args_hash('{}')", "soniq_args_hash"),
             ("SELECT soniq_enqueue_many('[]')", "soniq_enqueue_many"),
+            # Claim protocol v8's holds: a worker's, never a producer's or a stranger's.
+            ("SELECT soniq_hold_slot(gen_random_uuid()::text, 'w', 1, 't', 'q')",
+             "soniq_hold_slot"),
+            ("SELECT soniq_release_hold(gen_random_uuid()::text, 'w', 1)", "soniq_release_hold"),
+            ("SELECT soniq_renew_holds('w', ARRAY['x'], ARRAY[1]::bigint[])",
+             "soniq_renew_holds"),
         ]:
             error = assert_refused(conn, sql, "42501")
             assert error.diag.message_primary == f"permission denied for function {name}"

@@ -12,6 +12,7 @@ reads them there. What the tests look at is independent of the mechanism:
 """
 
 import datetime as dt
+import signal
 import threading
 import time
 
@@ -19,7 +20,7 @@ import pytest
 from django.db import connection, connections
 
 from soniq_django import bulk_enqueue, pause_queue, resume_queue
-from soniq_django.models import Job
+from soniq_django.models import Job, QueueStart
 from soniq_django.producer.request import JobRequest
 from tests.support.workers import wait_until
 
@@ -210,3 +211,30 @@ def test_pausing_lets_running_jobs_finish_and_starts_nothing_more(children, run_
     resume_queue("api")
     wait_until(lambda: done("api") == 12, 60, "every job done after the resume")
     assert Job.objects.filter(id__in=jobs, attempts=1).count() == 12
+
+
+@pytest.mark.parametrize("rate", ["5/s", "30/m"])
+def test_deferrals_of_unknown_jobs_leave_a_rate_limited_queues_starts_to_the_known_ones(
+        children, run_log, claim_log, rate):
+    # Issue 26, defect 5: 40 jobs of a handler only the next release has, ahead of 10
+    # this worker knows, in a rate-limited queue. Every deferral used to count as a
+    # start: the unknown jobs took the whole rate and no known job ran for the grace
+    # period. Heartbeats 10 s apart (the default): a deferral takes back its start only
+    # while its claim was never renewed (docs/decisions/0033), and this test is over
+    # before the first renewal.
+    unknown = enqueue("tests.rolling.added_by_the_next_release", "sms", 40)
+    known = enqueue("tests.worker.ok", "sms", 10)
+    worker = children.start("soniq_worker", "--concurrency", "4",
+                            QUEUES={"sms": {"rate": rate}}, **{**QUIET, "HEARTBEAT_SECONDS": 10})
+    wait_until(lambda: done("sms") == 10, 30, "every known job done")
+    first_claim = claim_log("sms")[0]
+    last_start = max(event.at for event in run_log.events("start"))
+    assert last_start - first_claim < 4.0, last_start - first_claim  # 10 starts at 5/s: 2 s
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert Job.objects.filter(id__in=known, status="done", attempts=1).count() == 10
+    # Deferred, never run nor dead-lettered, no attempt spent.
+    assert set(Job.objects.filter(id__in=unknown).values_list("status", "attempts")) == {
+        ("queued", 0)}
+    if rate == "30/m":  # no start has left the window yet: each is a known job's
+        assert QueueStart.objects.filter(queue="sms").count() == 10

@@ -127,28 +127,18 @@ def test_a_call_holding_the_shared_connection_for_three_leases_leaves_every_leas
 def _settings_row_locked(queue: str):
     """An operator's open transaction on ``queue``'s soniq_queue_settings row (docs/operations.md's
     pause from another language, inside BEGIN ... COMMIT), on a connection of its own."""
-    db = connection.settings_dict
-    with psycopg.connect(host=db["HOST"] or None, port=db["PORT"] or None,
-                         user=db["USER"] or None, password=db["PASSWORD"] or None,
-                         dbname=db["NAME"], autocommit=False) as operator:
-        operator.execute("SELECT * FROM soniq_queue_settings WHERE queue = %s FOR UPDATE",
-                         [queue])
-        try:
-            yield
-        finally:
-            operator.rollback()
+    with _operator("SELECT * FROM soniq_queue_settings WHERE queue = %s FOR UPDATE", [queue]):
+        yield
 
 
 @contextmanager
-def _settings_table_locked():
-    """A ``LOCK TABLE soniq_queue_settings`` (a migration's, an operator's) held open on a
-    connection of its own: every claim's first read of the table waits for it. (A claim
-    waits for no settings *row* since claim protocol v8: a locked row is skipped.)"""
+def _operator(sql: str, params: list | None = None):
+    """An open transaction that ran ``sql``, on a connection of its own, until the block ends."""
     db = connection.settings_dict
     with psycopg.connect(host=db["HOST"] or None, port=db["PORT"] or None,
                          user=db["USER"] or None, password=db["PASSWORD"] or None,
                          dbname=db["NAME"], autocommit=False) as operator:
-        operator.execute("LOCK TABLE soniq_queue_settings IN ACCESS EXCLUSIVE MODE")
+        operator.execute(sql, params or [])
         try:
             yield
         finally:
@@ -178,13 +168,12 @@ def test_a_claim_waiting_on_a_queue_settings_lock_runs_no_job_twice(settings, tm
         for job_id in running + finishing:
             run_log.wait_for("start", job_id)
         with _settings_row_locked("limited"):
-            limited = enqueue("tests.worker.ok", queue="limited")  # each claim skips it
+            limited = enqueue("tests.worker.ok", queue="limited")  # each claim waits for it
             turns.clear()
             lapses = _hold_for_three_leases(go, running, finishing)
             longest = max(turns, default=0.0)
         assert lapses == []
-        # No turn outlasted its bound (a claim skips the locked row since claim protocol
-        # v8; before, it waited at most its bound, then gave up with nothing written).
+        # A claim waited on the lock at most its bound, then gave up (nothing written).
         assert longest <= longest_turn() + 0.5, (longest, longest_turn())
         wait_until(lambda: Job.objects.get(id=limited).status == "done", 10,
                    "the limited queue's job, once the lock is gone")
@@ -250,7 +239,9 @@ def test_a_bounded_claim_that_meets_a_held_lock_is_an_answer_and_leaves_no_setti
     flow.sync_configured("default")
     job_id = enqueue("tests.worker.ok", queue="limited")
     source = OwnedJobSource(alias)
-    with _settings_table_locked():
+    # Claim protocol v8 no longer waits for a settings row; a lock on the table the claim
+    # must lock rows of still makes it wait (a migration's, a LOCK TABLE).
+    with _operator("LOCK TABLE soniq_jobs IN EXCLUSIVE MODE"):
         started = time.monotonic()
         with pytest.raises(SoniqError) as raised:
             source.claim_many_owned("w", claim_tokens=["t1", "t2"], lock_wait=0.2)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from soniq_django import enqueue
 from soniq_django.models import DeadLetterJob, Job, TaskRegistration, Worker as WorkerRow
 from soniq_django.worker import Worker
-from soniq_django.worker.unknown import DEFER_SECONDS, decide
+from soniq_django.worker.unknown import DEFER_MAX_SECONDS, DEFER_SECONDS, decide, defer_delay
 from tests.support.owned import rewrite
 from tests.support.workers import WorkerThread, run_burst, soniq
 
@@ -41,11 +41,13 @@ def a_live_worker_knows(job_name: str, *, queues=(), status="active", heard_ago=
     return str(worker_id)
 
 
-def assert_deferred(job_id, since) -> Job:
+def assert_deferred(job_id, since, deferrals=0) -> Job:
+    """The job is deferred (its ``deferrals + 1``-th time) by a worker that ran since ``since``."""
     row = Job.objects.get(id=job_id)
     assert not DeadLetterJob.objects.filter(id=job_id).exists()
     assert (row.status, row.attempts) == ("queued", 0), "deferred without spending an attempt"
-    assert since < row.scheduled_at <= timezone.now() + dt.timedelta(seconds=DEFER_SECONDS)
+    assert since + dt.timedelta(seconds=defer_delay(deferrals, 0.5)) < row.scheduled_at
+    assert row.scheduled_at <= timezone.now() + dt.timedelta(seconds=defer_delay(deferrals, 1))
     assert (row.lease_expires_at, row.pid) == (None, None)
     assert f"no handler is registered for job {NEW_NAME!r}" in row.last_error
     assert "deferred" in row.last_error
@@ -88,13 +90,22 @@ def test_a_fresh_job_of_an_unknown_name_is_deferred_not_dead_lettered(caplog, co
 
 def test_deferring_again_and_again_never_spends_an_attempt(settings):
     job_id = enqueue(NEW_NAME, max_attempts=1)
-    for _ in range(3):
+    for deferred_before in range(3):
         before = timezone.now()
         assert run_burst() == 0
-        assert_deferred(job_id, before)
+        # Each deferral waits twice as long as the one before: 2.5-5 s, 5-10 s, 10-20 s.
+        assert_deferred(job_id, before, deferrals=deferred_before)
         rewrite(job_id, scheduled_at=timezone.now())  # due again now
     row = Job.objects.get(id=job_id)
     assert row.claim_generation == 3  # claimed three times, no attempt counted
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_deferral_delay_doubles_up_to_its_cap():
+    assert [defer_delay(n, 1.0) for n in range(5)] == [
+        DEFER_SECONDS, 2 * DEFER_SECONDS, 4 * DEFER_SECONDS, DEFER_MAX_SECONDS,
+        DEFER_MAX_SECONDS]
+    assert defer_delay(10**6, 0.5) == DEFER_MAX_SECONDS / 2  # no overflow, jitter applied
 
 
 def test_past_its_grace_a_job_nobody_knows_is_dead_lettered_as_job_not_found(settings):
