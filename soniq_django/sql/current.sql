@@ -1082,56 +1082,63 @@ BEGIN
         -- by the caller, or (every queue) those with a queued job, found by
         -- skipping through soniq_jobs_claim_idx one queue at a time. Each
         -- is named once: a queue scanned twice would give its rows twice.
-        v_skip := coalesce(v_paused, '{}'::text[]) || coalesce(v_limited, '{}'::text[]);
-        IF p_queues IS NOT NULL THEN
-            s_queues := ARRAY(SELECT DISTINCT q.name FROM pg_catalog.unnest(p_queues) AS q(name)
-                               WHERE q.name <> ALL (v_skip));
+        IF v_paused IS NULL AND v_limited IS NULL AND pg_catalog.cardinality(p_queues) = 1 THEN
+            -- One queue named, nothing held back (a worker of one queue): no
+            -- query, no merge.
+            s_queues := p_queues;
+            s_limits := ARRAY[v_wanted];
         ELSE
-            s_queues := ARRAY(
-                WITH RECURSIVE found(name) AS (
-                    (SELECT j.queue FROM {schema}.soniq_jobs AS j
-                      WHERE j.status = 'queued' ORDER BY j.queue LIMIT 1)
-                    UNION ALL
-                    SELECT (SELECT j.queue FROM {schema}.soniq_jobs AS j
-                             WHERE j.status = 'queued' AND j.queue > f.name
-                             ORDER BY j.queue LIMIT 1)
-                      FROM found AS f WHERE f.name IS NOT NULL)
-                SELECT f.name FROM found AS f
-                 WHERE f.name IS NOT NULL AND f.name <> ALL (v_skip));
-        END IF;
-        s_limits := pg_catalog.array_fill(v_wanted, ARRAY[pg_catalog.cardinality(s_queues)]);
-        -- Version 8: then each limited queue with a due job, at most its
-        -- budget, known before any job is locked. soniq_queue_budget_v2
-        -- never waits for the queue's settings row: a row locked elsewhere
-        -- gives 0, and the queue is held back for this claim. (Version 7
-        -- locked the free queues' jobs first, then waited for the row while
-        -- holding them, so that a claimer of the free queues alone found
-        -- them taken.) A queue with nothing due takes no lock.
-        -- (Each probe reads the queue's own jobs only: the queue as a range
-        -- of one value, as in the scans below.)
-        FOREACH v_queue IN ARRAY coalesce(v_limited, '{}'::text[]) LOOP
-            IF NOT v_any_due THEN
-                CONTINUE WHEN NOT EXISTS (
-                    SELECT 1 FROM {schema}.soniq_jobs AS j
-                     WHERE j.status = 'queued' AND j.scheduled_at IS NULL
-                       AND j.queue >= v_queue AND j.queue <= v_queue);
+            v_skip := coalesce(v_paused, '{}'::text[]) || coalesce(v_limited, '{}'::text[]);
+            IF p_queues IS NOT NULL THEN
+                s_queues := ARRAY(SELECT DISTINCT q.name FROM pg_catalog.unnest(p_queues) AS q(name)
+                                   WHERE q.name <> ALL (v_skip));
             ELSE
-                CONTINUE WHEN NOT EXISTS (
-                    SELECT 1 FROM {schema}.soniq_jobs AS j
-                     WHERE j.status = 'queued'
-                       AND j.queue >= v_queue AND j.queue <= v_queue
-                       AND (j.scheduled_at IS NULL
-                            OR j.scheduled_at <= pg_catalog.clock_timestamp()));
+                s_queues := ARRAY(
+                    WITH RECURSIVE found(name) AS (
+                        (SELECT j.queue FROM {schema}.soniq_jobs AS j
+                          WHERE j.status = 'queued' ORDER BY j.queue LIMIT 1)
+                        UNION ALL
+                        SELECT (SELECT j.queue FROM {schema}.soniq_jobs AS j
+                                 WHERE j.status = 'queued' AND j.queue > f.name
+                                 ORDER BY j.queue LIMIT 1)
+                          FROM found AS f WHERE f.name IS NOT NULL)
+                    SELECT f.name FROM found AS f
+                     WHERE f.name IS NOT NULL AND f.name <> ALL (v_skip));
             END IF;
-            SELECT b.budget, b.rated INTO v_budget, v_is_rated
-              FROM {schema}.soniq_queue_budget_v2(v_queue, v_wanted) AS b;
-            IF v_is_rated THEN
-                v_rated := v_rated || v_queue;
-            END IF;
-            CONTINUE WHEN v_budget < 1;
-            s_queues := s_queues || v_queue;
-            s_limits := s_limits || v_budget;
-        END LOOP;
+            s_limits := pg_catalog.array_fill(v_wanted, ARRAY[pg_catalog.cardinality(s_queues)]);
+            -- Version 8: then each limited queue with a due job, at most its
+            -- budget, known before any job is locked. soniq_queue_budget_v2
+            -- never waits for the queue's settings row: a row locked elsewhere
+            -- gives 0, and the queue is held back for this claim. (Version 7
+            -- locked the free queues' jobs first, then waited for the row while
+            -- holding them, so that a claimer of the free queues alone found
+            -- them taken.) A queue with nothing due takes no lock.
+            -- (Each probe reads the queue's own jobs only: the queue as a range
+            -- of one value, as in the scans below.)
+            FOREACH v_queue IN ARRAY coalesce(v_limited, '{}'::text[]) LOOP
+                IF NOT v_any_due THEN
+                    CONTINUE WHEN NOT EXISTS (
+                        SELECT 1 FROM {schema}.soniq_jobs AS j
+                         WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                           AND j.queue >= v_queue AND j.queue <= v_queue);
+                ELSE
+                    CONTINUE WHEN NOT EXISTS (
+                        SELECT 1 FROM {schema}.soniq_jobs AS j
+                         WHERE j.status = 'queued'
+                           AND j.queue >= v_queue AND j.queue <= v_queue
+                           AND (j.scheduled_at IS NULL
+                                OR j.scheduled_at <= pg_catalog.clock_timestamp()));
+                END IF;
+                SELECT b.budget, b.rated INTO v_budget, v_is_rated
+                  FROM {schema}.soniq_queue_budget_v2(v_queue, v_wanted) AS b;
+                IF v_is_rated THEN
+                    v_rated := v_rated || v_queue;
+                END IF;
+                CONTINUE WHEN v_budget < 1;
+                s_queues := s_queues || v_queue;
+                s_limits := s_limits || v_budget;
+            END LOOP;
+        END IF;
         -- Version 8: one scan per queue, each in claim order from an index
         -- that starts with the queue, so that no scan reads a row of a queue
         -- this claim does not serve (version 7 filtered the queue on an
@@ -1153,51 +1160,89 @@ BEGIN
         -- looks as cheap -- and reads the whole backlog (measured: 100,000
         -- rows removed by the filter). A range and that order leave it the
         -- indexes that start with the queue.
-        IF pg_catalog.cardinality(s_queues) > 0 THEN
+        IF pg_catalog.cardinality(s_queues) = 1 THEN
+            -- One queue (a worker of one queue, say): its scan alone.
             IF NOT v_any_due THEN
-                SELECT pg_catalog.array_agg(c.id ORDER BY c.priority, c.created_at, c.tid),
-                       pg_catalog.array_agg(c.tid ORDER BY c.priority, c.created_at, c.tid),
-                       pg_catalog.array_agg(c.claim_generation
-                                            ORDER BY c.priority, c.created_at, c.tid),
-                       pg_catalog.max(c.claim_generation)
-                  INTO v_ids, v_tids, v_generations, v_top_generation
-                  FROM (SELECT k.id, k.tid, k.claim_generation, k.priority, k.created_at
-                          FROM ROWS FROM (pg_catalog.unnest(s_queues),
-                                          pg_catalog.unnest(s_limits)) AS q(name, most)
-                         CROSS JOIN LATERAL (
-                               SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority,
-                                      j.created_at
-                                 FROM {schema}.soniq_jobs AS j
-                                WHERE j.status = 'queued' AND j.scheduled_at IS NULL
-                                  AND j.queue >= q.name AND j.queue <= q.name
-                                ORDER BY j.queue, j.priority, j.created_at
-                                LIMIT q.most
-                                  FOR UPDATE SKIP LOCKED) AS k
-                         ORDER BY k.priority, k.created_at, k.tid
-                         LIMIT v_wanted) AS c;
+                FOR r IN
+                    SELECT j.id, j.ctid AS tid, j.claim_generation
+                      FROM {schema}.soniq_jobs AS j
+                     WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                       AND j.queue >= s_queues[1] AND j.queue <= s_queues[1]
+                     ORDER BY j.queue, j.priority, j.created_at
+                     LIMIT s_limits[1]
+                       FOR UPDATE SKIP LOCKED
+                LOOP
+                    v_ids := v_ids || r.id;
+                    v_tids := v_tids || r.tid;
+                    v_generations := v_generations || r.claim_generation;
+                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                END LOOP;
             ELSE
-                SELECT pg_catalog.array_agg(c.id ORDER BY c.priority, c.created_at, c.tid),
-                       pg_catalog.array_agg(c.tid ORDER BY c.priority, c.created_at, c.tid),
-                       pg_catalog.array_agg(c.claim_generation
-                                            ORDER BY c.priority, c.created_at, c.tid),
-                       pg_catalog.max(c.claim_generation)
-                  INTO v_ids, v_tids, v_generations, v_top_generation
-                  FROM (SELECT k.id, k.tid, k.claim_generation, k.priority, k.created_at
-                          FROM ROWS FROM (pg_catalog.unnest(s_queues),
-                                          pg_catalog.unnest(s_limits)) AS q(name, most)
-                         CROSS JOIN LATERAL (
-                               SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority,
-                                      j.created_at
-                                 FROM {schema}.soniq_jobs AS j
-                                WHERE j.status = 'queued'
-                                  AND j.queue >= q.name AND j.queue <= q.name
-                                  AND (j.scheduled_at IS NULL
-                                       OR j.scheduled_at <= pg_catalog.clock_timestamp())
-                                ORDER BY j.queue, j.priority, j.created_at
-                                LIMIT q.most
-                                  FOR UPDATE SKIP LOCKED) AS k
-                         ORDER BY k.priority, k.created_at, k.tid
-                         LIMIT v_wanted) AS c;
+                FOR r IN
+                    SELECT j.id, j.ctid AS tid, j.claim_generation
+                      FROM {schema}.soniq_jobs AS j
+                     WHERE j.status = 'queued'
+                       AND j.queue >= s_queues[1] AND j.queue <= s_queues[1]
+                       AND (j.scheduled_at IS NULL
+                            OR j.scheduled_at <= pg_catalog.clock_timestamp())
+                     ORDER BY j.queue, j.priority, j.created_at
+                     LIMIT s_limits[1]
+                       FOR UPDATE SKIP LOCKED
+                LOOP
+                    v_ids := v_ids || r.id;
+                    v_tids := v_tids || r.tid;
+                    v_generations := v_generations || r.claim_generation;
+                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                END LOOP;
+            END IF;
+        ELSIF pg_catalog.cardinality(s_queues) > 1 THEN
+            -- Several: one scan each (LATERAL), merged.
+            IF NOT v_any_due THEN
+                FOR r IN
+                    SELECT k.id, k.tid, k.claim_generation
+                      FROM ROWS FROM (pg_catalog.unnest(s_queues),
+                                      pg_catalog.unnest(s_limits)) AS q(name, most)
+                     CROSS JOIN LATERAL (
+                           SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority,
+                                  j.created_at
+                             FROM {schema}.soniq_jobs AS j
+                            WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                              AND j.queue >= q.name AND j.queue <= q.name
+                            ORDER BY j.queue, j.priority, j.created_at
+                            LIMIT q.most
+                              FOR UPDATE SKIP LOCKED) AS k
+                     ORDER BY k.priority, k.created_at, k.tid
+                     LIMIT v_wanted
+                LOOP
+                    v_ids := v_ids || r.id;
+                    v_tids := v_tids || r.tid;
+                    v_generations := v_generations || r.claim_generation;
+                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                END LOOP;
+            ELSE
+                FOR r IN
+                    SELECT k.id, k.tid, k.claim_generation
+                      FROM ROWS FROM (pg_catalog.unnest(s_queues),
+                                      pg_catalog.unnest(s_limits)) AS q(name, most)
+                     CROSS JOIN LATERAL (
+                           SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority,
+                                  j.created_at
+                             FROM {schema}.soniq_jobs AS j
+                            WHERE j.status = 'queued'
+                              AND j.queue >= q.name AND j.queue <= q.name
+                              AND (j.scheduled_at IS NULL
+                                   OR j.scheduled_at <= pg_catalog.clock_timestamp())
+                            ORDER BY j.queue, j.priority, j.created_at
+                            LIMIT q.most
+                              FOR UPDATE SKIP LOCKED) AS k
+                     ORDER BY k.priority, k.created_at, k.tid
+                     LIMIT v_wanted
+                LOOP
+                    v_ids := v_ids || r.id;
+                    v_tids := v_tids || r.tid;
+                    v_generations := v_generations || r.claim_generation;
+                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                END LOOP;
             END IF;
         END IF;
     END IF;

@@ -138,10 +138,11 @@ def test_a_live_hold_counts_against_the_limit_and_a_lapsed_one_is_deleted():
         conn.execute("INSERT INTO soniq_queue_settings (queue, concurrency) VALUES ('api', 3)")
         conn.execute(
             "INSERT INTO soniq_queue_holds (job_id, generation, queue, claim_owner, "
-            "lease_expires_at, created_at) VALUES "
-            "(gen_random_uuid(), 1, 'api', 'w-old', clock_timestamp() + interval '1 minute', now()),"
-            "(gen_random_uuid(), 1, 'api', 'w-dead', clock_timestamp() - interval '1 second', now()),"
-            "(gen_random_uuid(), 1, 'other', 'w-old', clock_timestamp() + interval '1 minute', now())")
+            "lease_expires_at, created_at) "
+            "SELECT gen_random_uuid(), 1, h.queue, h.owner, clock_timestamp() + h.lease, now() "
+            "FROM (VALUES ('api', 'w-old', interval '1 minute'), "
+            "             ('api', 'w-dead', interval '-1 second'), "
+            "             ('other', 'w-old', interval '1 minute')) AS h(queue, owner, lease)")
         # 3 slots, 1 live hold of the queue: 2 jobs start. The lapsed hold counts
         # for nothing and is gone; another queue's hold is not this queue's.
         assert len(claim(conn, 5)) == 2

@@ -38,6 +38,8 @@ def backlog(django_db_setup):
     with raw() as conn:
         empty(conn)
         conn.execute("DELETE FROM soniq_jobs")
+        # Their dead index entries would cost later tests' claims (their buffers are counted).
+        conn.execute("VACUUM ANALYZE soniq_jobs")
 
 
 def empty(conn):
