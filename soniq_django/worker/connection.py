@@ -298,14 +298,23 @@ class Watchdog:
                 os.close(descriptor)
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        except BaseException:  # the next block starts another thread
+            with self._lock:
+                self._running = False
+            raise
+
+    def _watch(self) -> None:
         idle_since = time.monotonic()
+        tick = threading.Event()  # never set: a pause of WATCHDOG_TICK_SECONDS
         while True:
-            time.sleep(WATCHDOG_TICK_SECONDS)
+            tick.wait(WATCHDOG_TICK_SECONDS)
             now = time.monotonic()
             with self._lock:
                 if self._watched is None:
                     if now - idle_since >= WATCHDOG_IDLE_SECONDS:
-                        self._running = False
+                        self._running = False  # under the lock: a new block starts a thread
                         return
                     continue
                 idle_since = now
