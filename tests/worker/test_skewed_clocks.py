@@ -11,6 +11,7 @@ to be off from, and these tests run on PostgreSQL only.
 """
 
 import datetime as dt
+import re
 import signal
 
 import pytest
@@ -25,12 +26,16 @@ from tests.support.workers import wait_until
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql_only]
 
 NEW_NAME = "tests.rolling.added"  # a handler only tests.testapp.rolling has
+STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # tests.worker_settings' log format
 
 
 def _skew_of(child) -> dt.timedelta:
     """How far the child's clock is off: its first log line's time (local, as it logged it)."""
-    first = child.log().splitlines()[0]
-    logged = dt.datetime.strptime(first[:19], "%Y-%m-%d %H:%M:%S")
+    def stamped() -> list[str]:
+        return [line for line in child.log().splitlines() if STAMP.match(line)]
+
+    wait_until(stamped, 10, "a log line")
+    logged = dt.datetime.strptime(stamped()[0][:19], "%Y-%m-%d %H:%M:%S")
     return logged - dt.datetime.now()
 
 
