@@ -1,7 +1,8 @@
 """What the queues look like now, as plain data: for the admin dashboard and ``soniq_status``.
 
 ``snapshot()`` reads the queues in a fixed number of queries (eight, however
-many jobs there are, and one for the database's clock on PostgreSQL) and returns frozen values; ``chart()`` turns the last
+many jobs there are, and one for the database's clock on PostgreSQL) and
+returns frozen values; ``chart()`` turns the last
 hour's throughput into the geometry of an SVG bar chart, so the template
 only draws. Nothing here writes.
 """
@@ -154,11 +155,13 @@ def live_since(using: str) -> Any:
 
 def database_now(using: str) -> dt.datetime:
     """The database's clock read now (PostgreSQL: one query); SQLite: ``timezone.now()``."""
+    now: dt.datetime
     if connections[using].vendor != "postgresql":
-        return timezone.now()
+        now = timezone.now()
+        return now
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT pg_catalog.statement_timestamp()")
-        now: dt.datetime = cursor.fetchone()[0]
+        now = cursor.fetchone()[0]
     return now
 
 

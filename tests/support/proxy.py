@@ -34,7 +34,7 @@ class Proxy:
         return int(self.address[1])
 
     def freeze(self, *, answers_only: bool = False) -> None:
-        """Stop forwarding (every connection stays open); only the server's way: ``answers_only``."""
+        """Stop forwarding (connections stay open); ``answers_only``: only the server's way."""
         self.answers_only = answers_only
         self.frozen.set()
 
