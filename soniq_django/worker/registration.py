@@ -24,6 +24,7 @@ from functools import cache
 from importlib import metadata
 
 from django.db import IntegrityError, connections, transaction
+
 from ..models import Job, TaskRegistration, Worker, WorkerState
 from ..overview import database_time
 from ..owned._store import fenced_writes

@@ -29,10 +29,10 @@ from django.db import connection, connections
 from soniq_django import enqueue
 from soniq_django.models import Job
 from soniq_django.worker import Worker
-from soniq_django.worker.wakeup import Listener
 from soniq_django.worker.connection import (
     SharedConnection, dead_peer_seconds, tcp_options, tune, turn_bound,
 )
+from soniq_django.worker.wakeup import Listener
 from tests.support.partition import Partition
 from tests.support.proxy import Proxy
 from tests.support.workers import FAST, WorkerThread

@@ -18,7 +18,8 @@ import pytest
 from django.utils import timezone
 
 from soniq_django import enqueue, overview
-from soniq_django.models import DeadLetterJob, Job, Worker as WorkerRow
+from soniq_django.models import DeadLetterJob, Job
+from soniq_django.models import Worker as WorkerRow
 from soniq_django.worker import peers
 from tests.support.faketime import skewed
 from tests.support.workers import wait_until
