@@ -216,3 +216,24 @@ def test_a_call_blocked_on_a_silent_peer_fails_within_half_a_lease(partition, tu
         assert elapsed < dead_peer_seconds(lease) + 2.5, elapsed
     else:  # the kernel's own timeouts: about 15 minutes of retransmissions
         assert not ended, client.log()[-2000:]
+
+
+def test_a_worker_notices_a_partition_within_a_lease_and_carries_on_after_it(partition):
+    lease = 4.0
+    worker = partition.start(["manage.py", "soniq_worker", "--queues", "partitioned"],
+                             LEASE_SECONDS=lease, HEARTBEAT_SECONDS=0.5, POLL_INTERVAL=0.2)
+    assert worker.wait_for_line_containing("listening for new jobs", 30), worker.log()[-3000:]
+    partition.cut()
+    # Its heartbeat's next call meets the silent peer; so does the listener's connection.
+    assert worker.wait_for_line_containing("cannot connect to the database", 3 * lease), \
+        worker.log()[-3000:]
+    assert worker.wait_for_line_containing("listener lost its connection", 3 * lease), \
+        worker.log()[-3000:]
+    partition.heal()
+    job_id = enqueue("tests.worker.ok", queue="partitioned")
+    deadline = time.monotonic() + 30
+    while Job.objects.get(id=job_id).status != "done" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    row = Job.objects.get(id=job_id)
+    assert (row.status, row.claim_generation) == ("done", 1), worker.log()[-3000:]
+    assert worker.wait_for_line_containing("connected to the database after waiting", 5)
