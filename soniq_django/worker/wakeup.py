@@ -36,7 +36,7 @@ its listener.
 
 Bounds (docs/internals.md#the-bound-of-every-wait): a wait for
 notifications lasts at most ``LISTEN_SLICE_SECONDS``; the listener's
-connections have the worker's TCP options (connection.py: a silent server
+connections have the worker's TCP options (wire.py: a silent server
 is found dead within ``dead_peer_seconds()``, and each connect attempt gives
 up after ``connect_timeout``); every statement it sends (its LISTENs, the
 probe's NOTIFY, the UNLISTENs, the interrupt) is watched, and one still
@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import connections
 
 from ..conf import get_settings
-from .connection import Backoff, Watchdog, tcp_defaults, turn_bound
+from .connection import Backoff
+from .wire import Watchdog, tcp_defaults, turn_bound
 
 if TYPE_CHECKING:
     from psycopg import Connection, Notify
@@ -143,7 +144,7 @@ class Listener(threading.Thread):
                         ) -> "Connection[Any]":
         """A new autocommit connection to ``alias``; ``connect_within`` caps connect_timeout.
 
-        With the worker's TCP options (connection.py), under what the alias's
+        With the worker's TCP options (wire.py), under what the alias's
         ``OPTIONS`` set.
         """
         wrapper = connections[alias]

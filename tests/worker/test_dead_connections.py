@@ -1,6 +1,6 @@
 """A server that stops answering: the worker's calls end within a bound instead of waiting forever.
 
-soniq_django/worker/connection.py (decision 0031). Two ways a connection
+soniq_django/worker/wire.py and connection.py (decision 0031). Two ways a connection
 dies without a word:
 
 - **a silent peer** (a network partition: nothing comes back, not even
@@ -29,10 +29,9 @@ from django.db import connection, connections
 from soniq_django import enqueue
 from soniq_django.models import Job
 from soniq_django.worker import Worker
-from soniq_django.worker.connection import (
-    SharedConnection, dead_peer_seconds, tcp_options, tune, turn_bound,
-)
+from soniq_django.worker.connection import SharedConnection
 from soniq_django.worker.wakeup import Listener
+from soniq_django.worker.wire import dead_peer_seconds, tcp_options, tune, turn_bound
 from tests.support.partition import Partition
 from tests.support.proxy import Proxy
 from tests.support.workers import FAST, WorkerThread
