@@ -1,7 +1,8 @@
 """What the queues look like now, as plain data: for the admin dashboard and ``soniq_status``.
 
 ``snapshot()`` reads the queues in a fixed number of queries (eight, however
-many jobs there are) and returns frozen values; ``chart()`` turns the last
+many jobs there are, and one for the database's clock on PostgreSQL) and
+returns frozen values; ``chart()`` turns the last
 hour's throughput into the geometry of an SVG bar chart, so the template
 only draws. Nothing here writes.
 """
@@ -11,9 +12,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Count, Max, Min, Q
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
 from .conf import get_settings
@@ -127,9 +128,50 @@ def live_window() -> dt.timedelta:
     return dt.timedelta(seconds=max(3 * float(get_settings().HEARTBEAT_SECONDS), 60.0))
 
 
+def database_time(using: str) -> Any:
+    """"Now" for a time written to or compared with a row of ``using``, by the database's clock.
+
+    On PostgreSQL an expression the server evaluates (``Now()``, its
+    ``statement_timestamp()``), so that no host's clock is compared with
+    the times the database wrote; on SQLite, whose clock is this host's (a
+    file on this machine), ``timezone.now()``. Usable in ``filter()``,
+    ``update()`` and arithmetic with a ``timedelta``.
+    """
+    if connections[using].vendor == "postgresql":
+        return Now()
+    return timezone.now()
+
+
+def live_since(using: str) -> Any:
+    """The earliest heartbeat that makes a worker live now, by the database's clock.
+
+    ``database_time(using) - live_window()``: compare ``last_heartbeat``
+    with it (``last_heartbeat__gte=live_since(using)``). Workers write their
+    heartbeat by the same clock (worker/registration.py), so a host whose
+    clock is off neither loses its live workers nor keeps dead ones.
+    """
+    return database_time(using) - live_window()
+
+
+def database_now(using: str) -> dt.datetime:
+    """The database's clock read now (PostgreSQL: one query); SQLite: ``timezone.now()``."""
+    now: dt.datetime
+    if connections[using].vendor != "postgresql":
+        now = timezone.now()
+        return now
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_catalog.statement_timestamp()")
+        now = cursor.fetchone()[0]
+    return now
+
+
 def snapshot(using: str = DEFAULT_DB_ALIAS, now: dt.datetime | None = None) -> Snapshot:
-    """Read the dashboard's numbers from database ``using``; returns a Snapshot."""
-    now = now or timezone.now()
+    """Read the dashboard's numbers from database ``using``; returns a Snapshot.
+
+    ``now`` (default: the database's clock, one query more on PostgreSQL)
+    is when ages and the live window are counted from.
+    """
+    now = now or database_now(using)
     counts = _counts(using)
     waiting = _oldest_due(using, now)
     queues = tuple(

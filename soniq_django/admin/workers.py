@@ -3,9 +3,8 @@
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Q, QuerySet
+from django.db.models import BooleanField, Case, Q, QuerySet, Value, When
 from django.http import HttpRequest
-from django.utils import timezone
 from django.utils.html import format_html_join
 
 from .. import overview
@@ -44,10 +43,17 @@ class WorkerAdmin(ReadOnlyAdmin):
               "started", "heartbeat", "metadata_shown", "handles")
     readonly_fields = fields
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        """The rows, each with ``live_now``: live by the database's clock, not this host's."""
+        queryset = super().get_queryset(request)
+        live = ~Q(status=WorkerState.STOPPED) & Q(
+            last_heartbeat__gte=overview.live_since(queryset.db))
+        return queryset.annotate(live_now=Case(When(live, then=Value(True)), default=Value(False),
+                                               output_field=BooleanField()))
+
     @admin.display(description="live", boolean=True)
     def alive(self, obj: Worker) -> bool:
-        recent = obj.last_heartbeat >= timezone.now() - overview.live_window()
-        return obj.status != WorkerState.STOPPED and recent
+        return bool(getattr(obj, "live_now", False))
 
     @admin.display(description="started", ordering="started_at")
     def started(self, obj: Worker) -> str:

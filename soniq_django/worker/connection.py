@@ -21,6 +21,19 @@ Connections per worker process (docs/deployment.md#connections-per-worker):
 A server that refuses a connection (``max_connections`` reached, a
 restart) is waited for, with backoff and jitter (``connect_patiently``):
 the worker says so once, and never exits for it.
+
+A server that stops answering is not waited for without bound (decision
+0031, wire.py). On PostgreSQL every connection the worker opens -- the
+shared one, the heartbeat's second one, the job threads'
+(``handler_connections``), the listener's, the scheduler thread's
+(``on_own_connection``), ``soniq_worker``'s first (``wait_for_database``) --
+has the TCP options of ``wire.tcp_options`` (``wire.tune``), so a peer that
+went silent (a network partition) is found dead within about half a
+lease. A server that still acknowledges but no longer answers is not
+caught by them: each turn on the shared connection is watched
+(``wire.Watchdog``), and a call still on the wire after ``turn_bound()``
+has its socket shut down, so that it raises; its outcome is unknown, and
+the nonces recover it as after any lost connection.
 """
 
 import logging
@@ -34,6 +47,7 @@ from typing import Any, TypeVar, cast
 from django.db import DatabaseError, connections
 
 from ..errors import translate
+from .wire import Watchdog, tcp_defaults, tune, tuned, turn_bound
 
 logger = logging.getLogger("soniq_django.worker")
 
@@ -43,6 +57,20 @@ T = TypeVar("T")
 FIRST_RETRY_SECONDS = 0.1
 #: The longest pause between two connection attempts (each pause is jittered: half to all of it).
 MAX_RETRY_SECONDS = 5.0
+
+
+def own_connection(using: str) -> Any:
+    """This thread's own connection wrapper for ``using``, tuned (``tune``); none is opened."""
+    return tune(connections[using])
+
+
+def on_own_connection(using: str, target: Callable[..., T]) -> Callable[..., T]:
+    """``target``, run in a thread whose own connection to ``using`` is tuned first."""
+    def run(*args: Any, **kwargs: Any) -> T:
+        own_connection(using)
+        return target(*args, **kwargs)
+
+    return run
 
 
 class Backoff:
@@ -98,8 +126,12 @@ def connect_patiently(wrapper: Any, stop: threading.Event | None = None) -> None
 
 
 def wait_for_database(using: str) -> None:
-    """Connect this thread to ``using``, waiting as long as it takes (see ``connect_patiently``)."""
-    connect_patiently(connections[using])
+    """Connect this thread to ``using``, waiting as long as it takes (see ``connect_patiently``).
+
+    The connection has the worker's TCP options (``tune``): the worker takes
+    it over as its shared one (``SharedConnection.adopt``).
+    """
+    connect_patiently(own_connection(using))
 
 
 def keep_healthy(conn: Any) -> None:
@@ -130,7 +162,9 @@ class SharedConnection:
     """The worker's one connection to ``using`` for its own work, used by its threads in turns.
 
     ``stopping`` ends a wait for the server: once it is set, a refused
-    connection raises instead of being waited for.
+    connection raises instead of being waited for. On PostgreSQL every turn
+    is watched (``Watchdog``): a call still on the wire after
+    ``turn_bound()`` is ended.
     """
 
     def __init__(self, using: str, stopping: threading.Event):
@@ -138,6 +172,8 @@ class SharedConnection:
         self._stopping = stopping
         self._lock = threading.RLock()
         self._wrapper: Any = None
+        self._depth = 0  # turns this thread holds, nested (only the outermost is watched)
+        self.watchdog = Watchdog("worker's shared")
         self.connecting = False
         """A turn is opening the connection (the server may be refusing it)."""
 
@@ -156,6 +192,9 @@ class SharedConnection:
                     and not conn.in_atomic_block):
                 del connections[self.using]
                 conn.inc_thread_sharing()
+                if not tuned(conn) and tcp_defaults(conn):
+                    conn.close()  # opened without the worker's TCP options: opened again with
+                tune(conn)
                 self._wrapper = conn
 
     @contextmanager
@@ -170,7 +209,8 @@ class SharedConnection:
         with self._lock:
             previous = self._install()
             try:
-                yield
+                with self._watched():
+                    yield
             finally:
                 self._uninstall(previous)
 
@@ -179,19 +219,35 @@ class SharedConnection:
         """A turn if one comes within ``patience`` seconds (True); else False and no turn.
 
         Without a turn ``connections[using]`` stays this thread's own
-        connection, which the caller closes when it is done with it.
+        connection (with the worker's TCP options), which the caller closes
+        when it is done with it.
         """
         if not self._lock.acquire(timeout=patience):
+            own_connection(self.using)
             yield False
             return
         try:
             previous = self._install()
             try:
-                yield True
+                with self._watched():
+                    yield True
             finally:
                 self._uninstall(previous)
         finally:
             self._lock.release()
+
+    @contextmanager
+    def _watched(self) -> Iterator[None]:
+        """The outermost turn of this thread, watched on PostgreSQL (``turn_bound()``)."""
+        self._depth += 1
+        try:
+            if self._depth > 1 or self._wrapper.vendor != "postgresql":
+                yield
+            else:
+                with self.watchdog.watching(self._wrapper.connection, turn_bound()):
+                    yield
+        finally:
+            self._depth -= 1
 
     def turns(self, target: T) -> T:
         """``target`` with every method call made in a turn of its own (a ``Turns``)."""
@@ -220,7 +276,7 @@ class SharedConnection:
 
     def _connected(self) -> Any:
         if self._wrapper is None:
-            self._wrapper = connections.create_connection(self.using)
+            self._wrapper = tune(connections.create_connection(self.using))
             self._wrapper.inc_thread_sharing()
         if self._wrapper.connection is None:
             self.connecting = True
@@ -255,15 +311,19 @@ class Turns:
 
 
 @contextmanager
-def handler_connections() -> Iterator[None]:
+def handler_connections(using: str | None = None) -> Iterator[None]:
     """Around one handler's run on a job thread: then close what it did not use.
 
     A connection the thread had open and the handler did not use is
     closed; one it used (or opened) is kept while healthy, for the next
     job. So a job thread holds a connection only while its handlers use
     the database. Only connections open before the run are watched: a
-    handler that touches no database costs nothing here.
+    handler that touches no database costs nothing here. The thread's
+    connection to ``using`` (the worker's database) has the worker's TCP
+    options (``tune``).
     """
+    if using is not None:
+        own_connection(using)
     initialized = _initialized()
     if not initialized:  # the common case, kept cheap: no connection on this thread at all
         yield

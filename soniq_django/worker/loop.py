@@ -106,7 +106,7 @@ from . import peers, planner, registration
 from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
-from .connection import SharedConnection, handler_connections
+from .connection import SharedConnection, handler_connections, on_own_connection
 from .deadlines import Deadlines
 from .eventloop import EventLoop
 from .execution import Outcome, OutcomeKind, execute
@@ -492,7 +492,8 @@ class Worker:
             from ..scheduler import Scheduler
 
             threads.append(threading.Thread(
-                target=Scheduler(using=self.using).run_forever, args=(self.stopping,),
+                target=on_own_connection(self.using, Scheduler(using=self.using).run_forever),
+                args=(self.stopping,),
                 name="soniq-scheduler", daemon=True))
         for thread in threads:
             thread.start()
@@ -507,7 +508,8 @@ class Worker:
                 signals.started(flight, self.worker_id, self.using)
                 limit = limit_for(flight.claimed.job_name)
                 self.deadlines.watch(flight, limit)  # timed out there when it is up
-                with handler_connections():  # the job thread's own: its handlers' use only
+                # the job thread's own: its handlers' use only
+                with handler_connections(self.using):
                     if is_atomic(flight.claimed.job_name):  # completed in its own transaction
                         outcome = self.atomic.run(flight, limit)
                     else:

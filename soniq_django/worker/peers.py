@@ -10,16 +10,19 @@
   while any of them is leased.
 
 A worker never counts itself. A database failure raises SoniqError
-(``errors.translate``), never a django.db error.
+(``errors.translate``), never a django.db error. Liveness is read by the
+database's clock (``overview.live_since``), never this host's: a worker
+whose host clock is off takes no live peer for dead, nor the reverse.
+Both run on the connection the caller gives them (``connections[using]``
+of its thread): the worker's calls are turns on its shared connection.
 """
 
 from dataclasses import dataclass
 
 from django.db.models import Count, Q
-from django.utils import timezone
 
 from ..models import Job, JobStatus, TaskRegistration, Worker, WorkerState
-from ..overview import live_window
+from ..overview import live_since
 from ..owned._store import guarded
 
 
@@ -39,12 +42,12 @@ def knowers(using: str, job_name: str, queue: str, *, exclude: str) -> int:
     """Live workers other than ``exclude`` that registered ``job_name`` and serve ``queue``.
 
     Live: active, with a heartbeat within the dashboard's live window
-    (``overview.live_window``). A worker of every queue registers an empty list.
+    (``overview.live_window``) by the database's clock. A worker of every
+    queue registers an empty list.
     """
-    heard_after = timezone.now() - live_window()
     with guarded(using, atomic=False):
         live = Worker.objects.using(using).filter(
-            status=WorkerState.ACTIVE, last_heartbeat__gte=heard_after,
+            status=WorkerState.ACTIVE, last_heartbeat__gte=live_since(using),
         ).values_list("id", "queues")
         serving = [str(worker) for worker, queues in live
                    if str(worker) != exclude and (not queues or queue in queues)]

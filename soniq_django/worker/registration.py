@@ -10,6 +10,11 @@ jobs that named it keep their history but no longer point at it
 (``worker_id`` becomes NULL, as Soniq's ``ON DELETE SET NULL`` foreign key
 would do). That keeps every ``soniq_jobs.worker_id`` naming an existing row,
 so Soniq's foreign key can always be added.
+
+Its times (``started_at``, ``last_heartbeat``, the registry's
+``last_seen_at``) are the database's (``overview.database_time``), never
+this host's: other workers judge its liveness by the database's clock, so a
+host whose clock is off is not taken for dead (or for alive once silent).
 """
 
 import os
@@ -19,9 +24,9 @@ from functools import cache
 from importlib import metadata
 
 from django.db import IntegrityError, connections, transaction
-from django.utils import timezone
 
 from ..models import Job, TaskRegistration, Worker, WorkerState
+from ..overview import database_time
 from ..owned._store import fenced_writes
 from ..registry import registered_handlers
 
@@ -57,7 +62,7 @@ def register(using: str, worker_id: str, queues: list[str] | None, concurrency: 
                 )
                 if older:
                     _release(using, older)
-                now = timezone.now()
+                now = database_time(using)
                 Worker.objects.using(using).update_or_create(id=wid, defaults={
                     "hostname": hostname, "pid": pid, "queues": list(queues or []),
                     "concurrency": concurrency, "status": WorkerState.ACTIVE,
@@ -88,20 +93,20 @@ def _release(using: str, worker_ids: list[uuid.UUID]) -> None:
 def beat(using: str, worker_id: str, state: str = WorkerState.ACTIVE) -> None:
     """Record that the worker is alive (and whether it is draining)."""
     Worker.objects.using(using).filter(id=uuid.UUID(worker_id)).update(
-        last_heartbeat=timezone.now(), status=STATES[state]
+        last_heartbeat=database_time(using), status=STATES[state]
     )
 
 
 def unregister(using: str, worker_id: str) -> None:
     """Mark the worker stopped; its last heartbeat is when it stopped (as in Soniq)."""
     Worker.objects.using(using).filter(id=uuid.UUID(worker_id)).update(
-        status=WorkerState.STOPPED, last_heartbeat=timezone.now()
+        status=WorkerState.STOPPED, last_heartbeat=database_time(using)
     )
 
 
 def publish_registry(using: str, worker_id: str) -> None:
     """Write one soniq_task_registry row per handler this process knows, for this worker."""
-    now = timezone.now()
+    now = database_time(using)
     rows = [
         TaskRegistration(
             task_name=name, worker_id=str(worker_id), last_seen_at=now,

@@ -23,18 +23,28 @@ ahead of the jobs the worker can run, every few seconds, for the whole grace
 period (docs/decisions/0033). When the facts cannot be read (the database is
 unavailable) the job is deferred: any worker can undo a deferral, only a
 replay undoes a dead letter.
+
+Both facts are read by the database's clock: the job's age is the
+database's time less ``created_at`` (which the database wrote), and a
+peer's liveness its heartbeat against the database's time (peers.py), so a
+worker whose host clock is off decides as one whose clock is right. (On
+SQLite the database's clock is this host's.) They are read in one turn on
+the worker's shared connection, never on the job thread's own.
 """
 
+import datetime as dt
 import random
 
-from django.utils import timezone
+from django.db.models import DurationField, ExpressionWrapper, F
 
 from ..conf import get_settings
 from ..errors import SoniqError
 from ..models import DeadLetterReason, Job
+from ..overview import database_time
 from ..owned._store import guarded
 from ..owned.types import ClaimedJob
 from . import peers
+from .connection import CallersConnection, SharedConnection
 from .execution import Outcome, OutcomeKind
 
 #: Seconds a deferred job waits before any worker may claim it again, at its
@@ -75,15 +85,20 @@ def decide(*, age: float | None, knowers: int, grace: float) -> bool:
     return knowers > 0 or age is None or age < grace
 
 
-def resolve(using: str, worker_id: str, claimed: ClaimedJob, error: str | None) -> Outcome:
+def resolve(shared: SharedConnection | CallersConnection, worker_id: str, claimed: ClaimedJob,
+            error: str | None) -> Outcome:
     """The outcome for ``claimed``, whose name has no handler here: DEFERRED or DEAD.
 
-    Reads the job's age and its peers; never raises.
+    Reads the job's age and its peers in one turn on ``shared`` (the
+    worker's ``SharedConnection``, or ``run_jobs()``'s caller's
+    connection); never raises.
     """
     grace = float(get_settings().UNKNOWN_JOB_GRACE_SECONDS)
+    using = shared.using
     try:
-        age = _age(using, claimed)
-        knowing = peers.knowers(using, claimed.job_name, claimed.queue, exclude=worker_id)
+        with shared.turn():
+            age = _age(using, claimed)
+            knowing = peers.knowers(using, claimed.job_name, claimed.queue, exclude=worker_id)
     except SoniqError:
         return _deferred(claimed, f"{error}; deferred (this worker could not read who knows it)")
     if not decide(age=age, knowers=knowing, grace=grace):
@@ -103,8 +118,9 @@ def _deferred(claimed: ClaimedJob, error: str) -> Outcome:
 
 
 def _age(using: str, claimed: ClaimedJob) -> float | None:
-    """Seconds since the job was enqueued, or None when its row is gone."""
+    """Seconds since the job was enqueued, by the database's clock; None when its row is gone."""
+    age = ExpressionWrapper(database_time(using) - F("created_at"), output_field=DurationField())
     with guarded(using, atomic=False):
-        created = Job.objects.using(using).filter(id=claimed.job_id).values_list(
-            "created_at", flat=True).first()
-    return None if created is None else (timezone.now() - created).total_seconds()
+        since: dt.timedelta | None = Job.objects.using(using).filter(
+            id=claimed.job_id).annotate(age=age).values_list("age", flat=True).first()
+    return None if since is None else since.total_seconds()

@@ -33,6 +33,15 @@ NOTIFY on a channel only this listener hears (``soniq_listener_<token>``,
 LISTENed with the others), and the listener returns as soon as it arrives.
 A burst worker or one told to stop by SIGTERM thus exits without waiting on
 its listener.
+
+Bounds (docs/internals.md#the-bound-of-every-wait): a wait for
+notifications lasts at most ``LISTEN_SLICE_SECONDS``; the listener's
+connections have the worker's TCP options (wire.py: a silent server
+is found dead within ``dead_peer_seconds()``, and each connect attempt gives
+up after ``connect_timeout``); every statement it sends (its LISTENs, the
+probe's NOTIFY, the UNLISTENs, the interrupt) is watched, and one still
+unanswered after ``turn_bound()`` is ended (``Watchdog``), as a stalled
+server would otherwise hold the listener -- or a stopping worker -- forever.
 """
 
 import logging
@@ -45,6 +54,7 @@ from django.db import connections
 
 from ..conf import get_settings
 from .connection import Backoff
+from .wire import Watchdog, tcp_defaults, turn_bound
 
 if TYPE_CHECKING:
     from psycopg import Connection, Notify
@@ -86,6 +96,7 @@ class Listener(threading.Thread):
         self.deaf = threading.Event()
         # Heard by this listener alone: interrupt() ends its wait.
         self.stop_channel = f"soniq_listener_{uuid.uuid4().hex[:16]}"
+        self.watchdog = Watchdog("listener's")
 
     def run(self) -> None:
         backoff, away_since = Backoff(), None
@@ -131,9 +142,13 @@ class Listener(threading.Thread):
 
     def _new_connection(self, alias: str, connect_within: int | None = None
                         ) -> "Connection[Any]":
-        """A new autocommit connection to ``alias``; ``connect_within`` caps connect_timeout."""
+        """A new autocommit connection to ``alias``; ``connect_within`` caps connect_timeout.
+
+        With the worker's TCP options (wire.py), under what the alias's
+        ``OPTIONS`` set.
+        """
         wrapper = connections[alias]
-        params = wrapper.get_connection_params()
+        params = {**tcp_defaults(wrapper), **wrapper.get_connection_params()}
         if connect_within is not None:
             configured = int(params.get("connect_timeout") or 0)  # 0 or unset: no limit
             params["connect_timeout"] = (min(configured, connect_within) if configured > 0
@@ -146,7 +161,8 @@ class Listener(threading.Thread):
         """A connection LISTENing on its three channels, and the server session that holds them."""
         raw = self._new_connection(self.listen_alias)
         try:
-            with raw.transaction():  # one transaction: one server session, even when pooled
+            # One transaction: one server session, even when pooled.
+            with self.watchdog.watching(raw, turn_bound()), raw.transaction():
                 raw.execute(f"LISTEN {CHANNEL}")
                 raw.execute(f"LISTEN {PROBE_CHANNEL}")
                 raw.execute(f"LISTEN {self.stop_channel}")
@@ -163,7 +179,8 @@ class Listener(threading.Thread):
         token = uuid.uuid4().hex
         sender = self._new_connection(self.using)
         try:
-            sender.execute("SELECT pg_notify(%s, %s)", [PROBE_CHANNEL, token])
+            with self.watchdog.watching(sender, turn_bound()):
+                sender.execute("SELECT pg_notify(%s, %s)", [PROBE_CHANNEL, token])
         finally:
             _close(sender)
         heard = False
@@ -175,7 +192,8 @@ class Listener(threading.Thread):
                     break  # the generator holds the connection: leave it before the UNLISTEN
                 self._note(note)  # a job enqueued meanwhile
         if heard:
-            raw.execute(f"UNLISTEN {PROBE_CHANNEL}")
+            with self.watchdog.watching(raw, turn_bound()):
+                raw.execute(f"UNLISTEN {PROBE_CHANNEL}")
         return heard
 
     def _give_up(self, raw: "Connection[Any]", session: int) -> None:
@@ -201,7 +219,7 @@ class Listener(threading.Thread):
         connection: try a few, and UNLISTEN only on the one that holds them.
         """
         for _ in range(_UNLISTEN_TRIES):
-            with raw.transaction():
+            with self.watchdog.watching(raw, turn_bound()), raw.transaction():
                 (here,) = cast("tuple[int]", raw.execute("SELECT pg_backend_pid()").fetchone())
                 if here == session:  # by name: other clients' LISTENs may share it
                     for channel in (CHANNEL, PROBE_CHANNEL, self.stop_channel):
@@ -239,7 +257,9 @@ class Listener(threading.Thread):
         try:
             sender = self._new_connection(self.using, connect_within=INTERRUPT_CONNECT_SECONDS)
             try:
-                sender.execute("SELECT pg_notify(%s, '')", [self.stop_channel])
+                # A stalled server: given up on after INTERRUPT_CONNECT_SECONDS here too.
+                with self.watchdog.watching(sender, INTERRUPT_CONNECT_SECONDS):
+                    sender.execute("SELECT pg_notify(%s, '')", [self.stop_channel])
             finally:
                 _close(sender)
         except Exception:  # the database is away: the listener sees stop within a slice

@@ -400,7 +400,7 @@ class Writes:
             return
         fence = claimed.claim_fence
         if outcome.kind is OutcomeKind.UNKNOWN:  # deferred or dead: unknown.py's rule
-            outcome = unknown.resolve(self.using, self.worker_id, claimed, outcome.error)
+            outcome = unknown.resolve(self.shared, self.worker_id, claimed, outcome.error)
         # Each kind of Outcome carries its error (and DEAD its reason, DEFERRED
         # its delay): execution.py and unknown.py set them; the types cannot say so.
         if outcome.kind is OutcomeKind.DONE:

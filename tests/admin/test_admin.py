@@ -604,14 +604,16 @@ def test_live_window_is_three_heartbeats_but_at_least_a_minute(settings):
 
 
 def test_snapshot_takes_the_same_queries_however_many_rows(django_assert_num_queries):
-    with django_assert_num_queries(8):
+    # Eight, and on PostgreSQL one more: the database's clock, which ages count from.
+    queries = 9 if connection.vendor == "postgresql" else 8
+    with django_assert_num_queries(queries):
         overview.snapshot()
     _add_jobs(500, 0)
     _add_dead_letters(200)
     Worker.objects.bulk_create([Worker(hostname=f"h{i}", pid=i) for i in range(50)])
     TaskRegistration.objects.bulk_create([
         TaskRegistration(task_name=f"t.n{i % 7}", worker_id=f"w{i}") for i in range(200)])
-    with django_assert_num_queries(8):
+    with django_assert_num_queries(queries):
         overview.snapshot()
 
 

@@ -221,6 +221,18 @@ def worker_wait_for_file(path: str, limit: float = 30.0) -> dict:
     return _trace()
 
 
+@job(name="tests.worker.tcp_options")
+def worker_tcp_options() -> dict:
+    """The TCP options this job thread's own connection to the jobs database was opened with."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    names = ("keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+             "tcp_user_timeout", "connect_timeout")
+    return {key: value for key, value in connection.connection.info.get_parameters().items()
+            if key in names}
+
+
 @job(name="tests.worker.open_connections")
 def worker_open_connections(seconds: float = 0.0) -> dict:
     """Say how many database connections this job thread holds open as the handler starts."""

@@ -83,6 +83,20 @@ def test_every_call_the_worker_makes_for_itself_goes_through_one_connection(sett
     assert len({wrapper for wrapper, _ in used}) == 1, used
 
 
+@BOTH_PATHS
+def test_the_unknown_job_rule_reads_on_the_shared_connection(concurrency):
+    # A job no handler here knows: whether to defer it (its age, who else knows it) is
+    # read in a turn on the shared connection, so the job thread, whose handlers touch
+    # no database, still holds none (docs/deployment.md: 2 at any concurrency).
+    unknown = [enqueue("tests.rolling.nobody_has_this_handler", priority=1)
+               for _ in range(concurrency + 1)]
+    probes = [enqueue("tests.worker.open_connections", {"seconds": 0.02}, priority=2)
+              for _ in range(2 * concurrency + 2)]
+    assert run_burst(concurrency=concurrency) == 0
+    assert {Job.objects.get(id=job_id).status for job_id in unknown} == {"queued"}  # deferred
+    assert [_opened(probe) for probe in probes] == [0] * len(probes)
+
+
 def test_a_job_thread_keeps_its_connection_while_its_handlers_use_it(run_log):
     touch = enqueue("tests.worker.touch_db", priority=1)
     probes = [enqueue("tests.worker.open_connections", priority=p) for p in (2, 3)]

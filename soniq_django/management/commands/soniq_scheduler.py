@@ -10,6 +10,7 @@ from soniq_django.management.database import (
     add_database_argument, database_alias, require_migrated,
 )
 from soniq_django.scheduler import Scheduler
+from soniq_django.worker.connection import own_connection
 
 logger = logging.getLogger("soniq_django.scheduler")
 
@@ -44,6 +45,7 @@ class Command(BaseCommand):
                 self.stdout.write(f"{len(job_ids)} job(s) enqueued")
                 return
             stop = threading.Event()
+            own_connection(alias)  # the worker's TCP options: a partition is noticed in time
             with _stop_on_signals(stop):
                 scheduler.run_forever(stop, interval=options["interval"])
 
