@@ -112,13 +112,14 @@ class LivenessOutcome:
     violations: list[str]
     executions: dict[str, int]
     log_dir: str
+    seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
         return not self.violations
 
     def summary(self) -> str:
-        lines = [f"liveness run: {len(self.rounds)} rounds"]
+        lines = [f"liveness run: {len(self.rounds)} rounds in {self.seconds:.1f} s"]
         for r in self.rounds:
             twice = sum(1 for j in r.jobs if self.executions.get(j, 0) > 1 and j != r.lost_commit)
             lines.append(f"  {r.fault:<7} injected={r.injected} settled={r.settled} "
@@ -331,6 +332,7 @@ def run(config: LivenessConfig, say: Callable[[str], object] = print) -> Livenes
     """Every round of every fault on one private cluster, deleted whatever happens."""
     log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="soniq-liveness-logs."))
     log_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     with Cluster() as cluster:
         say(f"liveness: private PostgreSQL on 127.0.0.1:{cluster.port}; logs in {log_dir}")
         live = Liveness(config, cluster, log_dir, say)
@@ -350,7 +352,8 @@ def run(config: LivenessConfig, say: Callable[[str], object] = print) -> Livenes
                 report = check(conn)
             violations += [f"checker: {v}" for v in report.violations
                            if "not done" not in v and "unfinished" not in v]
-            outcome = LivenessOutcome(rounds, violations, executions, str(log_dir))
+            outcome = LivenessOutcome(rounds, violations, executions, str(log_dir),
+                                      time.monotonic() - started)
             if not outcome.ok:
                 (log_dir / "server.log").write_text(cluster.log_tail(200_000))
             return outcome
