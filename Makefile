@@ -72,25 +72,33 @@ bench-scale-quick: venv-main
 
 # Chaos suite (tests/chaos/; see docs/reliability.md). Starts its own
 # throwaway PostgreSQL cluster (initdb/pg_ctl, a free port under /tmp),
-# restarts it on purpose and deletes it at the end. Short versions of both
-# runs are part of `make test`. CHAOS_ARGS passes options to each run, e.g.
-# CHAOS_ARGS="--seed 42".
-#   make chaos              both full runs, one after the other (~7 min)
+# restarts it on purpose and deletes it at the end. Short versions of the
+# three runs are part of `make test`. CHAOS_ARGS passes options to the plain
+# and effects runs, e.g. CHAOS_ARGS="--seed 42"; CHAOS_LIVENESS_ARGS to the
+# liveness run, e.g. "--rounds 5".
+#   make chaos              the three full runs, one after the other (~9 min)
 #   make chaos-plain        5,000 jobs, 4 workers, kills and restarts (~3 min)
 #   make chaos-effects      5,000 atomic jobs writing one effect row each, kills,
 #                           restarts, SIGSTOP past the lease, terminated backends
 #                           (~4 min); exactly one effect row per job
+#   make chaos-liveness     a worker's running jobs through a locked settings row,
+#                           a lost COMMIT and a SIGSTOPped backend, 3 rounds each
+#                           (~2 min); each job runs once, other queues flow
 CHAOS_ARGS ?=
+CHAOS_LIVENESS_ARGS ?=
 
-.PHONY: chaos chaos-plain chaos-effects
+.PHONY: chaos chaos-plain chaos-effects chaos-liveness
 
-chaos: chaos-plain chaos-effects
+chaos: chaos-plain chaos-effects chaos-liveness
 
 chaos-plain: venv-main
 	$(PYTHON_VENV) -m tests.chaos $(CHAOS_ARGS)
 
 chaos-effects: venv-main
 	$(PYTHON_VENV) -m tests.chaos --effects $(CHAOS_ARGS)
+
+chaos-liveness: venv-main
+	$(PYTHON_VENV) -m tests.chaos --liveness $(CHAOS_LIVENESS_ARGS)
 
 # Soak run (bench/soak.py; see docs/performance.md#hours-of-load). Starts its own
 # throwaway PostgreSQL cluster with stock settings (autovacuum on) under /tmp,

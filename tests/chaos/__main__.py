@@ -13,6 +13,15 @@ Two scenarios, the same driver and checker:
   landed, and none from a refused run. ``--effects --control`` registers the
   handler without ``atomic=True``: the checker must then FAIL (exit 1).
 
+- ``--liveness``: the liveness scenario (tests/chaos/liveness.py, issue 26):
+  a worker with k long jobs running while a limited queue's settings row is
+  locked for 3 leases, an atomic job's COMMIT is lost (the backend left idle
+  in transaction) and the worker's shared connection's backend is SIGSTOPped
+  for 2 leases; 3 rounds of each, k = 6, lease 2 s. Every job must run once
+  (the lost COMMIT's job: once more, its effect once) and another queue keep
+  flowing. Only ``--lease``, ``--rounds``, ``--running`` and ``--keep-logs``
+  apply to it.
+
 Every option overrides the chosen scenario's default. Exit status 0 only if
 the checker proves the run clean (and every worker stopped cleanly).
 """
@@ -35,6 +44,13 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--effects", action="store_true",
                         help="the effects scenario: atomic jobs, SIGSTOPs, terminated backends")
+    parser.add_argument("--liveness", action="store_true",
+                        help="the liveness scenario: a locked settings row, a lost COMMIT, "
+                             "a stalled backend")
+    parser.add_argument("--rounds", type=int, help="with --liveness: rounds of each fault "
+                                                   "(default 3)")
+    parser.add_argument("--running", type=int, help="with --liveness: jobs running on the "
+                                                    "worker at each fault (default 6)")
     parser.add_argument("--control", action="store_true",
                         help="with --effects: the handler without atomic=True (must fail)")
     for name, kind in (("jobs", int), ("workers", int), ("concurrency", int), ("kills", int),
@@ -48,6 +64,9 @@ def main(argv=None) -> int:
     if args.control and not args.effects:
         parser.error("--control needs --effects")
     from pathlib import Path
+
+    if args.liveness:
+        return _liveness(args)
 
     config = effects_config(control=args.control) if args.effects else Config()
     overrides = {field: value for field in (
@@ -70,6 +89,33 @@ def main(argv=None) -> int:
         for line in outcome.failures()[:60]:
             print(f"- {line}", file=sys.stderr)
         print(f"logs: {outcome.facts.log_dir}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _liveness(args) -> int:
+    from pathlib import Path
+
+    from .liveness import LivenessConfig, run as run_liveness
+
+    config = LivenessConfig(rounds=3, running=6)
+    overrides = {field: value for field in ("lease", "rounds", "running")
+                 if (value := getattr(args, field)) is not None}
+    if args.keep_logs:
+        overrides["log_dir"] = Path(args.keep_logs)
+    config = dataclasses.replace(config, **overrides)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        outcome = run_liveness(config, say=lambda text: print(text, flush=True))
+    except ClusterUnavailable as error:
+        print(f"chaos: cannot start a private PostgreSQL cluster: {error}", file=sys.stderr)
+        return 2
+    print(outcome.summary())
+    if not outcome.ok:
+        print("\nFAILURES:", file=sys.stderr)
+        for line in outcome.violations[:60]:
+            print(f"- {line}", file=sys.stderr)
+        print(f"logs: {outcome.log_dir}", file=sys.stderr)
         return 1
     return 0
 

@@ -17,7 +17,16 @@ landed; the stopped worker's claims none and no completion. Then the checker
 is shown a duplicated, a missing and a stale effect row, an effect and a
 completion of the stopped claim, and must report each.
 
-The full run is ``python -m tests.chaos`` (``make chaos``). Under CI=true a
+The liveness run (tests/chaos/liveness.py, issue 26): one round of each
+fault on a worker with 4 long jobs running (lease 2 s): a limited queue's
+settings row locked for 3 leases, an atomic job's COMMIT lost with the
+backend left idle in transaction, the worker's shared connection's backend
+SIGSTOPped for 2 leases. Every job must run once (the lost COMMIT's job
+may run once more, its effect lands once), every job finish within 6 leases
+of its fault, and the other queue's jobs enqueued during a fault start
+within 1.5 leases.
+
+The full runs are ``python -m tests.chaos`` (``make chaos``). Under CI=true a
 machine that cannot host the private cluster fails this test; elsewhere it
 is skipped with the reason.
 """
@@ -32,6 +41,8 @@ from tests.chaos.checker import Report, check
 from tests.support.ci import unavailable
 from tests.chaos.cluster import Cluster, ClusterUnavailable
 from tests.chaos.driver import Config, Outcome, effects_config, run
+from tests.chaos.liveness import LivenessConfig
+from tests.chaos.liveness import run as run_liveness
 
 # Crash recovery of the claim protocol: run in the Django 5.2 passes only.
 pytestmark = [pytest.mark.postgresql_only, pytest.mark.version_independent]
@@ -202,3 +213,16 @@ def test_short_effects_run_lands_each_jobs_effect_exactly_once(tmp_path):
     # A stopped claim that had written its effect left it uncommitted: rolled back.
     assert report.effects_rolled_back >= 1
     assert report.unexplained_duplicates == 0
+
+
+def test_short_liveness_run_runs_each_job_once_through_locks_lost_commits_and_stalls(tmp_path):
+    _require_a_private_cluster()
+    started = time.monotonic()
+    outcome = run_liveness(LivenessConfig(log_dir=tmp_path), say=print)
+    print(outcome.summary())
+    print(f"short liveness run: {time.monotonic() - started:.1f} s")
+    assert outcome.ok, "\n".join(outcome.violations[:40])
+    assert [r.fault for r in outcome.rounds] == ["lock", "commit", "stall"]
+    assert all(r.injected and r.settled for r in outcome.rounds)
+    lost = outcome.rounds[1].lost_commit
+    assert lost is not None and outcome.executions[lost] in (1, 2)

@@ -17,6 +17,13 @@ replays of earlier submissions, forced replacements; claims by several workers
 ``fail`` (``retry`` True and False, ``retry_delay=0`` so a retried job is due
 again), ``defer`` (``delay=0``), ``heartbeat``, ``set_pid``, ``acknowledge_cancel`` and
 ``recover_owned_claim`` with live and stale fences;
+a claim whose answer is lost (the claim made, its answer dropped, the
+claims found again by their nonces with ``recover_owned_claim``);
+on PostgreSQL, a claim while another connection holds the queue's
+``soniq_queue_settings`` row (an operator's open ``SELECT ... FOR UPDATE``;
+the queue has a limit that never binds), and a fenced write (``complete``,
+``fail``, ``heartbeat``) with a ``lock_wait`` that meets another connection's
+lock on the job's row;
 lease lapses (the row's ``lease_expires_at`` is moved into the past with
 ``tests.owned_helpers.rewrite``; the next claim reaps it), also over and
 over (a job that kills every worker running it); ``request_cancel``
@@ -58,6 +65,13 @@ Checked on every step:
   name's registry row (``soniq_task_registry.max_attempts``), else 4: at
   that many attempts the reaper dead-letters it as ``max_retries_exceeded``
   instead of queueing it again forever;
+- a claim that meets a locked settings row answers at once and claims
+  nothing (the queue is held back for that round; issue 26), and a write
+  whose ``lock_wait`` runs out raises ``QUEUE_PERSISTENCE_FAILED``
+  (``lock_not_available``) and writes nothing: the model does not move, and
+  the next steps find the database as it was;
+- a claim whose answer was lost is found by its nonces, exactly the claim
+  the model predicts, and nothing is claimed twice;
 - ``request_cancel`` answers True for a queued or processing job and False
   otherwise, an unknown id included. (For a processing job whose lease has
   lapsed, cancelling at once and recording a request that the next reap
@@ -88,6 +102,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from django.test import override_settings
@@ -105,7 +120,7 @@ from hypothesis.stateful import (
 
 from soniq_django.errors import ErrorCode, SoniqError
 from soniq_django.producer.request import JobRequest
-from soniq_django.models import DeadLetterJob, Job, TaskRegistration
+from soniq_django.models import DeadLetterJob, Job, QueueSetting, TaskRegistration
 from soniq_django.owned import OwnedJobSource, QueueClaimFence
 from soniq_django.producer import enqueue, get_job
 from soniq_django.replay import GENERATION_STRIDE, replay_dead_letters
@@ -145,6 +160,11 @@ OWNED_MAX_ATTEMPTS = (1, 2, 4)  # submit_owned refuses None
 
 DEFAULT_MAX_ATTEMPTS = 4  # for max_attempts NULL without a registry row
 REAP_BATCH = 10  # lapsed leases a claim settles first
+# The queue every job of the model goes to: on PostgreSQL it gets a limit that never binds, so
+# that its soniq_queue_settings row is one a claim reads (and an operator can lock).
+QUEUE = "default"
+NEVER_BINDING = 1000
+LOCK_WAIT = 0.01  # seconds: a write's lock_wait that runs out against another connection's lock
 
 
 @dataclass
@@ -239,6 +259,23 @@ class OwnedProtocol(RuleBasedStateMachine):
         self.lapses = 0
         self.past = timezone.now() - dt.timedelta(hours=1)
         self.counter = itertools.count()
+        self.other: psycopg.Connection | None = None  # an operator's connection (PostgreSQL)
+        if connection.vendor == "postgresql":
+            QueueSetting.objects.update_or_create(queue=QUEUE,
+                                                  defaults={"concurrency": NEVER_BINDING})
+
+    def teardown(self):
+        if self.other is not None:
+            self.other.close()
+
+    def _operator(self) -> psycopg.Connection:
+        """Another session on the test database, as an operator's psql would be."""
+        if self.other is None or self.other.closed:
+            s = connection.settings_dict
+            self.other = psycopg.connect(
+                dbname=s["NAME"], user=s["USER"], password=s["PASSWORD"] or None,
+                host=s["HOST"] or None, port=s["PORT"] or None, connect_timeout=10)
+        return self.other
 
     # Model ------------------------------------------------------------
 
@@ -548,6 +585,78 @@ class OwnedProtocol(RuleBasedStateMachine):
         assert len(claimed) == min(count, len(eligible))
         for one, token in zip(claimed, tokens):
             self._took(one, eligible, worker, token)
+
+    @precondition(lambda self: self.jobs)
+    @rule(worker=st.sampled_from(WORKERS), count=st.integers(1, 3))
+    def claim_whose_answer_is_lost(self, worker, count):
+        """The claim commits, its answer never reaches the worker: it asks by its nonces."""
+        settled = self.reap()
+        eligible = self._eligible()
+        tokens = [nonce() for _ in range(count)]
+        with must_not_raise("claim_many_owned (its answer then dropped)"):
+            self.source.claim_many_owned(worker, claim_tokens=tokens)
+        with must_not_raise("recover_owned_claim after a lost answer"):
+            found = [self.source.recover_owned_claim(worker, claim_token=t) for t in tokens]
+        claimed = [one for one in found if one is not None]
+        # The i-th job claimed carries the i-th nonce: the unused ones are the last.
+        assert found == claimed + [None] * (len(found) - len(claimed)), (
+            f"nonces recovered out of claim order: {[one is not None for one in found]}")
+        self._check_settled(settled, {one.job_id for one in claimed})
+        assert len(claimed) == min(count, len(eligible))
+        for one, token in zip(claimed, tokens):
+            self._took(one, eligible, worker, token)
+
+    @precondition(lambda self: connection.vendor == "postgresql" and self.jobs
+                  and all(j.lapsed is None for j in self.jobs.values()))
+    @rule(worker=st.sampled_from(WORKERS), count=st.integers(1, 3))
+    def claim_while_an_operator_locks_the_settings_row(self, worker, count):
+        """An operator's open transaction holds the queue's settings row: the claim does not
+        wait for it; the queue is held back for this round (issue 26). No lapsed lease in
+        the model, so that no reaping is predicted either."""
+        other = self._operator()
+        try:
+            other.execute("SELECT queue FROM soniq_queue_settings WHERE queue = %s FOR UPDATE",
+                          (QUEUE,))
+            with must_not_raise("claim_many_owned while the settings row is locked"):
+                claimed = self.source.claim_many_owned(
+                    worker, claim_tokens=[nonce() for _ in range(count)], lock_wait=5.0)
+        finally:
+            other.rollback()
+        assert claimed == [], (
+            f"a claim took {len(claimed)} job(s) of a queue whose settings row another "
+            "transaction held")
+
+    @precondition(lambda self: connection.vendor == "postgresql"
+                  and any(self.is_live(f) for f in self.fences.values()))
+    @rule(data=st.data(), write=st.sampled_from(("complete", "fail", "heartbeat")))
+    def write_meets_a_row_lock(self, data, write):
+        """Another transaction holds the job's row: the write's lock_wait runs out, it raises
+        QUEUE_PERSISTENCE_FAILED (lock_not_available) and writes nothing."""
+        live = sorted(label for label, f in self.fences.items() if self.is_live(f))
+        fence = self.fences[data.draw(st.sampled_from(live), label="fence")]
+        job = self._job_of(fence)
+        calls = {
+            "complete": lambda: self.source.complete_owned(fence, {"ok": True},
+                                                           lock_wait=LOCK_WAIT),
+            "fail": lambda: self.source.fail_owned(fence, "boom", retry=True, retry_delay=0,
+                                                   lock_wait=LOCK_WAIT),
+            "heartbeat": lambda: self.source.heartbeat_owned(fence, lock_wait=LOCK_WAIT),
+        }
+        other = self._operator()
+        try:
+            other.execute("SELECT id FROM soniq_jobs WHERE id = %s FOR UPDATE", (job.id,))
+            try:
+                got = calls[write]()
+            except SoniqError as error:
+                assert (error.code, error.reason) == (
+                    ErrorCode.QUEUE_PERSISTENCE_FAILED, "lock_not_available"), (
+                    f"{write} of {job.describe()} past its lock_wait raised "
+                    f"{error.code.value} ({error.reason!r})")
+            else:
+                raise AssertionError(f"{write} of {job.describe()} returned {got!r} while "
+                                     "another transaction held its row")
+        finally:
+            other.rollback()
 
     # Fenced writes ----------------------------------------------------
 
