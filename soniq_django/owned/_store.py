@@ -16,6 +16,7 @@ import json
 import logging
 import random
 import uuid
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -392,6 +393,30 @@ def _binds_on_server(connection: Any) -> bool:
     return bool(connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"))
 
 
+#: The ``lock_wait`` each psycopg connection's session is bounded by (``bound_session``).
+_session_bounds: "weakref.WeakKeyDictionary[Any, float]" = weakref.WeakKeyDictionary()
+
+
+def bound_session(raw: Any, lock_wait: float) -> None:
+    """Bound every later statement of the psycopg connection ``raw``'s session by ``lock_wait``.
+
+    ``bounds_sql``'s two settings, made once at session level, so that the
+    calls bounded by the same ``lock_wait`` need not send them each time (a
+    statement, about 25 us a call). Only for a connection of the worker's
+    own that reaches its server directly, outside a transaction: behind a
+    transaction pooler a session setting would leak to other clients.
+    """
+    ms = max(1, round(lock_wait * 1000))
+    raw.execute(f"SET lock_timeout = '{ms}ms'")
+    raw.execute(f"SET statement_timeout = '{2 * ms}ms'")
+    _session_bounds[raw] = lock_wait
+
+
+def session_bound(raw: Any) -> float | None:
+    """The ``lock_wait`` ``raw``'s session is bounded by (``bound_session``), or None."""
+    return _session_bounds.get(raw)
+
+
 def bounds_sql(lock_wait: float) -> str:
     """The statement that bounds the rest of its transaction's waits: ``lock_wait`` for any one
     lock (``lock_timeout``), twice that for any one statement (``statement_timeout``).
@@ -420,7 +445,8 @@ def _execute(connection: Any, cursor: Any, statements: list[str], params: list[A
     the string is bound here, by psycopg's client-side binding (what
     Django does by default), and sent as one simple query all the same.
     """
-    bounded = lock_wait is not None and not connection.in_atomic_block
+    bounded = (lock_wait is not None and not connection.in_atomic_block
+               and _session_bounds.get(connection.connection) != lock_wait)
     if bounded:
         statements = [bounds_sql(lock_wait)] + statements  # type: ignore[arg-type]
     sql = "; ".join(statements)

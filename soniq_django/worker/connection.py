@@ -46,7 +46,10 @@ from typing import Any, TypeVar, cast
 
 from django.db import DatabaseError, connections
 
+from .. import pooling
 from ..errors import translate
+from ..owned._store import bound_session, session_bound
+from .bounds import lock_wait
 from .wire import Watchdog, tcp_defaults, tune, tuned, turn_bound
 
 logger = logging.getLogger("soniq_django.worker")
@@ -262,10 +265,32 @@ class SharedConnection:
     def _install(self) -> Any:
         """Make the shared connection this thread's ``connections[using]``; return what was."""
         wrapper = self._connected()
+        self._bound(wrapper)
         previous = next((conn for conn in connections.all(initialized_only=True)
                          if conn.alias == self.using), None)
         connections[self.using] = wrapper
         return previous
+
+    @staticmethod
+    def _bound(wrapper: Any) -> None:
+        """Bound the shared connection's session by ``lock_wait()`` (``bound_session``).
+
+        Its calls then send no bounds of their own: the same bounds, at no
+        cost per call. Only on PostgreSQL reached directly (not through a
+        pooler, where the calls bound themselves, transaction by
+        transaction), outside a transaction; a failure leaves the calls to
+        bound themselves.
+        """
+        raw = wrapper.connection
+        wanted = lock_wait()
+        if (wrapper.vendor != "postgresql" or session_bound(raw) == wanted
+                or wrapper.in_atomic_block):
+            return
+        try:
+            if not raw.info.transaction_status and not pooling.pooled(raw):
+                bound_session(raw, wanted)
+        except Exception:  # the calls send their bounds themselves
+            pass
 
     def _uninstall(self, previous: Any) -> None:
         keep_healthy(self._wrapper)
