@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 from django.db import connection, transaction
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from soniq_django import bulk_enqueue, enqueue
@@ -126,9 +126,20 @@ def test_copy_writes_the_rows_soniq_enqueue_many_writes(requests, copies):
 @given(requests=BATCH)
 def test_a_batch_writes_what_enqueue_writes_one_by_one(requests, backend):
     # On PostgreSQL the batch takes the COPY path; on SQLite its own.
+    # A batch writes its plain jobs first, then resolves the unique and dedup ones
+    # (soniq_django/producer/_copy.py, decision 0008): one by one differs by design
+    # when a plain job names the job_id a deduplicated request named before it.
+    assume(not _id_shared_across_kinds(requests))
     one_by_one = _outcome(lambda: _one_by_one(requests))
     batch = _with_threshold(1, lambda: _outcome(lambda: bulk_enqueue(requests)))
     assert batch == one_by_one
+
+
+def _id_shared_across_kinds(requests) -> bool:
+    """Whether a job_id is named both by a plain request and by a deduplicating one."""
+    plain = {r.job_id for r in requests if r.job_id and not (r.unique_job or r.dedup_key)}
+    deduplicating = {r.job_id for r in requests if r.job_id and (r.unique_job or r.dedup_key)}
+    return bool(plain & deduplicating)
 
 
 def fetch_sql(sql, params=()):
