@@ -22,3 +22,22 @@ def committed_db(django_db_setup):
     empty()
     yield
     empty()
+
+
+@pytest.fixture
+def flow_db(committed_db):
+    """No job, queue setting, start or hold before and after the test (flow-control tests).
+
+    The tests leave live claims, which the protection trigger keeps from a
+    plain DELETE: the gate is opened for this connection's deletes.
+    """
+    def empty():
+        with raw() as conn:
+            conn.execute("SELECT set_config('soniq.fenced_write', 'on', false)")
+            for table in ("soniq_jobs", "soniq_queue_settings", "soniq_queue_starts",
+                          "soniq_queue_holds"):
+                conn.execute(f"DELETE FROM {table}")
+
+    empty()
+    yield
+    empty()

@@ -20,28 +20,13 @@ from tests.support.sql import raw
 pytestmark = [
     pytest.mark.postgresql_only,
     pytest.mark.django_db,  # sets the test database up; the raw connections below commit
-    pytest.mark.usefixtures("bounded_db"),
+    pytest.mark.usefixtures("flow_db"),
 ]
 
 CLAIM_MANY = ("SELECT job_id, queue, generation, token "
               "FROM soniq_claim_many(%s, %s::text[], %s::text[], 30)")
 #: What "at once" means here: a claim takes milliseconds; the bound of a wait is 2 s.
 AT_ONCE = 1.0
-
-
-@pytest.fixture
-def bounded_db(committed_db):
-    def empty():
-        with raw() as conn:
-            conn.execute("SELECT set_config('soniq.fenced_write', 'on', false)")
-            conn.execute("DELETE FROM soniq_jobs")
-            conn.execute("DELETE FROM soniq_queue_settings")
-            conn.execute("DELETE FROM soniq_queue_starts")
-            conn.execute("DELETE FROM soniq_queue_holds")
-
-    empty()
-    yield
-    empty()
 
 
 def nonces(n):

@@ -26,22 +26,6 @@ CLAIM_MANY = ("SELECT job_id, queue, generation, lease_expires_at, token "
 COMPLETE = "SELECT soniq_complete(%s, %s, %s, %s, %s)"
 
 
-@pytest.fixture
-def flow_db(committed_db):
-    def empty():
-        with raw() as conn:
-            # The tests leave live claims, which the protection trigger keeps
-            # from committed_db's plain DELETE: open its gate for this one.
-            conn.execute("SELECT set_config('soniq.fenced_write', 'on', false)")
-            conn.execute("DELETE FROM soniq_jobs")
-            conn.execute("DELETE FROM soniq_queue_settings")
-            conn.execute("DELETE FROM soniq_queue_starts")
-
-    empty()
-    yield
-    empty()
-
-
 def nonces(n):
     return [secrets.token_hex(16) for _ in range(n)]
 
