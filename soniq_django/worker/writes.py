@@ -34,7 +34,7 @@ from ..models import DeadLetterReason, Job
 from ..owned import OwnedJobSource
 from ..owned._store import LOCK_NOT_AVAILABLE, guarded, retry_backoff
 from ..owned.types import ClaimedJob, QueueClaimFence
-from ..registry import get_handler
+from ..registry import WHERE_HANDLERS_COME_FROM, get_handler
 from ..throughput import ThroughputCounter
 from . import unknown
 from .bounds import lock_wait
@@ -583,8 +583,8 @@ def _log_outcome(claimed: ClaimedJob, outcome: Outcome, recorded: Recorded,
         logger.error("%s %s dead-lettered (%s) after %.3fs (attempt %d): %s", name, job_id,
                      outcome.reason, elapsed, attempt, _why(outcome))
     elif outcome.kind is OutcomeKind.DEFERRED:
-        logger.info("%s %s %s, due again in %.1fs", name, job_id, recorded.verb,
-                    outcome.delay or 0.0)
+        logger.info("%s %s %s, due again in %.1fs; %s", name, job_id, recorded.verb,
+                    outcome.delay or 0.0, WHERE_HANDLERS_COME_FROM)
     else:
         logger.info("%s %s %s after %.3fs (attempt %d)", name, job_id, recorded.verb, elapsed,
                     attempt)
