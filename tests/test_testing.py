@@ -515,3 +515,17 @@ def test_the_plugin_gives_a_fresh_session_its_database(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "1 passed" in result.stdout
+
+
+@pytest.mark.django_db
+def test_immediate_runs_an_async_handler_an_async_enqueue_queued():
+    # aenqueue inside an event loop: the run happens in Django's sync thread,
+    # and the handler's ORM calls come back to it, inside the test's transaction.
+    Order.objects.create(email="before@aimm.example", amount_cents=1)
+
+    async def scenario():
+        with immediate() as runs:
+            await async_orders.aenqueue(email="aenqueued@aimm.example")
+        return runs
+
+    assert [r.result for r in async_to_sync(scenario)()] == [2]
