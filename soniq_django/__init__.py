@@ -14,14 +14,16 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers (the package shi
     from .periodic_jobs import periodic
     from .producer.aio import abulk_enqueue, aenqueue, aget_job
     from .producer.api import bulk_enqueue, enqueue, get_job
+    from .producer.request import JobRequest
     from .registry import job
 
 __all__ = [
-    "abulk_enqueue", "aenqueue", "aget_job", "args_hash", "bulk_enqueue", "enqueue", "get_job",
+    "JobRequest", "abulk_enqueue", "aenqueue", "aget_job", "args_hash", "bulk_enqueue", "enqueue", "get_job",
     "job", "pause_queue", "periodic", "resume_queue",
 ]
 
 _HOMES = {
+    "JobRequest": "soniq_django.producer",
     "abulk_enqueue": "soniq_django.producer",
     "aenqueue": "soniq_django.producer",
     "aget_job": "soniq_django.producer",

@@ -10,7 +10,7 @@ class SoniqConfig(AppConfig):
     def ready(self) -> None:
         from .registry import discover
 
-        # Handlers live in each app's ``jobs`` module, as admin classes live
+        # Handlers live in each app's ``jobs`` or ``tasks`` module, as admin classes live
         # in ``admin``, and in the modules SONIQ["IMPORTS"] names: importing
         # them fills the registry once per process. Every app's models are
         # loaded by now, so those modules may import models. A module that

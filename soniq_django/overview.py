@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from .conf import get_settings
 from .models import DeadLetterJob, Job, JobStatus, TaskRegistration, Worker, WorkerState
+from .replay import still_dead
 from .throughput import minute_of, per_minute
 
 DEAD_LETTER = "dead_letter"
@@ -188,7 +189,7 @@ def snapshot(using: str = DEFAULT_DB_ALIAS, now: dt.datetime | None = None) -> S
         for status in STATUS_COLUMNS
     )
     reasons = (
-        DeadLetterJob.objects.using(using).values_list("dead_letter_reason")
+        DeadLetterJob.objects.using(using).filter(still_dead()).values_list("dead_letter_reason")
         .annotate(n=Count("id")).order_by("-n", "dead_letter_reason")
     )
     window = live_window()
@@ -201,12 +202,17 @@ def snapshot(using: str = DEFAULT_DB_ALIAS, now: dt.datetime | None = None) -> S
 
 
 def _counts(using: str) -> dict[str, dict[str, int]]:
-    """{queue: {status: count}}, dead letters included (two GROUP BY queries)."""
+    """{queue: {status: count}}, dead letters included (two GROUP BY queries).
+
+    A replayed job counts once, in its status in ``soniq_jobs``: its dead-letter
+    row counts again only when it fails again (``replay.still_dead``).
+    """
     counts: dict[str, dict[str, int]] = {}
     rows = Job.objects.using(using).values_list("queue", "status").annotate(n=Count("id"))
     for queue, status, n in rows.order_by():
         counts.setdefault(queue, {})[status] = n
-    dead = DeadLetterJob.objects.using(using).values_list("queue").annotate(n=Count("id"))
+    dead = DeadLetterJob.objects.using(using).filter(still_dead()).values_list(
+        "queue").annotate(n=Count("id"))
     for queue, n in dead.order_by():
         counts.setdefault(queue, {})[DEAD_LETTER] = n
     return counts

@@ -11,8 +11,9 @@ a type checker checks the arguments of ``.enqueue``/``.aenqueue`` against
 the function's signature, and calling the handler keeps its return type.
 
 Handlers are found by importing the modules that define them: every
-installed app's ``jobs`` module and each module ``SONIQ["IMPORTS"]`` names
-(``discover``, run by ``SoniqConfig.ready()`` and again by ``soniq_worker``).
+installed app's ``jobs`` and ``tasks`` modules and each module
+``SONIQ["IMPORTS"]`` names (``discover``, run by ``SoniqConfig.ready()`` and
+again by ``soniq_worker``).
 """
 
 import dataclasses
@@ -67,18 +68,28 @@ def register_resolver(resolver: Callable[[str], Any]) -> None:
         _resolvers.append(resolver)
 
 
+#: The module names looked for in every installed app: ``jobs`` (soniq's own habit) and
+#: ``tasks`` (Celery's and Django Tasks'), so a ``@job`` in either is found.
+APP_MODULES = ("jobs", "tasks")
+
+#: Where handlers come from, as the worker's lines about an unknown job name say it.
+WHERE_HANDLERS_COME_FROM = ("handlers are imported from each installed app's jobs.py and "
+                            "tasks.py and from the modules SONIQ['IMPORTS'] names")
+
+
 def discover() -> list[tuple[str, str]]:
-    """Import every installed app's ``jobs`` module, then each module of ``SONIQ["IMPORTS"]``.
+    """Import every installed app's ``jobs`` and ``tasks`` modules, then ``SONIQ["IMPORTS"]``.
 
     Returns ``(module, exception class name)`` for each ``IMPORTS`` module
     that could not be imported, and raises nothing for them: the system
     check soniq.E009 names them and ``soniq_worker`` refuses to start. (A
-    broken ``jobs`` module raises, as Django's admin autodiscovery does.)
-    Importing again is cheap: a module already imported is not run twice.
+    broken ``jobs`` or ``tasks`` module raises, as Django's admin
+    autodiscovery does.) Importing again is cheap: a module already
+    imported is not run twice.
     """
     from django.utils.module_loading import autodiscover_modules
 
-    autodiscover_modules("jobs")
+    autodiscover_modules(*APP_MODULES)
     return import_modules(configured_imports())
 
 

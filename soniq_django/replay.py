@@ -231,8 +231,19 @@ def _pages(using: str, where: Q) -> Iterator[uuid.UUID]:
         last = chunk[-1]
 
 
+def still_dead() -> Q:
+    """The dead letters that are dead now: never replayed, or failed again since.
+
+    A replayed job's dead-letter row stays (it carries the replay count) while
+    the job is back in ``soniq_jobs``: counting it as a dead letter too would
+    count the job twice. The rule of ``_already_replayed``, as a filter.
+    """
+    return (Q(last_resurrection_at__isnull=True)
+            | Q(last_resurrection_at__lt=F("moved_to_dead_letter_at")))
+
+
 def _already_replayed(dead: DeadLetterJob) -> bool:
-    """Replayed, and not back in the dead letters since."""
+    """Replayed, and not back in the dead letters since (``still_dead`` is its negation)."""
     return (
         dead.last_resurrection_at is not None
         and dead.last_resurrection_at >= dead.moved_to_dead_letter_at

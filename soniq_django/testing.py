@@ -24,12 +24,12 @@ import os
 import secrets
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 
 from .errors import ConfigValidationError, ErrorCode, SoniqError
 
@@ -253,10 +253,12 @@ class _Runner:
                 # have, so the job is dead-lettered at once, as job_not_found.
                 outcome = Outcome(OutcomeKind.DEAD, error=outcome.error,
                                   reason=DeadLetterReason.JOB_NOT_FOUND)
+            # What the final write recorded, as job_finished says it (a failure
+            # with no attempts left: dead, max_retries_exceeded): one story.
             if outcome.written:
-                self.writes.report_atomic(flight, outcome)
+                outcome = self.writes.report_atomic(flight, outcome) or outcome
             else:
-                self.writes.write_outcome(flight, outcome)
+                outcome = self.writes.write_outcome(flight, outcome) or outcome
         finally:
             self.flights.finish(flight)
         run = JobRun(
@@ -284,13 +286,29 @@ class _Runner:
 
         connection = connections[self.alias]
         savepoint = transaction.savepoint(using=self.alias) if connection.in_atomic_block else None
-        outcome = execute(flight.claimed, flight.context, limit, started=flight.started)
+        outcome = execute(flight.claimed, flight.context, limit, started=flight.started,
+                          run_async=_on_this_thread)
         if savepoint is not None:
             if _aborted(connection):
                 transaction.savepoint_rollback(savepoint, using=self.alias)
             else:
                 transaction.savepoint_commit(savepoint, using=self.alias)
         return outcome
+
+
+def _on_this_thread(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run an ``async def`` handler's coroutine so that its ORM calls use this thread.
+
+    Through ``async_to_sync``, as an atomic job's handler runs: Django's
+    async ORM (``sync_to_async``, thread-sensitive) then calls back into the
+    caller's thread, so the handler's queries use the caller's connection and
+    see (and write in) a ``TestCase``'s transaction. Under ``asyncio.run``
+    they would go to asgiref's own thread and another connection.
+    """
+    async def awaited() -> Any:
+        return await coroutine
+
+    return async_to_sync(awaited)()
 
 
 def _aborted(connection: Any) -> bool:

@@ -116,3 +116,15 @@ def test_django_starts_with_a_broken_module_and_manage_py_check_names_it(tmp_pat
     assert "'tests.no_such_module', which cannot be imported (ModuleNotFoundError)" in (
         done.stderr)
     assert "Traceback" not in done.stderr and "stays out of reports" not in done.stderr
+
+
+def test_a_job_in_an_installed_apps_tasks_module_is_found_when_django_starts():
+    # A fresh process: django.setup() alone, nothing else imports tests/testapp/tasks.py.
+    code = ("import django; django.setup(); "
+            "from soniq_django.registry import get_handler; "
+            "print(get_handler('tests.testapp.tasks.job_in_tasks_py') is not None)")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True"

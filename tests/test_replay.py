@@ -420,3 +420,28 @@ def test_replay_reports_progress_as_plain_lines_when_not_a_terminal():
     lines = out.getvalue().splitlines()
     assert "... 3 dead letters handled" in lines
     assert any(line.startswith("Replayed 3") for line in lines)
+
+
+# What the dashboard counts ----------------------------------------------------
+
+
+def test_a_replayed_job_counts_once_on_the_dashboard_until_it_fails_again():
+    from soniq_django.overview import queue_summary
+
+    dead, other = dead_letter(), dead_letter(reason="permanent_failure")
+
+    def counted():
+        summary = queue_summary()
+        cells = summary["queues"]["billing"]
+        return cells["queued"], cells["dead_letter"], summary["dead_letters_by_reason"]
+
+    assert counted() == (0, 2, {"max_retries_exceeded": 1, "permanent_failure": 1})
+    replay_dead_letters(ids=[dead.id])
+    # Back in the queue: queued, and no longer a dead letter (its row stays, for the count).
+    assert counted() == (1, 1, {"permanent_failure": 1})
+    source = OwnedJobSource()
+    claimed = source.claim_next_owned("worker-1", claim_token=nonce())
+    assert claimed.job_id == dead.id
+    assert source.fail_owned(claimed.claim_fence, "boom again", retry=False,
+                             dead_letter_reason="permanent_failure")
+    assert counted() == (0, 2, {"permanent_failure": 2})

@@ -18,7 +18,7 @@ from django.test import TestCase, TransactionTestCase, override_settings
 from django.utils import timezone
 
 from example_project.shop.models import Order
-from soniq_django import enqueue, get_job, job
+from soniq_django import enqueue, get_job, job, signals
 from soniq_django.errors import ConfigValidationError, ErrorCode, PermanentFailure, SoniqError
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.testing import arun_jobs, immediate, run_jobs, soniq_immediate, soniq_run_jobs
@@ -83,6 +83,44 @@ def atomic_order(email: str, fail_times: int = 0) -> int:
 async def async_double(n: int) -> int:
     await asyncio.sleep(0)
     return 2 * n
+
+
+@job(name="tests.testing.async_orders")
+async def async_orders(email: str) -> int:
+    """One write and one query through Django's async ORM: the orders of ``email``'s domain.
+
+    Each test uses a domain of its own, so only its rows count (rows another
+    connection leaked, committed outside a test's transaction, do not).
+    """
+    await Order.objects.acreate(email=email, amount_cents=1)
+    return await Order.objects.filter(email__endswith="@" + email.partition("@")[2]).acount()
+
+
+@job(name="tests.testing.atomic_fails", retries=1, atomic=True)
+def atomic_fails() -> None:
+    raise Unreachable("always, atomically")
+
+
+class Finished:
+    """The ``job_finished`` signals sent while it is connected: (job id, outcome, reason)."""
+
+    def __init__(self):
+        self.heard = []
+
+    def __enter__(self):
+        signals.job_finished.connect(self.receive)
+        return self.heard
+
+    def __exit__(self, *exc_info):
+        signals.job_finished.disconnect(self.receive)
+
+    def receive(self, sender, *, job_id, outcome, dead_letter_reason, **kwargs):
+        self.heard.append((job_id, outcome, dead_letter_reason))
+
+
+def told(runs):
+    """What ``run_jobs`` says of each run, in the signal's terms."""
+    return [(r.job_id, r.outcome, r.reason) for r in runs]
 
 
 class OnThisBackend:
@@ -153,8 +191,9 @@ class RunJobsInTestCase(OnThisBackend, TestCase):
     def test_attempts_run_out_into_the_dead_letters(self):
         job_id = always_fails.enqueue()
         runs = run_jobs(raise_exceptions=False)
-        assert [(r.outcome, r.status) for r in runs] == [
-            ("retry", "queued"), ("retry", "queued"), ("retry", "dead_letter")]
+        assert [(r.outcome, r.status, r.reason) for r in runs] == [
+            ("retry", "queued", None), ("retry", "queued", None),
+            ("dead", "dead_letter", "max_retries_exceeded")]
         dead = DeadLetterJob.objects.get(id=job_id)
         assert (dead.dead_letter_reason, dead.attempts) == ("max_retries_exceeded", 3)
         assert get_job(job_id).status == "dead_letter"
@@ -232,6 +271,26 @@ class RunJobsInTestCase(OnThisBackend, TestCase):
         async_double.enqueue(n=21)
         assert [r.result for r in run_jobs()] == [42]
 
+    def test_an_async_handler_uses_the_tests_connection(self):
+        # Its ORM calls run in the test's transaction: they see the test's row,
+        # and the test sees theirs (on another connection, SQLite said
+        # "database table is locked" and PostgreSQL saw no row at all).
+        Order.objects.create(email="before@tc.example", amount_cents=1)
+        job_id = async_orders.enqueue(email="async@tc.example")
+        assert [(r.job_id, r.outcome, r.result) for r in run_jobs()] == [(job_id, "done", 2)]
+        assert Order.objects.filter(email="async@tc.example").exists()
+
+    @override_settings(SONIQ=NO_BACKOFF)
+    def test_the_runs_and_the_signals_tell_one_story(self):
+        jobs = [always_fails.enqueue(), permanent.enqueue(), flaky.enqueue(fail_times=1),
+                atomic_fails.enqueue(), enqueue("tests.testing.nobody_handles_this")]
+        with Finished() as heard:
+            runs = run_jobs(raise_exceptions=False)
+        assert told(runs) == heard
+        assert {(r.job_id, r.outcome, r.reason) for r in runs if r.status == "dead_letter"} == {
+            (jobs[0], "dead", "max_retries_exceeded"), (jobs[1], "dead", "permanent_failure"),
+            (jobs[3], "dead", "max_retries_exceeded"), (jobs[4], "dead", "job_not_found")}
+
     @override_settings(SONIQ=NO_BACKOFF)
     def test_an_atomic_jobs_failed_runs_leave_none_of_their_writes(self):
         # As in a worker: each failed run's order is rolled back with it (here,
@@ -277,13 +336,19 @@ class ImmediateInTestCase(OnThisBackend, TestCase):
     def test_or_is_recorded(self):
         with immediate(raise_exceptions=False) as runs:
             job_id = enqueue("tests.testing.fails")  # by name: max_attempts 4
-        assert [r.outcome for r in runs] == ["retry"] * 4
+        assert [r.outcome for r in runs] == ["retry"] * 3 + ["dead"]
         assert get_job(job_id).status == "dead_letter"
 
     def test_nested_enqueues_run_after_their_parent(self):
         with immediate() as runs:
             chain.enqueue(depth=2)
         assert [r.result for r in runs] == [2, 1, 0]
+
+    def test_an_async_handler_runs_on_the_tests_connection(self):
+        Order.objects.create(email="before@imm.example", amount_cents=1)
+        with immediate() as runs:
+            async_orders.enqueue(email="imm-async@imm.example")
+        assert [r.result for r in runs] == [2]
 
     def test_as_a_decorator(self):
         @immediate()
@@ -321,6 +386,24 @@ class RunJobsInTransactionTestCase(OnThisBackend, TransactionTestCase):
         assert len(run_jobs(raise_exceptions=False)) == 3
         assert DeadLetterJob.objects.get(id=job_id).attempts == 3
 
+    def test_an_async_handler_commits_on_the_same_database(self):
+        Order.objects.create(email="before@tx.example", amount_cents=1)
+        async_orders.enqueue(email="tx-async@tx.example")
+        assert [r.result for r in run_jobs()] == [2]
+        with immediate() as runs:
+            async_orders.enqueue(email="tx-async-2@tx.example")
+        assert [r.result for r in runs] == [3]
+        assert Order.objects.filter(email__endswith="@tx.example").count() == 3
+
+    @override_settings(SONIQ=NO_BACKOFF)
+    def test_the_runs_and_the_signals_tell_one_story(self):
+        always_fails.enqueue()
+        atomic_fails.enqueue()
+        with Finished() as heard:
+            runs = run_jobs(raise_exceptions=False)
+        assert told(runs) == heard
+        assert [r.outcome for r in runs if r.status == "dead_letter"] == ["dead", "dead"]
+
     def test_immediate_runs_after_the_commit(self):
         with immediate() as runs, transaction.atomic():
             make_order.enqueue_on_commit(email="imm@example.com")
@@ -355,6 +438,28 @@ def test_the_fixture_in_a_transactional_test(soniq_run_jobs, settings):
 def test_the_immediate_fixture(soniq_immediate):
     job_id = make_order.enqueue(email="imm@example.com")
     assert [r.job_id for r in soniq_immediate] == [job_id]
+
+
+def test_the_fixtures_run_async_handlers_on_the_tests_connection(soniq_run_jobs):
+    Order.objects.create(email="before@fx.example", amount_cents=1)
+    async_orders.enqueue(email="fixture-async@fx.example")
+    assert [r.result for r in soniq_run_jobs()] == [2]
+    with immediate() as runs:
+        async_orders.enqueue(email="fixture-async-2@fx.example")
+    assert [r.result for r in runs] == [3]
+
+
+def test_the_immediate_fixture_runs_async_handlers_too(soniq_immediate):
+    Order.objects.create(email="before@fximm.example", amount_cents=1)
+    async_orders.enqueue(email="imm-async@fximm.example")
+    assert [r.result for r in soniq_immediate] == [2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_fixture_runs_async_handlers_in_a_transactional_test(soniq_run_jobs):
+    Order.objects.create(email="before@fxtx.example", amount_cents=1)
+    async_orders.enqueue(email="tx-fixture-async@fxtx.example")
+    assert [r.result for r in soniq_run_jobs()] == [2]
 
 
 # Async ----------------------------------------------------------------------
@@ -410,3 +515,17 @@ def test_the_plugin_gives_a_fresh_session_its_database(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "1 passed" in result.stdout
+
+
+@pytest.mark.django_db
+def test_immediate_runs_an_async_handler_an_async_enqueue_queued():
+    # aenqueue inside an event loop: the run happens in Django's sync thread,
+    # and the handler's ORM calls come back to it, inside the test's transaction.
+    Order.objects.create(email="before@aimm.example", amount_cents=1)
+
+    async def scenario():
+        with immediate() as runs:
+            await async_orders.aenqueue(email="aenqueued@aimm.example")
+        return runs
+
+    assert [r.result for r in async_to_sync(scenario)()] == [2]

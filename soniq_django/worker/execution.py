@@ -15,7 +15,7 @@ from ..encoding import normalize_json
 from ..errors import JobCancelled, PermanentFailure, SoniqError
 from ..models import DeadLetterReason
 from ..owned.types import ClaimedJob
-from ..registry import JobHandler, get_handler
+from ..registry import WHERE_HANDLERS_COME_FROM, JobHandler, get_handler
 from .context import JobContext, bind, unbind
 from .timeouts import TimeLimit
 
@@ -219,7 +219,8 @@ def _prepare(claimed: ClaimedJob) -> tuple[JobHandler[..., Any] | None, Outcome 
     handler = get_handler(claimed.job_name)
     if handler is None:
         return None, Outcome(OutcomeKind.UNKNOWN,
-                             error=f"no handler is registered for job {claimed.job_name!r}")
+                             error=f"no handler is registered for job {claimed.job_name!r} "
+                                   f"({WHERE_HANDLERS_COME_FROM})")
     try:
         _binds(handler.signature, claimed.args)
     except TypeError as error:

@@ -102,7 +102,7 @@ from ..owned import OwnedJobSource
 from ..owned.types import queue_names
 from ..registry import get_handler, registered_handlers
 from ..throughput import ThroughputCounter
-from . import peers, planner, registration
+from . import leftovers, peers, planner, registration
 from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
@@ -314,7 +314,8 @@ class Worker:
         extras = [] if self.budget.max_jobs is None else [f"at most {self.budget.max_jobs} jobs"]
         if self.with_scheduler:
             extras.append("with the scheduler")
-        extras.append("burst: exits when no job is left" if self.burst
+        extras.append("burst: exits when no job is due (it leaves jobs waiting for a later "
+                      "time and those of paused queues)" if self.burst
                       else f"SIGTERM or Ctrl-C stops it (grace {self.grace_seconds:g} s)")
         return (f"worker {self.short_id} started on database {self.using!r} ({vendor}{through}): "
                 f"queues {','.join(self.queues) if self.queues else 'all'}, concurrency "
@@ -449,12 +450,19 @@ class Worker:
             return None
 
     def _held_note(self) -> str:
-        """A burst worker's last words: the jobs of its queues other workers still hold."""
+        """A burst worker's last words: the jobs of its queues other workers still hold, and
+        the queued ones it leaves (waiting for a later time, or paused)."""
         held = self._held()
         if held is None:
-            return "; the jobs other workers hold could not be counted"
-        return (f"; other workers still hold {held.jobs} job(s) of its queues "
-                f"({held.leased} under a lease)")
+            note = "; the jobs other workers hold could not be counted"
+        else:
+            note = (f"; other workers still hold {held.jobs} job(s) of its queues "
+                    f"({held.leased} under a lease)")
+        try:
+            with self.shared.turn():
+                return note + leftovers.left(self.using, self.queues).note()
+        except SoniqError:
+            return note + "; the queued jobs it leaves could not be counted"
 
     def _wait(self, step: planner.Wait) -> None:
         if not step.wake_early:  # a backoff: only an abort cuts it short

@@ -34,7 +34,7 @@ from ..models import DeadLetterReason, Job
 from ..owned import OwnedJobSource
 from ..owned._store import LOCK_NOT_AVAILABLE, guarded, retry_backoff
 from ..owned.types import ClaimedJob, QueueClaimFence
-from ..registry import get_handler
+from ..registry import WHERE_HANDLERS_COME_FROM, get_handler
 from ..throughput import ThroughputCounter
 from . import unknown
 from .bounds import lock_wait
@@ -353,20 +353,22 @@ class Writes:
             decided = None
         return decided or replace(outcome, written=True, applied=None)
 
-    def report_atomic(self, flight: InFlight, outcome: Outcome) -> None:
-        """Log and count an atomic job's outcome, written in its own transaction (or recovered)."""
+    def report_atomic(self, flight: InFlight, outcome: Outcome) -> Outcome | None:
+        """Log and count an atomic job's outcome, written in its own transaction (or recovered).
+
+        Returns the outcome as recorded and signalled (``settled``), None when none was.
+        """
         claimed = flight.claimed
         if outcome.applied:
             deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
-            self._report(flight, outcome, True, deadline)
-            return
+            return self._report(flight, outcome, True, deadline)
         if outcome.applied is None:
             self._count(NOT_RECORDED)
             logger.error("%s %s: whether its atomic run committed is unknown (the database did "
                          "not answer in time); the row says: done under this claim, and its "
                          "writes committed with it; otherwise none did and the job runs again "
                          "once its lease lapses", claimed.job_name, claimed.job_id)
-            return
+            return None
         fence = claimed.claim_fence
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
         if self._cancel_pending(fence) and retrying(
@@ -376,17 +378,23 @@ class Writes:
             elapsed = time.monotonic() - flight.started
             logger.info("%s %s cancelled after %.3fs (attempt %d); its writes were rolled back",
                         claimed.job_name, claimed.job_id, elapsed, claimed.attempts)
-            self._signal(flight, Outcome(OutcomeKind.CANCELLED), elapsed)
-            return
+            cancelled = Outcome(OutcomeKind.CANCELLED)
+            self._signal(flight, cancelled, elapsed)
+            return cancelled
         signals.refused(flight, _signalled(outcome.kind), worker_id=self.worker_id,
                         using=self.using, duration=time.monotonic() - flight.started)
         self._count(NOT_RECORDED)
         logger.warning("%s %s: %s", claimed.job_name, claimed.job_id, outcome.error or (
             "completion refused by the fence (lease lost, cancelled or re-claimed); its writes "
             "were rolled back"))
+        return None
 
-    def write_outcome(self, flight: InFlight, outcome: Outcome, *, hold: bool = False) -> None:
+    def write_outcome(self, flight: InFlight, outcome: Outcome, *,
+                      hold: bool = False) -> Outcome | None:
         """Make one job's final write on its own, retried while the database is unavailable.
+
+        Returns the outcome as recorded and signalled (``settled``: a failure
+        with no attempts left is dead), None when no final write was recorded.
 
         ``hold`` (a timeout's failure, whose handler may run on): the failure
         also holds the claim's queue slot, in the same transaction
@@ -397,7 +405,7 @@ class Writes:
             self._count(NOT_RECORDED)
             logger.warning("%s %s: %s not recorded; the lease was lost", claimed.job_name,
                            claimed.job_id, RECORDED[outcome.kind].verb)
-            return
+            return None
         fence = claimed.claim_fence
         if outcome.kind is OutcomeKind.UNKNOWN:  # deferred or dead: unknown.py's rule
             outcome = unknown.resolve(self.shared, self.worker_id, claimed, outcome.error)
@@ -447,8 +455,8 @@ class Writes:
             logger.error("%s %s: %s refused by the database (%s: %s); its lease will lapse "
                          "and the reaper settles it", claimed.job_name, claimed.job_id,
                          RECORDED[outcome.kind].verb, error.code.value, error.reason)
-            return
-        self._report(flight, outcome, applied, deadline)
+            return None
+        return self._report(flight, outcome, applied, deadline)
 
     def release_hold(self, flight: InFlight) -> None:
         """The timed-out handler of ``flight`` returned: delete the hold of its queue slot.
@@ -472,21 +480,23 @@ class Writes:
                            claimed.job_name, claimed.job_id)
 
     def _report(self, flight: InFlight, outcome: Outcome, applied: bool | None,
-                deadline: float) -> None:
-        """Log and count a final write; honour a cancel that refused it."""
+                deadline: float) -> Outcome | None:
+        """Log and count a final write; honour a cancel that refused it.
+
+        Returns the outcome recorded and signalled, None when none was.
+        """
         claimed = flight.claimed
         fence = claimed.claim_fence
         elapsed = time.monotonic() - flight.started
         if applied:
-            recorded = RECORDED[outcome.kind]
-            if outcome.kind is OutcomeKind.RETRY and claimed.attempts >= _attempt_limit(claimed):
-                recorded = _EXHAUSTED
+            final = settled(claimed, outcome)
+            recorded = _EXHAUSTED if final is not outcome else RECORDED[outcome.kind]
             if recorded.counted_as is not None:
                 self.throughput.add(claimed.queue, recorded.counted_as)
             self._count(recorded.tally)
             _log_outcome(claimed, outcome, recorded, elapsed)
-            self._signal(flight, outcome, elapsed, exhausted=recorded is _EXHAUSTED)
-            return
+            self._signal(flight, final, elapsed)
+            return final
         if outcome.kind is not OutcomeKind.CANCELLED and self._cancel_pending(fence):
             # A cancel arrived while the handler was finishing: honour it.
             if retrying(lambda: self.source.acknowledge_cancel_owned(
@@ -494,8 +504,9 @@ class Writes:
                 self._count(RECORDED[OutcomeKind.CANCELLED].tally)
                 logger.info("%s %s cancelled after %.3fs (attempt %d)", claimed.job_name,
                             claimed.job_id, elapsed, claimed.attempts)
-                self._signal(flight, Outcome(OutcomeKind.CANCELLED), elapsed)
-                return
+                cancelled = Outcome(OutcomeKind.CANCELLED)
+                self._signal(flight, cancelled, elapsed)
+                return cancelled
         if applied is False:  # None: the database never answered, no fence refused it
             signals.refused(flight, _signalled(outcome.kind), worker_id=self.worker_id,
                             using=self.using, duration=elapsed)
@@ -503,22 +514,21 @@ class Writes:
         logger.warning("%s %s: %s not recorded; the job is no longer this worker's "
                        "(lease lost, cancelled or re-claimed)", claimed.job_name,
                        claimed.job_id, RECORDED[outcome.kind].verb)
+        return None
 
-    def _signal(self, flight: InFlight, outcome: Outcome, elapsed: float, *,
-                exhausted: bool = False) -> None:
-        """Send ``job_finished`` for an applied final write (signals.py)."""
+    def _signal(self, flight: InFlight, outcome: Outcome, elapsed: float) -> None:
+        """Send ``job_finished`` for an applied final write, ``settled`` (signals.py)."""
         if not signals.job_finished.receivers:
             return
         kind = outcome.kind
         failed = kind in (OutcomeKind.RETRY, OutcomeKind.DEAD)
         signals.finished(
-            flight, "dead" if exhausted else _signalled(kind), worker_id=self.worker_id,
+            flight, _signalled(kind), worker_id=self.worker_id,
             using=self.using, duration=elapsed, error=_why(outcome) if failed else None,
             exception=outcome.exception if failed else None,
-            dead_letter_reason=(str(DeadLetterReason.MAX_RETRIES_EXCEEDED) if exhausted
-                                else str(outcome.reason) if kind is OutcomeKind.DEAD
+            dead_letter_reason=(str(outcome.reason) if kind is OutcomeKind.DEAD
                                 and outcome.reason is not None else None),
-            retry_in=outcome.delay if kind is OutcomeKind.RETRY and not exhausted else None)
+            retry_in=outcome.delay if kind is OutcomeKind.RETRY else None)
 
     @property
     def requeued(self) -> int:
@@ -536,6 +546,20 @@ class Writes:
         except SoniqError:
             return False
         return state is not None and state.cancel_requested
+
+
+def settled(claimed: ClaimedJob, outcome: Outcome) -> Outcome:
+    """``outcome`` as its applied final write left the job: the one story the log, the
+    ``job_finished`` signal and ``soniq_django.testing`` tell.
+
+    A failure with no attempts left was dead-lettered by ``fail_owned``: it is
+    DEAD, as ``max_retries_exceeded``, with no retry delay. Any other outcome
+    is itself.
+    """
+    if outcome.kind is OutcomeKind.RETRY and claimed.attempts >= _attempt_limit(claimed):
+        return replace(outcome, kind=OutcomeKind.DEAD, delay=None,
+                       reason=DeadLetterReason.MAX_RETRIES_EXCEEDED)
+    return outcome
 
 
 #: The longest retry delay the claim protocol accepts (a year; RETRY_MAX_SECONDS is checked too).
@@ -559,8 +583,8 @@ def _log_outcome(claimed: ClaimedJob, outcome: Outcome, recorded: Recorded,
         logger.error("%s %s dead-lettered (%s) after %.3fs (attempt %d): %s", name, job_id,
                      outcome.reason, elapsed, attempt, _why(outcome))
     elif outcome.kind is OutcomeKind.DEFERRED:
-        logger.info("%s %s %s, due again in %.1fs", name, job_id, recorded.verb,
-                    outcome.delay or 0.0)
+        logger.info("%s %s %s, due again in %.1fs; %s", name, job_id, recorded.verb,
+                    outcome.delay or 0.0, WHERE_HANDLERS_COME_FROM)
     else:
         logger.info("%s %s %s after %.3fs (attempt %d)", name, job_id, recorded.verb, elapsed,
                     attempt)

@@ -100,3 +100,13 @@ def sleepy(seconds):
     """A task of the backend with OPTIONS["timeout"] = 1."""
     time.sleep(seconds)
     return seconds
+
+
+# A soniq @job written in tasks.py, as a Celery or Django Tasks habit puts it:
+# discovery imports every installed app's tasks module, as it does jobs.
+from soniq_django import job  # noqa: E402
+
+
+@job(name="tests.testapp.tasks.job_in_tasks_py")
+def job_in_tasks_py(word):
+    return word.upper()

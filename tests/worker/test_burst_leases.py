@@ -6,13 +6,15 @@ those leases lapse. By default it exits and its last log line counts them;
 with ``wait_for_leases`` (``--wait-for-leases``) it waits, and runs them.
 """
 
+import datetime as dt
 import logging
 import time
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
-from soniq_django import enqueue
+from soniq_django import enqueue, pause_queue
 from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker import Worker
@@ -105,3 +107,31 @@ def test_the_command_waits_with_burst_and_refuses_the_flag_without_it(settings):
     job_id = held_by_a_dead_peer(settings, lease=1)
     call_command("soniq_worker", "--burst", "--wait-for-leases")
     assert Job.objects.get(id=job_id).status == "done"
+
+
+def test_the_last_line_counts_the_queued_jobs_a_burst_worker_leaves(caplog):
+    # "Exits when no job is due": a retry waiting for its backoff, a run_at
+    # later and a paused queue's jobs stay queued, and its last line says so.
+    later = timezone.now() + dt.timedelta(hours=1)
+    waiting = [enqueue("tests.worker.ok", {"n": n}, run_at=later) for n in (1, 2)]
+    paused = [enqueue("tests.worker.ok", {"n": 3}, queue="held"),
+              enqueue("tests.worker.ok", {"n": 4}, queue="held", run_at=later)]
+    pause_queue("held")
+    ran = enqueue("tests.worker.ok", {"n": 5})
+    with caplog.at_level(logging.INFO, logger="soniq_django.worker"):
+        assert WorkerThread(Worker(burst=True)).start().join() == 0
+    assert Job.objects.get(id=ran).status == "done"
+    assert set(Job.objects.filter(status="queued").values_list("id", flat=True)) == {
+        *waiting, *paused}
+    assert last_line(caplog).endswith(
+        "other workers still hold 0 job(s) of its queues (0 under a lease); left queued: "
+        "2 waiting for a later time (a retry's backoff, a run_at or a deferral), "
+        "2 in paused queues")
+
+
+def test_a_worker_of_some_queues_counts_only_theirs(caplog):
+    later = timezone.now() + dt.timedelta(hours=1)
+    enqueue("tests.worker.ok", {"n": 1}, queue="elsewhere", run_at=later)
+    with caplog.at_level(logging.INFO, logger="soniq_django.worker"):
+        assert WorkerThread(Worker(burst=True, queues=["mine"])).start().join() == 0
+    assert last_line(caplog).endswith("(0 under a lease)")

@@ -85,7 +85,11 @@ def test_a_fresh_job_of_an_unknown_name_is_deferred_not_dead_lettered(caplog, co
         assert run_burst(concurrency=concurrency) == 0
     row = assert_deferred(job_id, before)
     assert "UNKNOWN_JOB_GRACE_SECONDS (600 s)" in row.last_error
-    assert any(f"{job_id} deferred (no handler here" in r.getMessage() for r in caplog.records)
+    [line] = [r.getMessage() for r in caplog.records if f"{job_id} deferred" in r.getMessage()]
+    assert "deferred (no handler here" in line
+    where = ("handlers are imported from each installed app's jobs.py and tasks.py and from "
+             "the modules SONIQ['IMPORTS'] names")
+    assert line.endswith(where) and where in row.last_error
 
 
 def test_deferring_again_and_again_never_spends_an_attempt(settings):

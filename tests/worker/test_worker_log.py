@@ -124,7 +124,8 @@ def test_with_no_logging_configured_the_worker_logs_to_stderr(worker, backend):
                      r"wake-ups: ", banner), banner
     wake = ("LISTEN on 'default' (tested at start) and polling every 0.2 s"
             if backend == "postgresql" else "polling every 0.2 s")
-    assert banner.endswith(f"wake-ups: {wake}; burst: exits when no job is left"), banner
+    assert banner.endswith(f"wake-ups: {wake}; burst: exits when no job is due (it leaves "
+                           "jobs waiting for a later time and those of paused queues)"), banner
 
     (done,) = run.lines(f"tests.worker.ok {ok} done after ")
     assert re.search(r"INFO +tests\.worker\.ok \S+ done after \d+\.\d{3}s \(attempt 1\)$", done)

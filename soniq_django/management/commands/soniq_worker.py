@@ -103,8 +103,10 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=1,
                             help="Jobs run at once, in threads (default: 1).")
         parser.add_argument("--burst", action="store_true",
-                            help="Exit once no job is eligible and none is running; the "
-                                 "last log line says how many jobs other workers still hold.")
+                            help="Exit once no job is due and none is running; jobs waiting "
+                                 "for a later time (a retry's backoff, a run_at) and those of "
+                                 "paused queues stay queued. The last log line counts them, "
+                                 "and the jobs other workers still hold.")
         parser.add_argument("--wait-for-leases", action="store_true",
                             help="With --burst: do not exit while other workers' leases hold "
                                  "jobs of these queues (a dead worker's jobs come back when "
