@@ -45,6 +45,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar, cast
 
 from django.db import DatabaseError, connections
+from django.db.backends.signals import connection_created
 
 from .. import pooling
 from ..errors import translate
@@ -335,37 +336,55 @@ class Turns:
         return in_a_turn
 
 
+#: What a job thread knows of its own connections between jobs (``handler_connections``).
+_job_thread = threading.local()
+
+
+def _count_connect(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """``connection_created``: count the connections this thread opened (``handler_connections``)."""
+    _job_thread.connects = getattr(_job_thread, "connects", 0) + 1
+
+
+connection_created.connect(_count_connect, weak=False, dispatch_uid="soniq_job_thread_connects")
+
+
 @contextmanager
-def handler_connections(using: str | None = None) -> Iterator[None]:
+def handler_connections() -> Iterator[None]:
     """Around one handler's run on a job thread: then close what it did not use.
 
     A connection the thread had open and the handler did not use is
     closed; one it used (or opened) is kept while healthy, for the next
     job. So a job thread holds a connection only while its handlers use
-    the database. Only connections open before the run are watched: a
-    handler that touches no database costs nothing here. The thread's
-    connection to ``using`` (the worker's database) has the worker's TCP
-    options (``tune``).
+    the database. Only connections open before the run are watched.
+
+    A handler that touches no database costs next to nothing here: the
+    thread remembers its connection wrappers from its last job, and Django's
+    ``connection_created`` signal tells whether the run opened one; only
+    then are this thread's wrappers looked up again (a lookup in Django's
+    per-thread store costs microseconds, and this runs once a job). The
+    worker's job threads give their connection to the worker's database
+    its TCP options when they start (``own_connection``, threads.py).
     """
-    if using is not None:
-        own_connection(using)
-    initialized = _initialized()
-    if not initialized:  # the common case, kept cheap: no connection on this thread at all
+    known: list[Any] | None = getattr(_job_thread, "wrappers", None)
+    if known is None:  # this thread's first job
+        known = _job_thread.wrappers = _initialized()
+    opened = [conn for conn in known if conn.connection is not None]
+    if not opened:  # the common case, kept cheap: nothing open on this thread
+        connects = getattr(_job_thread, "connects", 0)
         yield
-        for conn in _initialized():  # the handler opened these: kept while healthy
-            keep_healthy(conn)
+        if getattr(_job_thread, "connects", 0) != connects:  # the handler opened some: kept
+            known = _job_thread.wrappers = _initialized()
+            for conn in known:
+                keep_healthy(conn)
         return
-    opened = [conn for conn in initialized if conn.connection is not None]
     watched = {id(conn) for conn in opened}
     used: set[str] = set()
-    if not opened:
+    with ExitStack() as watching:
+        for conn in opened:
+            watching.enter_context(conn.execute_wrapper(_noting(used, conn.alias)))
         yield
-    else:
-        with ExitStack() as watching:
-            for conn in opened:
-                watching.enter_context(conn.execute_wrapper(_noting(used, conn.alias)))
-            yield
-    for conn in connections.all(initialized_only=True):
+    known = _job_thread.wrappers = _initialized()
+    for conn in known:
         if id(conn) in watched and conn.alias not in used:
             conn.close()
         else:

@@ -106,7 +106,8 @@ from . import leftovers, peers, planner, registration
 from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
-from .connection import SharedConnection, handler_connections, on_own_connection
+from .connection import (SharedConnection, handler_connections, on_own_connection,
+                         own_connection)
 from .deadlines import Deadlines
 from .eventloop import EventLoop
 from .execution import Outcome, OutcomeKind, execute
@@ -186,7 +187,9 @@ class Worker:
         self.deadlines = Deadlines(time_out=self.completer.time_out, concurrency=concurrency,
                                    is_atomic=is_atomic, is_async=_is_async)
         self.rate_poll = RatePoll(using, queues, self.shared)
-        self.threads = JobThreads(concurrency)
+        # Each job thread's own connection to the worker's database gets the worker's TCP
+        # options once, when the thread starts (connection.py, wire.py).
+        self.threads = JobThreads(concurrency, on_start=partial(own_connection, using))
         self.event_loop = EventLoop(self._async_start, self._async_done,
                                     threaded=concurrency > 1)
         # What the loop remembers from one round to the next (see planner.Snapshot).
@@ -516,8 +519,7 @@ class Worker:
                 signals.started(flight, self.worker_id, self.using)
                 limit = limit_for(flight.claimed.job_name)
                 self.deadlines.watch(flight, limit)  # timed out there when it is up
-                # the job thread's own: its handlers' use only
-                with handler_connections(self.using):
+                with handler_connections():  # the job thread's own: its handlers' use only
                     if is_atomic(flight.claimed.job_name):  # completed in its own transaction
                         outcome = self.atomic.run(flight, limit)
                     else:

@@ -29,8 +29,10 @@ logger = logging.getLogger("soniq_django.worker")
 class JobThreads:
     """Run every call handed over (a job, or the final write of one), on up to ``size`` threads."""
 
-    def __init__(self, size: int, name: str = "soniq-job"):
+    def __init__(self, size: int, name: str = "soniq-job",
+                 on_start: Callable[[], object] | None = None):
         self._size = size
+        self._on_start = on_start  # once per thread, before its first item
         self._name = name
         self._items: "queue.SimpleQueue[Callable[[], object] | None]" = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -81,6 +83,11 @@ class JobThreads:
 
     def _serve(self) -> None:
         try:
+            if self._on_start is not None:
+                try:
+                    self._on_start()
+                except Exception:  # the thread serves all the same
+                    logger.exception("worker error while starting a job thread")
             while True:
                 item = self._items.get()
                 if item is None:
