@@ -112,11 +112,20 @@ chaos-liveness: venv-main
 #   make soak SOAK_ARGS="--minutes 60 --rate 500 --workers 1 --concurrency 8"
 SOAK_ARGS ?=
 
-.PHONY: soak soak-quick
+# Pinned horizon (issue 27; docs/performance.md#a-pinned-horizon): the soak with a
+# REPEATABLE READ snapshot held 15 minutes after 5 minutes of load, then 10 more
+# minutes (30 in all); one worker process at concurrency 8. PIN_ARGS passes options.
+#   make bench-pin          the full run (~31 min)
+#   make bench-pin PIN_ARGS="--pin-start 2 --pin-minutes 3 --pin-after 2"   a short one
+.PHONY: soak soak-quick bench-pin
 
 soak: venv-main
 	@bash bench/plot-venv.sh
 	$(PYTHON_VENV) -m bench.soak $(SOAK_ARGS)
+
+bench-pin: venv-main
+	@bash bench/plot-venv.sh
+	$(PYTHON_VENV) -m bench.soak --pin-minutes 15 --workers 1 --concurrency 8 $(PIN_ARGS)
 
 soak-quick: venv-main
 	@bash bench/plot-venv.sh

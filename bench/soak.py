@@ -30,6 +30,18 @@ machine's shared one is set to (here autovacuum is off globally).
    bench/results/ (or ``--out``), and a plot (matplotlib, from bench/.venv-plot,
    which bench/plot-venv.sh makes; never a project dependency).
 
+**A pinned horizon** (``--pin-minutes P``, ``make bench-pin``; issue 27):
+after ``--pin-start`` minutes of the soak, a session opens a ``REPEATABLE
+READ`` transaction, reads ``soniq_jobs`` once (its snapshot is taken then)
+and holds it open for P minutes, as an analytics query, a ``pg_dump`` or an
+idle-in-transaction session would: vacuum removes nothing newer than that
+snapshot meanwhile. The soak goes on ``--pin-after`` minutes after the
+release. A claim probe times ``soniq_claim_many`` every ``PROBE_SECONDS``
+(the call the workers make, claiming one job of every queue) inside a
+transaction it rolls back, so it takes nothing from the workers; each
+minute's row gets the probe's claim time p50/p99, and the verdicts compare
+the pin with the minutes before it (``pin_verdicts``).
+
 Only the standard library at import time: ``--plot-only`` runs in the plot venv.
 """
 
@@ -57,6 +69,12 @@ TICK = os.sysconf("SC_CLK_TCK")
 FLAT = 1.2  # last window / first window, latency and CPU per job
 BOUNDED = 1.1  # size at the end / size right after the first purge cycle
 WINDOW = 5  # minutes
+#: Pinned-horizon targets (issue 27; docs/performance.md#a-pinned-horizon).
+PIN_CLAIM = 3.0  # claim p99 during the pin / before it
+PIN_SIZE = 1.2  # soniq_jobs size at the end / before the pin
+#: How often the claim probe times a claim.
+PROBE_SECONDS = 0.25
+PROBE_CLAIM = "SELECT count(*) FROM soniq_claim_many('soak-claim-probe', ARRAY[%s], NULL, 30, 120)"
 
 
 # The server -------------------------------------------------------------------
@@ -265,6 +283,79 @@ def report(out: Path, sent: int) -> None:
     part.replace(out)
 
 
+# The pinned horizon ----------------------------------------------------------------
+
+
+class ClaimProbe:
+    """Times ``soniq_claim_many`` every PROBE_SECONDS on a connection of its own.
+
+    Each claim runs in a transaction that is rolled back: it locks and claims
+    one job as a worker's claim would, and gives it back at once (nothing is
+    written; the rolled-back row versions are dead to every snapshot at once,
+    so they pin nothing). ``take()`` returns the durations (ms) since the
+    last call.
+    """
+
+    def __init__(self, url: str):
+        import threading
+
+        self.url = url
+        self.durations: list[float] = []
+        self.errors = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="claim-probe", daemon=True)
+
+    def start(self) -> "ClaimProbe":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import secrets
+
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self._stop.wait(PROBE_SECONDS):
+                try:
+                    with conn.transaction(force_rollback=True):
+                        began = time.perf_counter()
+                        conn.execute(PROBE_CLAIM, [secrets.token_hex(16)], prepare=True)
+                        took = (time.perf_counter() - began) * 1000
+                except psycopg.Error:
+                    self.errors += 1
+                    continue
+                with self._lock:
+                    self.durations.append(took)
+
+    def take(self) -> list[float]:
+        with self._lock:
+            found, self.durations = self.durations, []
+        return found
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+class Pin:
+    """A session holding one snapshot: ``REPEATABLE READ``, ``soniq_jobs`` read once, then idle
+    in its transaction until ``release()`` (the xmin horizon stays where it was)."""
+
+    def __init__(self, url: str):
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        self.conn.execute("SELECT count(*) FROM soniq_jobs").fetchone()
+        self.xmin = self.conn.execute("SELECT backend_xmin::text FROM pg_stat_activity "
+                                      "WHERE pid = pg_backend_pid()").fetchone()[0]
+
+    def release(self) -> None:
+        self.conn.execute("ROLLBACK")
+        self.conn.close()
+
+
 # Measurements ------------------------------------------------------------------
 
 TABLE_SQL = """
@@ -292,8 +383,10 @@ def snapshot(conn, run: Run, postmaster: int) -> dict:
     return snap
 
 
-def minute_row(minute: int, before: dict, after: dict, stamps: list) -> dict:
+def minute_row(minute: int, before: dict, after: dict, stamps: list,
+               claims: list[float] | None = None, pinned: bool = False) -> dict:
     seconds = after["at"] - before["at"]
+    claims = sorted(claims or [])
     started = len(stamps)
     latencies = sorted((s - t) * 1000 for t, s in stamps)
     upd = after["upd"] - before["upd"]
@@ -319,10 +412,14 @@ def minute_row(minute: int, before: dict, after: dict, stamps: list) -> dict:
         "autovacuums": after["autovacuums"] - before["autovacuums"],
         "autoanalyzes": after["autoanalyzes"] - before["autoanalyzes"],
         "load": after["load"],
+        "claim_p50_ms": percentile(claims, 0.50),
+        "claim_p99_ms": percentile(claims, 0.99),
+        "pinned": int(pinned),
     }
     for name, size in after["indexes"].items():
         row[f"idx_{name}_kb"] = size // 1024
     row["_latencies"] = latencies
+    row["_claims"] = claims
     return row
 
 
@@ -427,6 +524,56 @@ def verdicts(rows: list[dict], rate: float) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def pin_verdicts(rows: list[dict], rate: float) -> list[tuple[str, str, str, str]]:
+    """(figure, value, target, verdict) for the pinned horizon (issue 27).
+
+    Before: the minutes before the pin but the first (warm-up); during: the
+    pinned minutes; after: the minutes after the release. Claim time: every
+    probe's claim of a window pooled. Kept up: jobs started during the pin at
+    least 98 % of those enqueued, and the backlog at its end under 10 s of
+    jobs. Size: ``soniq_jobs`` heap + indexes at the end of the run against
+    the last minute before the pin, with no VACUUM FULL (autovacuum only).
+    """
+    before = [r for r in rows if not r["pinned"] and r["minute"] > 1
+              and r["minute"] < min((x["minute"] for x in rows if x["pinned"]), default=0)]
+    during = [r for r in rows if r["pinned"]]
+    after = [r for r in rows if during and r["minute"] > during[-1]["minute"]]
+    if not before or not during:
+        return [("(no minutes before or during the pin)", "", "", "n/a")]
+
+    def pooled(window, q):
+        return percentile(sorted(x for r in window for x in r["_claims"]), q)
+
+    out = []
+    for q, name in ((0.50, "p50"), (0.99, "p99")):
+        a, b = pooled(before, q), pooled(during, q)
+        ratio = b / a if a else math.nan
+        target = f"<= {PIN_CLAIM}x" if name == "p99" else "(shown)"
+        verdict = ("met" if ratio <= PIN_CLAIM else "MISSED") if name == "p99" else "-"
+        out.append((f"claim {name} ms, before -> during the pin", f"{a:.2f} -> {b:.2f} "
+                    f"({ratio:.2f}x)", target, verdict))
+    worst = max(r["claim_p99_ms"] for r in during)
+    out.append(("claim p99 ms, worst pinned minute", f"{worst:.2f}", "(shown)", "-"))
+    enq = sum(r["enqueued_per_s"] for r in during)
+    done = sum(r["started_per_s"] for r in during)
+    backlog = during[-1]["queued"]
+    kept = done >= 0.98 * enq and backlog < 10 * rate
+    out.append(("drain kept up during the pin: started/enqueued, backlog at release",
+                f"{done / enq if enq else math.nan:.3f}, {backlog:,}", ">= 0.98, < 10 s of jobs",
+                "met" if kept else "MISSED"))
+    ref = before[-1]["total_mb"]
+    peak = max(r["total_mb"] for r in during + after)
+    if after:
+        end = after[-1]["total_mb"]
+        out.append((f"soniq_jobs size MB: before the pin -> peak -> {len(after)} min after",
+                    f"{ref:.1f} -> {peak:.1f} -> {end:.1f} ({end / ref:.2f}x)",
+                    f"<= {PIN_SIZE}x", "met" if end <= PIN_SIZE * ref else "MISSED"))
+        a, b = pooled(before, 0.99), pooled(after[-min(len(after), WINDOW):], 0.99)
+        out.append(("claim p99 ms, before the pin -> last minutes after it",
+                    f"{a:.2f} -> {b:.2f} ({b / a if a else math.nan:.2f}x)", "(shown)", "-"))
+    return out
+
+
 # Output -----------------------------------------------------------------------------
 
 COLUMNS = [  # (header, key, format)
@@ -439,14 +586,22 @@ COLUMNS = [  # (header, key, format)
     ("HOT%", "hot_pct", "{:>5.1f}"), ("av", "autovacuums", "{:>2d}"),
     ("aa", "autoanalyzes", "{:>2d}"), ("load", "load", "{:>4.1f}"),
 ]
+#: Added to the table when the run has a claim probe (--pin-minutes).
+PIN_COLUMNS = [("pin", "pinned", "{:>3d}"), ("cl50ms", "claim_p50_ms", "{:>6.2f}"),
+               ("cl99ms", "claim_p99_ms", "{:>7.2f}")]
 
 
-def header_line() -> str:
-    return " ".join(f"{h:>{len(fmt.format(0 if 'd' in fmt else 0.0))}}" for h, _, fmt in COLUMNS)
+def columns(pin: bool) -> list[tuple[str, str, str]]:
+    return COLUMNS + PIN_COLUMNS if pin else COLUMNS
 
 
-def format_row(row: dict) -> str:
-    return " ".join(fmt.format(row[key]) for _, key, fmt in COLUMNS)
+def header_line(pin: bool = False) -> str:
+    return " ".join(f"{h:>{len(fmt.format(0 if 'd' in fmt else 0.0))}}"
+                    for h, _, fmt in columns(pin))
+
+
+def format_row(row: dict, pin: bool = False) -> str:
+    return " ".join(fmt.format(row[key]) for _, key, fmt in columns(pin))
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -526,13 +681,23 @@ def parse_args(argv):
     parser.add_argument("--preload-done", type=int, default=0, metavar="N",
                         help="start with N finished rows that expire only after the run: "
                              "a big soniq_jobs (results kept long, or a history) under the same load")
+    parser.add_argument("--pin-minutes", type=int, default=0, metavar="P",
+                        help="hold a REPEATABLE READ snapshot open for P minutes (issue 27; "
+                             "--minutes becomes --pin-start + P + --pin-after)")
+    parser.add_argument("--pin-start", type=int, default=5, metavar="S",
+                        help="minutes of soak before the pin (5)")
+    parser.add_argument("--pin-after", type=int, default=10, metavar="A",
+                        help="minutes of soak after the pin's release (10)")
     parser.add_argument("--source", type=Path,
                         help="a directory whose soniq_django package the run uses instead of "
                              "this tree's (e.g. `git archive main soniq_django | tar -x -C DIR`)")
     parser.add_argument("--produce", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--plot-only", nargs=3, metavar=("CSV", "PNG", "TITLE"),
                         help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    opts = parser.parse_args(argv)
+    if opts.pin_minutes:
+        opts.minutes = opts.pin_start + opts.pin_minutes + opts.pin_after
+    return opts
 
 
 def header(opts, rate: float, maximum: float | None) -> str:
@@ -552,6 +717,8 @@ def header(opts, rate: float, maximum: float | None) -> str:
             f"{rate:,.0f} jobs/s ({source}); {opts.workers} worker proc x conc "
             f"{opts.concurrency}; RESULT_TTL {opts.result_ttl:.0f} s; "
             + (f"{opts.preload_done:,} finished rows preloaded; " if opts.preload_done else "")
+            + (f"a REPEATABLE READ snapshot held from minute {opts.pin_start} for "
+               f"{opts.pin_minutes} min; " if opts.pin_minutes else "")
             + "private PostgreSQL "
             f"cluster, stock settings (autovacuum on); {os.cpu_count()} CPUs shared with "
             f"whatever else runs")
@@ -567,7 +734,8 @@ def soak(opts) -> int:
     signal.signal(signal.SIGTERM, _terminate)
 
     opts.out.mkdir(parents=True, exist_ok=True)
-    name = opts.name or time.strftime("soak-%Y%m%d-%H%M", time.gmtime())
+    name = opts.name or time.strftime("pin-%Y%m%d-%H%M" if opts.pin_minutes else
+                                      "soak-%Y%m%d-%H%M", time.gmtime())
     report_lines: list[str] = []
 
     def say(text: str = "") -> None:
@@ -595,13 +763,15 @@ def soak(opts) -> int:
         finally:
             run.close()
     say(header(opts, rate, maximum))
-    say(header_line())
+    pinned = bool(opts.pin_minutes)
+    say(header_line(pinned))
     for row in rows:
-        say(format_row(row))
+        say(format_row(row, pinned))
     say()
     say(f"{'figure':<60} {'value':<28} {'target':<24} verdict")
     missed = 0
-    for figure, value, target, verdict in verdicts(rows, rate):
+    for figure, value, target, verdict in (pin_verdicts(rows, rate) if pinned
+                                           else verdicts(rows, rate)):
         missed += verdict == "MISSED"
         say(f"{figure:<60} {value:<28} {target:<24} {verdict}")
     csv_path = opts.out / f"{name}.csv"
@@ -646,26 +816,52 @@ def soak_minutes(run: Run, conn, cluster, opts, rate: float) -> list[dict]:
     time.sleep(3)
     run.start_producer(rate, "soak")
     print(f"soak: {opts.minutes} min at {rate:,.0f} jobs/s", flush=True)
-    print(header_line(), flush=True)
+    pinning = bool(opts.pin_minutes)
+    probe = ClaimProbe(cluster.url(DB)).start() if pinning else None
+    pin: Pin | None = None
+    pin_ends = opts.pin_start + opts.pin_minutes
+    print(header_line(pinning), flush=True)
     before = snapshot(conn, run, postmaster)
     started = before["at"]
     rows = []
-    for minute in range(1, opts.minutes + 1):
-        time.sleep(max(0.0, started + 60 * minute - time.time()))
-        if run.producer is None or run.producer.poll() is not None:
-            raise RuntimeError("the producer died: see its log in " + str(run.log_dir))
-        if any(child.poll() is not None for child in run.workers):
-            raise RuntimeError("a worker died: see its log in " + str(run.log_dir))
-        stamps = run.new_stamps()
-        after = snapshot(conn, run, postmaster)
-        row = minute_row(minute, before, after, stamps)
-        print(format_row(row), flush=True)
-        if WINDOW + 1 < minute <= opts.minutes - WINDOW:
-            row["_latencies"] = []  # only the first and last windows' are needed
-        rows.append(row)
-        before = after
+    try:
+        for minute in range(1, opts.minutes + 1):
+            pinned = pin is not None
+            end = started + 60 * minute
+            time.sleep(max(0.0, end - time.time()))
+            row, before = _minute(run, conn, postmaster, minute, before, probe, pinned)
+            print(format_row(row, pinning), flush=True)
+            if not pinning and WINDOW + 1 < minute <= opts.minutes - WINDOW:
+                row["_latencies"] = []  # only the first and last windows' are needed
+            rows.append(row)
+            if pinning and minute == opts.pin_start:
+                pin = Pin(cluster.url(DB))
+                print(f"pin: a REPEATABLE READ snapshot (xmin {pin.xmin}) held for "
+                      f"{opts.pin_minutes} min", flush=True)
+            elif pin is not None and minute >= pin_ends:
+                pin.release()
+                pin = None
+                print("pin: released", flush=True)
+    finally:
+        if pin is not None:
+            pin.release()
+        if probe is not None:
+            probe.stop()
     run.stop_producer()
     return rows
+
+
+def _minute(run: Run, conn, postmaster: int, minute: int, before: dict,
+            probe: "ClaimProbe | None", pinned: bool) -> tuple[dict, dict]:
+    """The row of one minute, and the snapshot the next one starts from."""
+    if run.producer is None or run.producer.poll() is not None:
+        raise RuntimeError("the producer died: see its log in " + str(run.log_dir))
+    if any(child.poll() is not None for child in run.workers):
+        raise RuntimeError("a worker died: see its log in " + str(run.log_dir))
+    stamps = run.new_stamps()
+    after = snapshot(conn, run, postmaster)
+    claims = probe.take() if probe is not None else None
+    return minute_row(minute, before, after, stamps, claims, pinned), after
 
 
 def main(argv=None) -> int:

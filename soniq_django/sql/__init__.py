@@ -2,7 +2,10 @@
 
 Files use ``{schema}`` where the schema holding the soniq tables goes; it is
 filled in with the connection's ``current_schema()``, quoted, when a
-migration loads the file.
+migration loads the file. ``{schema_literal}`` is the same quoted name as a
+SQL string literal (for a relation named at run time, e.g.
+``({schema_literal} || '.soniq_jobs')::regclass``): never put ``{schema}``
+inside quotes, where a quote in the name would end the string.
 """
 
 import re
@@ -36,7 +39,9 @@ def render(name: str, connection: Any) -> str:
 
 
 def _fill(text: str, connection: Any) -> str:
-    return text.replace("{schema}", connection.ops.quote_name(table_schema(connection)))
+    schema = connection.ops.quote_name(table_schema(connection))
+    literal = "'" + schema.replace("'", "''") + "'"
+    return text.replace("{schema_literal}", literal).replace("{schema}", schema)
 
 
 def definitions(text: str) -> list[tuple[str, str]]:

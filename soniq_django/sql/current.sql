@@ -907,7 +907,7 @@ BEGIN
 END
 $fn$;
 
--- soniq_claim_many (from claim_protocol_v8.sql) --
+-- soniq_claim_many (from claim_protocol_v9.sql) --
 CREATE OR REPLACE FUNCTION {schema}.soniq_claim_many(
     worker_id text,
     claim_tokens text[],
@@ -953,6 +953,21 @@ DECLARE
     s_queues text[];
     s_limits integer[];
     r record;
+    -- Version 9: where the last probes stopped (see the header of claim_protocol_v9.sql).
+    v_clock timestamptz := pg_catalog.clock_timestamp();
+    v_table text := {schema_literal};  -- the scope of the hints: this schema's soniq_jobs
+    v_hint text;
+    v_lapsed_after timestamptz;
+    v_lapsed_full timestamptz;
+    v_index oid;
+    v_scope text;
+    v_hinted boolean := false;
+    v_hint_priority integer;
+    v_hint_created timestamptz;
+    v_claim_full timestamptz;
+    v_read_before bigint;
+    v_first_priority integer;
+    v_first_created timestamptz;
 BEGIN
     -- The checks are plain expressions and loops, not queries: PL/pgSQL
     -- evaluates those without starting an executor for each.
@@ -992,11 +1007,32 @@ BEGIN
 
     -- Settle lapsed leases first; the probe keeps the common case (nothing
     -- lapsed) to one index lookup. Version 8: the reaper that never waits
-    -- for a producer (at most 5 ms a row).
+    -- for a producer (at most 5 ms a row). Version 9: the probe (and the
+    -- reaper) read the leases that ended after this session's last probe
+    -- that found none, less LAPSED_MARGIN, and from the start every
+    -- FULL_PROBE_EVERY: under a pinned horizon the leases of the jobs
+    -- finished since the pin stay in soniq_jobs_lease_idx, and a probe from
+    -- the start would read them all.
+    v_hint := pg_catalog.current_setting('soniq.lapsed_hint', true);
+    IF v_hint IS NOT NULL AND pg_catalog.split_part(v_hint, '|', 1) = v_table THEN
+        v_lapsed_full := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 3)::float8);
+        IF v_clock < v_lapsed_full THEN
+            v_lapsed_after := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 2)::float8);
+        END IF;
+    END IF;
+    IF v_lapsed_after IS NULL THEN
+        v_lapsed_full := v_clock + interval '30 seconds';  -- FULL_PROBE_EVERY
+    END IF;
     IF EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j
                 WHERE j.status = 'processing'
-                  AND j.lease_expires_at <= pg_catalog.clock_timestamp()) THEN
-        PERFORM {schema}.soniq_reap_lapsed_v2(10, p_ttl);
+                  AND j.lease_expires_at <= v_clock
+                  AND j.lease_expires_at > coalesce(v_lapsed_after, '-infinity'::timestamptz)) THEN
+        PERFORM {schema}.soniq_reap_lapsed_v3(10, p_ttl, v_lapsed_after);
+    ELSE
+        -- None lapsed up to v_clock: the next probe starts LAPSED_MARGIN before it.
+        PERFORM pg_catalog.set_config('soniq.lapsed_hint', v_table || '|'
+            || pg_catalog.date_part('epoch', v_clock - interval '1 second') || '|'
+            || pg_catalog.date_part('epoch', v_lapsed_full), false);
     END IF;
 
     -- Flow control: the queues this claim may serve that are paused, or
@@ -1035,19 +1071,91 @@ BEGIN
         -- until this transaction ends. Nothing is held back, so no scan
         -- reads past a job this claim could not take.
         IF NOT v_any_due THEN
-            FOR r IN
-                SELECT j.id, j.ctid AS tid, j.claim_generation
-                  FROM {schema}.soniq_jobs AS j
-                 WHERE j.status = 'queued' AND j.scheduled_at IS NULL
-                 ORDER BY j.priority, j.created_at
-                 LIMIT v_wanted
-                   FOR UPDATE SKIP LOCKED
-            LOOP
-                v_ids := v_ids || r.id;
-                v_tids := v_tids || r.tid;
-                v_generations := v_generations || r.claim_generation;
-                v_top_generation := GREATEST(v_top_generation, r.claim_generation);
-            END LOOP;
+            -- Version 9: from where the last claim began while the scan from
+            -- the start reads too many dead entries (claim_hint, below).
+            v_index := ({schema_literal} || '.soniq_jobs_claim_now_idx')::regclass;
+            v_scope := v_index::text || ':*';
+            v_hint := pg_catalog.current_setting('soniq.claim_hint', true);
+            IF v_hint IS NOT NULL AND v_hint <> ''
+               AND pg_catalog.split_part(v_hint, '|', 1) = v_scope THEN
+                v_claim_full := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 2)::float8);
+                IF v_clock < v_claim_full THEN
+                    v_hinted := true;
+                    v_hint_priority := pg_catalog.split_part(v_hint, '|', 3)::integer;
+                    v_hint_created := (pg_catalog.split_part(v_hint, '|', 4) || '+00')::timestamptz;
+                END IF;
+            END IF;
+            IF v_hinted THEN
+                FOR r IN
+                    SELECT c.id, c.tid, c.claim_generation, c.priority, c.created_at, c.behind
+                      FROM (SELECT a.*, false AS behind
+                              FROM (SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority,
+                                           j.created_at
+                                      FROM {schema}.soniq_jobs AS j
+                                     WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                                       AND j.priority < v_hint_priority
+                                     ORDER BY j.priority, j.created_at
+                                     LIMIT v_wanted
+                                       FOR UPDATE SKIP LOCKED) AS a
+                            UNION ALL
+                            SELECT b.*, true AS behind
+                              FROM (SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority,
+                                           j.created_at
+                                      FROM {schema}.soniq_jobs AS j
+                                     WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                                       AND (j.priority, j.created_at)
+                                           >= (v_hint_priority, v_hint_created)
+                                     ORDER BY j.priority, j.created_at
+                                     LIMIT v_wanted
+                                       FOR UPDATE SKIP LOCKED) AS b) AS c
+                     ORDER BY c.priority, c.created_at, c.tid
+                     LIMIT v_wanted
+                LOOP
+                    v_ids := v_ids || r.id;
+                    v_tids := v_tids || r.tid;
+                    v_generations := v_generations || r.claim_generation;
+                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                    IF r.behind AND v_first_priority IS NULL THEN
+                        v_first_priority := r.priority;
+                        v_first_created := r.created_at;
+                    END IF;
+                END LOOP;
+            ELSE
+                v_read_before := pg_catalog.pg_stat_get_xact_tuples_returned(v_index);
+                FOR r IN
+                    SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority, j.created_at
+                      FROM {schema}.soniq_jobs AS j
+                     WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                     ORDER BY j.priority, j.created_at
+                     LIMIT v_wanted
+                       FOR UPDATE SKIP LOCKED
+                LOOP
+                    v_ids := v_ids || r.id;
+                    v_tids := v_tids || r.tid;
+                    v_generations := v_generations || r.claim_generation;
+                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                    IF v_first_priority IS NULL THEN
+                        v_first_priority := r.priority;
+                        v_first_created := r.created_at;
+                    END IF;
+                END LOOP;
+                -- The entries the scan read that it did not claim: dead ones
+                -- (and a few locked by other claims). Past DEAD_ENTRIES, the
+                -- claims start where this one began, for FULL_SCAN_EVERY.
+                IF pg_catalog.pg_stat_get_xact_tuples_returned(v_index) - v_read_before
+                   - coalesce(pg_catalog.cardinality(v_ids), 0) > 1000 THEN  -- DEAD_ENTRIES
+                    v_hinted := true;
+                    v_claim_full := v_clock + interval '30 seconds';  -- FULL_SCAN_EVERY
+                ELSIF v_hint IS NOT NULL AND v_hint <> '' THEN
+                    PERFORM pg_catalog.set_config('soniq.claim_hint', '', false);
+                END IF;
+            END IF;
+            IF v_hinted AND v_first_priority IS NOT NULL THEN
+                PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|'
+                    || pg_catalog.date_part('epoch', v_claim_full) || '|' || v_first_priority
+                    || '|' || pg_catalog.to_char(v_first_created AT TIME ZONE 'UTC',
+                                                 'YYYY-MM-DD HH24:MI:SS.US'), false);
+            END IF;
         ELSE
             FOR r IN
                 SELECT c.id, c.tid, c.claim_generation
@@ -1163,20 +1271,93 @@ BEGIN
         IF pg_catalog.cardinality(s_queues) = 1 THEN
             -- One queue (a worker of one queue, say): its scan alone.
             IF NOT v_any_due THEN
-                FOR r IN
-                    SELECT j.id, j.ctid AS tid, j.claim_generation
-                      FROM {schema}.soniq_jobs AS j
-                     WHERE j.status = 'queued' AND j.scheduled_at IS NULL
-                       AND j.queue >= s_queues[1] AND j.queue <= s_queues[1]
-                     ORDER BY j.queue, j.priority, j.created_at
-                     LIMIT s_limits[1]
-                       FOR UPDATE SKIP LOCKED
-                LOOP
-                    v_ids := v_ids || r.id;
-                    v_tids := v_tids || r.tid;
-                    v_generations := v_generations || r.claim_generation;
-                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
-                END LOOP;
+                -- Version 9: as the claim of every queue above, the queue's
+                -- scan starts where the last claim of it began while a scan
+                -- from the start reads too many dead entries.
+                v_index := ({schema_literal} || '.soniq_jobs_claim_queue_now_idx')::regclass;
+                v_scope := v_index::text || ':' || pg_catalog.md5(s_queues[1]);
+                v_hint := pg_catalog.current_setting('soniq.claim_hint', true);
+                IF v_hint IS NOT NULL AND v_hint <> ''
+                   AND pg_catalog.split_part(v_hint, '|', 1) = v_scope THEN
+                    v_claim_full := pg_catalog.to_timestamp(
+                        pg_catalog.split_part(v_hint, '|', 2)::float8);
+                    IF v_clock < v_claim_full THEN
+                        v_hinted := true;
+                        v_hint_priority := pg_catalog.split_part(v_hint, '|', 3)::integer;
+                        v_hint_created := (pg_catalog.split_part(v_hint, '|', 4) || '+00')::timestamptz;
+                    END IF;
+                END IF;
+                IF v_hinted THEN
+                    FOR r IN
+                        SELECT c.id, c.tid, c.claim_generation, c.priority, c.created_at, c.behind
+                          FROM (SELECT a.*, false AS behind
+                                  FROM (SELECT j.id, j.ctid AS tid, j.claim_generation,
+                                               j.priority, j.created_at
+                                          FROM {schema}.soniq_jobs AS j
+                                         WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                                           AND j.queue >= s_queues[1] AND j.queue <= s_queues[1]
+                                           AND j.priority < v_hint_priority
+                                         ORDER BY j.queue, j.priority, j.created_at
+                                         LIMIT s_limits[1]
+                                           FOR UPDATE SKIP LOCKED) AS a
+                                UNION ALL
+                                SELECT b.*, true AS behind
+                                  FROM (SELECT j.id, j.ctid AS tid, j.claim_generation,
+                                               j.priority, j.created_at
+                                          FROM {schema}.soniq_jobs AS j
+                                         WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                                           AND (j.queue, j.priority, j.created_at)
+                                               >= (s_queues[1], v_hint_priority, v_hint_created)
+                                           AND j.queue <= s_queues[1]
+                                         ORDER BY j.queue, j.priority, j.created_at
+                                         LIMIT s_limits[1]
+                                           FOR UPDATE SKIP LOCKED) AS b) AS c
+                         ORDER BY c.priority, c.created_at, c.tid
+                         LIMIT s_limits[1]
+                    LOOP
+                        v_ids := v_ids || r.id;
+                        v_tids := v_tids || r.tid;
+                        v_generations := v_generations || r.claim_generation;
+                        v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                        IF r.behind AND v_first_priority IS NULL THEN
+                            v_first_priority := r.priority;
+                            v_first_created := r.created_at;
+                        END IF;
+                    END LOOP;
+                ELSE
+                    v_read_before := pg_catalog.pg_stat_get_xact_tuples_returned(v_index);
+                    FOR r IN
+                        SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority, j.created_at
+                          FROM {schema}.soniq_jobs AS j
+                         WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                           AND j.queue >= s_queues[1] AND j.queue <= s_queues[1]
+                         ORDER BY j.queue, j.priority, j.created_at
+                         LIMIT s_limits[1]
+                           FOR UPDATE SKIP LOCKED
+                    LOOP
+                        v_ids := v_ids || r.id;
+                        v_tids := v_tids || r.tid;
+                        v_generations := v_generations || r.claim_generation;
+                        v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                        IF v_first_priority IS NULL THEN
+                            v_first_priority := r.priority;
+                            v_first_created := r.created_at;
+                        END IF;
+                    END LOOP;
+                    IF pg_catalog.pg_stat_get_xact_tuples_returned(v_index) - v_read_before
+                       - coalesce(pg_catalog.cardinality(v_ids), 0) > 1000 THEN  -- DEAD_ENTRIES
+                        v_hinted := true;
+                        v_claim_full := v_clock + interval '30 seconds';  -- FULL_SCAN_EVERY
+                    ELSIF v_hint IS NOT NULL AND v_hint <> '' THEN
+                        PERFORM pg_catalog.set_config('soniq.claim_hint', '', false);
+                    END IF;
+                END IF;
+                IF v_hinted AND v_first_priority IS NOT NULL THEN
+                    PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|'
+                        || pg_catalog.date_part('epoch', v_claim_full) || '|' || v_first_priority
+                        || '|' || pg_catalog.to_char(v_first_created AT TIME ZONE 'UTC',
+                                                     'YYYY-MM-DD HH24:MI:SS.US'), false);
+                END IF;
             ELSE
                 FOR r IN
                     SELECT j.id, j.ctid AS tid, j.claim_generation
@@ -2116,6 +2297,69 @@ BEGIN
        AND h.claim_owner COLLATE "C" = soniq_renew_holds.worker_id COLLATE "C"
        AND h.lease_expires_at > v_now;
     GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$fn$;
+
+-- soniq_reap_lapsed_v3 (from claim_protocol_v9.sql) --
+CREATE FUNCTION {schema}.soniq_reap_lapsed_v3(batch integer, result_ttl_seconds double precision,
+                                             lapsed_after timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '5ms'
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    r record;
+    v_now timestamptz;
+    v_count integer := 0;
+    v_seen boolean := false;
+BEGIN
+    FOR r IN
+        SELECT j.id, j.job_name, j.attempts, j.max_attempts, j.cancel_requested
+          FROM {schema}.soniq_jobs AS j
+         WHERE j.status = 'processing' AND j.lease_expires_at <= pg_catalog.clock_timestamp()
+           AND j.lease_expires_at > coalesce(lapsed_after, '-infinity'::timestamptz)
+         ORDER BY j.lease_expires_at
+         LIMIT batch
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        v_seen := true;
+        v_now := pg_catalog.clock_timestamp();
+        BEGIN
+            PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+            IF r.cancel_requested THEN
+                UPDATE {schema}.soniq_jobs AS j
+                   SET status = 'cancelled', lease_expires_at = NULL, pid = NULL,
+                       expires_at = v_now + pg_catalog.make_interval(secs => result_ttl_seconds),
+                       updated_at = v_now
+                 WHERE j.id = r.id;
+            ELSIF r.attempts >= coalesce(r.max_attempts,
+                                         {schema}.soniq_default_max_attempts_v1(r.job_name)) THEN
+                PERFORM {schema}.soniq_move_to_dead_letter_v1(
+                    r.id, 'lease lapsed with no attempts left', 'max_retries_exceeded', NULL);
+            ELSE
+                PERFORM {schema}.soniq_requeue_v1(
+                    r.id, 'lease lapsed: the worker stopped heartbeating', NULL, v_now,
+                    result_ttl_seconds);
+            END IF;
+            v_count := v_count + 1;
+        EXCEPTION
+            WHEN lock_not_available THEN
+                -- Waited 5 ms (a producer's open transaction holds the key):
+                -- the sub-block's writes are undone, the row stays lapsed
+                -- and a later claim settles it.
+                NULL;
+            WHEN OTHERS THEN
+                -- The sub-block's writes are undone; the claim goes on.
+                RAISE WARNING 'soniq: lapsed job % could not be settled (SQLSTATE %); left for later',
+                    r.id, SQLSTATE;
+        END;
+    END LOOP;
+    IF v_seen THEN  -- in the common case nothing lapsed and nothing was opened
+        PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+    END IF;
     RETURN v_count;
 END
 $fn$;

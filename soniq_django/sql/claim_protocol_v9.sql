@@ -1,0 +1,751 @@
+-- soniq_django claim protocol, version 9 (PostgreSQL only): claims under a pinned horizon.
+--
+-- Versions 1 to 8 stay as they are; this file gives soniq_claim_many a new
+-- body (same name, signature, answers, errors and grants) and adds the
+-- reaper soniq_reap_lapsed_v3. Loaded by migration 0019_claim_protocol_v9;
+-- never edited once released. The reverse (claim_protocol_v9.down.sql, then
+-- version 8's soniq_claim_many, which the migration puts back) restores
+-- version 8's behaviour.
+--
+-- See docs/decisions/0035-claims-under-a-pinned-horizon.md.
+--
+-- A transaction that holds an old snapshot (a long report, pg_dump, a
+-- session idle in its transaction, a standby with hot_standby_feedback)
+-- keeps every row version newer than its snapshot: vacuum removes none,
+-- and the index entries of the queued jobs claimed since, and of the leases
+-- of the jobs finished since, stay in soniq_jobs_claim_now_idx and
+-- soniq_jobs_lease_idx. A scan cannot mark them dead (they are not dead to
+-- that snapshot), so version 8's probe for lapsed leases and its scan in
+-- claim order read every one of them, on every claim: at 300 jobs/s, 20 ms
+-- a claim after 15 minutes, and the worker fell behind. Version 9:
+--
+-- 1. The probe for lapsed leases (and the reaper it calls) reads the leases
+--    that ended after this session's last probe that found none, less
+--    LAPSED_MARGIN (1 s), and from the start once every FULL_PROBE_EVERY
+--    (30 s). A lease ends where it was set (a claim or a renewal sets it to
+--    its clock plus the lease), so a lease that ended before that bound and
+--    was not seen then belongs to a transaction that had not committed for
+--    LAPSED_MARGIN plus a lease; the probe from the start finds it.
+-- 2. A claim of every queue with no flow control, and a claim of one queue,
+--    with no scheduled job due (the usual claims), count the index entries
+--    their scan in claim order read and did not claim
+--    (pg_stat_get_xact_tuples_returned of the index). Past DEAD_ENTRIES
+--    (1,000), the claims of this session start, for FULL_SCAN_EVERY (30 s),
+--    where the last one began: its first job's (priority, created_at), the
+--    jobs of a better priority from the start. A job queued behind that
+--    point afterwards (one committed long after it was created, or put back
+--    by the reaper with its old created_at) is claimed by the next scan from
+--    the start, within FULL_SCAN_EVERY; a scan from the start that reads
+--    fewer than DEAD_ENTRIES ends the hints. Without a pinned horizon a
+--    claim never reads that many (a scan marks the entries it finds dead for
+--    every snapshot, so the next one skips them), and claims are as in
+--    version 8.
+--
+-- The hints are the session's settings soniq.lapsed_hint and
+-- soniq.claim_hint (set_config, not transaction-local: a claim that rolls
+-- back leaves them as they were). Behind a transaction pooler they pass to
+-- the next client of the server connection, which reads them as its own:
+-- both describe soniq_jobs, not the client, and are scoped by schema and
+-- index.
+
+-- soniq_reap_lapsed_v3 --
+-- Version 2 (claim_protocol_v8.sql) with a lower bound: it settles only the
+-- leases that ended after lapsed_after (NULL: any), so that under a pinned
+-- horizon it does not read the leases of every job finished since the pin.
+CREATE FUNCTION {schema}.soniq_reap_lapsed_v3(batch integer, result_ttl_seconds double precision,
+                                             lapsed_after timestamptz)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '5ms'
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    r record;
+    v_now timestamptz;
+    v_count integer := 0;
+    v_seen boolean := false;
+BEGIN
+    FOR r IN
+        SELECT j.id, j.job_name, j.attempts, j.max_attempts, j.cancel_requested
+          FROM {schema}.soniq_jobs AS j
+         WHERE j.status = 'processing' AND j.lease_expires_at <= pg_catalog.clock_timestamp()
+           AND j.lease_expires_at > coalesce(lapsed_after, '-infinity'::timestamptz)
+         ORDER BY j.lease_expires_at
+         LIMIT batch
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        v_seen := true;
+        v_now := pg_catalog.clock_timestamp();
+        BEGIN
+            PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+            IF r.cancel_requested THEN
+                UPDATE {schema}.soniq_jobs AS j
+                   SET status = 'cancelled', lease_expires_at = NULL, pid = NULL,
+                       expires_at = v_now + pg_catalog.make_interval(secs => result_ttl_seconds),
+                       updated_at = v_now
+                 WHERE j.id = r.id;
+            ELSIF r.attempts >= coalesce(r.max_attempts,
+                                         {schema}.soniq_default_max_attempts_v1(r.job_name)) THEN
+                PERFORM {schema}.soniq_move_to_dead_letter_v1(
+                    r.id, 'lease lapsed with no attempts left', 'max_retries_exceeded', NULL);
+            ELSE
+                PERFORM {schema}.soniq_requeue_v1(
+                    r.id, 'lease lapsed: the worker stopped heartbeating', NULL, v_now,
+                    result_ttl_seconds);
+            END IF;
+            v_count := v_count + 1;
+        EXCEPTION
+            WHEN lock_not_available THEN
+                -- Waited 5 ms (a producer's open transaction holds the key):
+                -- the sub-block's writes are undone, the row stays lapsed
+                -- and a later claim settles it.
+                NULL;
+            WHEN OTHERS THEN
+                -- The sub-block's writes are undone; the claim goes on.
+                RAISE WARNING 'soniq: lapsed job % could not be settled (SQLSTATE %); left for later',
+                    r.id, SQLSTATE;
+        END;
+    END LOOP;
+    IF v_seen THEN  -- in the common case nothing lapsed and nothing was opened
+        PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+    END IF;
+    RETURN v_count;
+END
+$fn$;
+
+-- soniq_claim_many --
+-- Version 8 (claim_protocol_v8.sql), whose probe for lapsed leases and whose
+-- scans in claim order start where the session's last ones stopped while a
+-- pinned horizon keeps dead index entries ahead of them (see above).
+CREATE OR REPLACE FUNCTION {schema}.soniq_claim_many(
+    worker_id text,
+    claim_tokens text[],
+    queues text[] DEFAULT NULL,
+    lease_seconds double precision DEFAULT 30,
+    result_ttl_seconds double precision DEFAULT 300,
+    pid integer DEFAULT NULL
+) RETURNS TABLE (
+    job_id uuid, job_name text, args jsonb, queue text, priority integer, attempts integer,
+    max_attempts integer, lease_expires_at timestamptz, generation bigint,
+    owner text, token text
+)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    p_owner text := soniq_claim_many.worker_id;
+    p_tokens text[] := soniq_claim_many.claim_tokens;
+    p_queues text[] := soniq_claim_many.queues;
+    p_lease double precision := soniq_claim_many.lease_seconds;
+    p_ttl double precision := soniq_claim_many.result_ttl_seconds;
+    v_wanted integer;
+    v_ids uuid[];
+    v_tids tid[];
+    v_generations bigint[];
+    v_worker uuid;
+    v_now timestamptz;
+    v_token text;
+    v_i integer;
+    v_count integer;
+    v_written integer;
+    v_top_generation bigint;
+    v_paused text[];
+    v_limited text[];
+    v_rated text[];
+    v_skip text[];
+    v_queue text;
+    v_budget integer;
+    v_is_rated boolean;
+    v_first_due timestamptz;
+    v_any_due boolean;
+    s_queues text[];
+    s_limits integer[];
+    r record;
+    -- Version 9: where the last probes stopped (see the header of claim_protocol_v9.sql).
+    v_clock timestamptz := pg_catalog.clock_timestamp();
+    v_table text := {schema_literal};  -- the scope of the hints: this schema's soniq_jobs
+    v_hint text;
+    v_lapsed_after timestamptz;
+    v_lapsed_full timestamptz;
+    v_index oid;
+    v_scope text;
+    v_hinted boolean := false;
+    v_hint_priority integer;
+    v_hint_created timestamptz;
+    v_claim_full timestamptz;
+    v_read_before bigint;
+    v_first_priority integer;
+    v_first_created timestamptz;
+BEGIN
+    -- The checks are plain expressions and loops, not queries: PL/pgSQL
+    -- evaluates those without starting an executor for each.
+    IF p_owner IS NULL OR p_owner = '' OR pg_catalog.length(p_owner) > 255 THEN
+        RAISE EXCEPTION 'worker_id must be a non-empty string of at most 255 characters'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    v_wanted := pg_catalog.cardinality(p_tokens);
+    IF v_wanted IS NULL OR v_wanted < 1 OR v_wanted > 1000
+       OR pg_catalog.array_ndims(p_tokens) <> 1 THEN
+        RAISE EXCEPTION 'claim_tokens must hold 1 to 1000 nonces'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    FOREACH v_token IN ARRAY p_tokens LOOP
+        IF v_token IS NULL OR v_token = '' OR pg_catalog.length(v_token) > 255 THEN
+            RAISE EXCEPTION 'claim_token must be a non-empty string of at most 255 characters'
+                USING ERRCODE = '22023', HINT = 'CONFIG';
+        END IF;
+    END LOOP;
+    IF p_lease IS NULL OR p_lease = 'NaN'::float8 OR p_lease <= 0 OR p_lease > 31536000 THEN
+        RAISE EXCEPTION 'lease_seconds is out of range' USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    IF p_ttl IS NULL OR p_ttl = 'NaN'::float8 OR p_ttl < 0 OR p_ttl > 31536000 THEN
+        RAISE EXCEPTION 'result_ttl_seconds is out of range'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    IF soniq_claim_many.pid IS NOT NULL AND soniq_claim_many.pid < 1 THEN
+        RAISE EXCEPTION 'pid must be a positive integer' USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    -- A nonce may fence one claim only: twice in this call, or used before.
+    IF (v_wanted > 1 AND (SELECT pg_catalog.count(DISTINCT t.token COLLATE "C")
+                            FROM pg_catalog.unnest(p_tokens) AS t(token)) <> v_wanted)
+       OR EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j WHERE j.claim_token = ANY (p_tokens)) THEN
+        RAISE EXCEPTION 'claim token was used before' USING ERRCODE = 'P0001',
+            HINT = 'QUEUE_CLAIM_CONFLICT', DETAIL = 'nonce_reused';
+    END IF;
+
+    -- Settle lapsed leases first; the probe keeps the common case (nothing
+    -- lapsed) to one index lookup. Version 8: the reaper that never waits
+    -- for a producer (at most 5 ms a row). Version 9: the probe (and the
+    -- reaper) read the leases that ended after this session's last probe
+    -- that found none, less LAPSED_MARGIN, and from the start every
+    -- FULL_PROBE_EVERY: under a pinned horizon the leases of the jobs
+    -- finished since the pin stay in soniq_jobs_lease_idx, and a probe from
+    -- the start would read them all.
+    v_hint := pg_catalog.current_setting('soniq.lapsed_hint', true);
+    IF v_hint IS NOT NULL AND pg_catalog.split_part(v_hint, '|', 1) = v_table THEN
+        v_lapsed_full := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 3)::float8);
+        IF v_clock < v_lapsed_full THEN
+            v_lapsed_after := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 2)::float8);
+        END IF;
+    END IF;
+    IF v_lapsed_after IS NULL THEN
+        v_lapsed_full := v_clock + interval '30 seconds';  -- FULL_PROBE_EVERY
+    END IF;
+    IF EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j
+                WHERE j.status = 'processing'
+                  AND j.lease_expires_at <= v_clock
+                  AND j.lease_expires_at > coalesce(v_lapsed_after, '-infinity'::timestamptz)) THEN
+        PERFORM {schema}.soniq_reap_lapsed_v3(10, p_ttl, v_lapsed_after);
+    ELSE
+        -- None lapsed up to v_clock: the next probe starts LAPSED_MARGIN before it.
+        PERFORM pg_catalog.set_config('soniq.lapsed_hint', v_table || '|'
+            || pg_catalog.date_part('epoch', v_clock - interval '1 second') || '|'
+            || pg_catalog.date_part('epoch', v_lapsed_full), false);
+    END IF;
+
+    -- Flow control: the queues this claim may serve that are paused, or
+    -- limited. Read without a lock; a limited queue's row is read again
+    -- under its lock.
+    SELECT pg_catalog.array_agg(s.queue) FILTER (WHERE s.paused),
+           pg_catalog.array_agg(s.queue ORDER BY s.queue COLLATE "C") FILTER (WHERE NOT s.paused)
+      INTO v_paused, v_limited
+      FROM {schema}.soniq_queue_settings AS s
+     WHERE (s.paused OR s.concurrency IS NOT NULL OR s.configured_concurrency IS NOT NULL
+            OR s.rate_limit IS NOT NULL OR s.configured_rate_limit IS NOT NULL)
+       AND (p_queues IS NULL OR s.queue = ANY (p_queues));
+
+    -- Version 6: is any scheduled job due? The queued scheduled job that
+    -- falls due first, read from soniq_jobs_claim_due_idx, answers it. When
+    -- none is (the usual case), the claim reads none of the scheduled jobs.
+    SELECT j.scheduled_at INTO v_first_due
+      FROM {schema}.soniq_jobs AS j
+     WHERE j.status = 'queued' AND j.scheduled_at IS NOT NULL
+     ORDER BY j.scheduled_at
+     LIMIT 1;
+    v_any_due := coalesce(v_first_due <= pg_catalog.clock_timestamp(), false);
+
+    IF p_queues IS NULL AND v_paused IS NULL AND v_limited IS NULL THEN
+        -- Every queue, no flow control: version 7's two statements, one of
+        -- which each claim runs. Lock the jobs first (SKIP LOCKED:
+        -- concurrent claimers take different rows), in claim order. Then
+        -- write them (below): a batch of one by primary key, a larger one
+        -- by one UPDATE matched by the ctid read here (version 7).
+        -- Version 6: while no scheduled job is due (the usual case), the
+        -- candidates are the first unscheduled jobs in claim order, from
+        -- soniq_jobs_claim_now_idx, which holds no scheduled job. When one
+        -- is due, also the first due scheduled jobs in claim order, from
+        -- soniq_jobs_claim_scheduled_idx, and the first v_wanted of both
+        -- are claimed; the candidates not taken stay locked (unchanged)
+        -- until this transaction ends. Nothing is held back, so no scan
+        -- reads past a job this claim could not take.
+        IF NOT v_any_due THEN
+            -- Version 9: from where the last claim began while the scan from
+            -- the start reads too many dead entries (claim_hint, below).
+            v_index := ({schema_literal} || '.soniq_jobs_claim_now_idx')::regclass;
+            v_scope := v_index::text || ':*';
+            v_hint := pg_catalog.current_setting('soniq.claim_hint', true);
+            IF v_hint IS NOT NULL AND v_hint <> ''
+               AND pg_catalog.split_part(v_hint, '|', 1) = v_scope THEN
+                v_claim_full := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 2)::float8);
+                IF v_clock < v_claim_full THEN
+                    v_hinted := true;
+                    v_hint_priority := pg_catalog.split_part(v_hint, '|', 3)::integer;
+                    v_hint_created := (pg_catalog.split_part(v_hint, '|', 4) || '+00')::timestamptz;
+                END IF;
+            END IF;
+            IF v_hinted THEN
+                FOR r IN
+                    SELECT c.id, c.tid, c.claim_generation, c.priority, c.created_at, c.behind
+                      FROM (SELECT a.*, false AS behind
+                              FROM (SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority,
+                                           j.created_at
+                                      FROM {schema}.soniq_jobs AS j
+                                     WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                                       AND j.priority < v_hint_priority
+                                     ORDER BY j.priority, j.created_at
+                                     LIMIT v_wanted
+                                       FOR UPDATE SKIP LOCKED) AS a
+                            UNION ALL
+                            SELECT b.*, true AS behind
+                              FROM (SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority,
+                                           j.created_at
+                                      FROM {schema}.soniq_jobs AS j
+                                     WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                                       AND (j.priority, j.created_at)
+                                           >= (v_hint_priority, v_hint_created)
+                                     ORDER BY j.priority, j.created_at
+                                     LIMIT v_wanted
+                                       FOR UPDATE SKIP LOCKED) AS b) AS c
+                     ORDER BY c.priority, c.created_at, c.tid
+                     LIMIT v_wanted
+                LOOP
+                    v_ids := v_ids || r.id;
+                    v_tids := v_tids || r.tid;
+                    v_generations := v_generations || r.claim_generation;
+                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                    IF r.behind AND v_first_priority IS NULL THEN
+                        v_first_priority := r.priority;
+                        v_first_created := r.created_at;
+                    END IF;
+                END LOOP;
+            ELSE
+                v_read_before := pg_catalog.pg_stat_get_xact_tuples_returned(v_index);
+                FOR r IN
+                    SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority, j.created_at
+                      FROM {schema}.soniq_jobs AS j
+                     WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                     ORDER BY j.priority, j.created_at
+                     LIMIT v_wanted
+                       FOR UPDATE SKIP LOCKED
+                LOOP
+                    v_ids := v_ids || r.id;
+                    v_tids := v_tids || r.tid;
+                    v_generations := v_generations || r.claim_generation;
+                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                    IF v_first_priority IS NULL THEN
+                        v_first_priority := r.priority;
+                        v_first_created := r.created_at;
+                    END IF;
+                END LOOP;
+                -- The entries the scan read that it did not claim: dead ones
+                -- (and a few locked by other claims). Past DEAD_ENTRIES, the
+                -- claims start where this one began, for FULL_SCAN_EVERY.
+                IF pg_catalog.pg_stat_get_xact_tuples_returned(v_index) - v_read_before
+                   - coalesce(pg_catalog.cardinality(v_ids), 0) > 1000 THEN  -- DEAD_ENTRIES
+                    v_hinted := true;
+                    v_claim_full := v_clock + interval '30 seconds';  -- FULL_SCAN_EVERY
+                ELSIF v_hint IS NOT NULL AND v_hint <> '' THEN
+                    PERFORM pg_catalog.set_config('soniq.claim_hint', '', false);
+                END IF;
+            END IF;
+            IF v_hinted AND v_first_priority IS NOT NULL THEN
+                PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|'
+                    || pg_catalog.date_part('epoch', v_claim_full) || '|' || v_first_priority
+                    || '|' || pg_catalog.to_char(v_first_created AT TIME ZONE 'UTC',
+                                                 'YYYY-MM-DD HH24:MI:SS.US'), false);
+            END IF;
+        ELSE
+            FOR r IN
+                SELECT c.id, c.tid, c.claim_generation
+                  FROM (SELECT n.id, n.tid, n.claim_generation, n.priority, n.created_at
+                          FROM (SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority, j.created_at
+                                  FROM {schema}.soniq_jobs AS j
+                                 WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                                 ORDER BY j.priority, j.created_at
+                                 LIMIT v_wanted
+                                   FOR UPDATE SKIP LOCKED) AS n
+                        UNION ALL
+                        SELECT d.id, d.tid, d.claim_generation, d.priority, d.created_at
+                          FROM (SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority, j.created_at
+                                  FROM {schema}.soniq_jobs AS j
+                                 WHERE j.status = 'queued' AND j.scheduled_at IS NOT NULL
+                                   AND j.scheduled_at <= pg_catalog.clock_timestamp()
+                                 ORDER BY j.priority, j.created_at
+                                 LIMIT v_wanted
+                                   FOR UPDATE SKIP LOCKED) AS d) AS c
+                 ORDER BY c.priority, c.created_at
+                 LIMIT v_wanted
+            LOOP
+                v_ids := v_ids || r.id;
+                v_tids := v_tids || r.tid;
+                v_generations := v_generations || r.claim_generation;
+                v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+            END LOOP;
+        END IF;
+    ELSE
+        -- The queues to scan (s_queues) and how many jobs each may give
+        -- (s_limits). First those served freely, each up to v_wanted: named
+        -- by the caller, or (every queue) those with a queued job, found by
+        -- skipping through soniq_jobs_claim_idx one queue at a time. Each
+        -- is named once: a queue scanned twice would give its rows twice.
+        IF v_paused IS NULL AND v_limited IS NULL AND pg_catalog.cardinality(p_queues) = 1 THEN
+            -- One queue named, nothing held back (a worker of one queue): no
+            -- query, no merge.
+            s_queues := p_queues;
+            s_limits := ARRAY[v_wanted];
+        ELSE
+            v_skip := coalesce(v_paused, '{}'::text[]) || coalesce(v_limited, '{}'::text[]);
+            IF p_queues IS NOT NULL THEN
+                s_queues := ARRAY(SELECT DISTINCT q.name FROM pg_catalog.unnest(p_queues) AS q(name)
+                                   WHERE q.name <> ALL (v_skip));
+            ELSE
+                s_queues := ARRAY(
+                    WITH RECURSIVE found(name) AS (
+                        (SELECT j.queue FROM {schema}.soniq_jobs AS j
+                          WHERE j.status = 'queued' ORDER BY j.queue LIMIT 1)
+                        UNION ALL
+                        SELECT (SELECT j.queue FROM {schema}.soniq_jobs AS j
+                                 WHERE j.status = 'queued' AND j.queue > f.name
+                                 ORDER BY j.queue LIMIT 1)
+                          FROM found AS f WHERE f.name IS NOT NULL)
+                    SELECT f.name FROM found AS f
+                     WHERE f.name IS NOT NULL AND f.name <> ALL (v_skip));
+            END IF;
+            s_limits := pg_catalog.array_fill(v_wanted, ARRAY[pg_catalog.cardinality(s_queues)]);
+            -- Version 8: then each limited queue with a due job, at most its
+            -- budget, known before any job is locked. soniq_queue_budget_v2
+            -- never waits for the queue's settings row: a row locked elsewhere
+            -- gives 0, and the queue is held back for this claim. (Version 7
+            -- locked the free queues' jobs first, then waited for the row while
+            -- holding them, so that a claimer of the free queues alone found
+            -- them taken.) A queue with nothing due takes no lock.
+            -- (Each probe reads the queue's own jobs only: the queue as a range
+            -- of one value, as in the scans below.)
+            FOREACH v_queue IN ARRAY coalesce(v_limited, '{}'::text[]) LOOP
+                IF NOT v_any_due THEN
+                    CONTINUE WHEN NOT EXISTS (
+                        SELECT 1 FROM {schema}.soniq_jobs AS j
+                         WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                           AND j.queue >= v_queue AND j.queue <= v_queue);
+                ELSE
+                    CONTINUE WHEN NOT EXISTS (
+                        SELECT 1 FROM {schema}.soniq_jobs AS j
+                         WHERE j.status = 'queued'
+                           AND j.queue >= v_queue AND j.queue <= v_queue
+                           AND (j.scheduled_at IS NULL
+                                OR j.scheduled_at <= pg_catalog.clock_timestamp()));
+                END IF;
+                SELECT b.budget, b.rated INTO v_budget, v_is_rated
+                  FROM {schema}.soniq_queue_budget_v2(v_queue, v_wanted) AS b;
+                IF v_is_rated THEN
+                    v_rated := v_rated || v_queue;
+                END IF;
+                CONTINUE WHEN v_budget < 1;
+                s_queues := s_queues || v_queue;
+                s_limits := s_limits || v_budget;
+            END LOOP;
+        END IF;
+        -- Version 8: one scan per queue, each in claim order from an index
+        -- that starts with the queue, so that no scan reads a row of a queue
+        -- this claim does not serve (version 7 filtered the queue on an
+        -- index of every queue, and walked past the backlogs held back).
+        -- While no scheduled job is due: the unscheduled jobs, from
+        -- soniq_jobs_claim_queue_now_idx. When one is: the unscheduled and
+        -- the due scheduled jobs, from soniq_jobs_claim_idx (that scan reads
+        -- past the queue's own jobs scheduled for later that come before
+        -- them, never another queue's). Each scan locks (SKIP LOCKED) at
+        -- most its queue's limit; the first v_wanted of all in claim order
+        -- are claimed, ties in (priority, created_at) in the order of the
+        -- rows in the table, as one scan of every queue would take them.
+        -- Each scan names its queue as a range of one value (>= and <=: the
+        -- rows = would match, under the deterministic collations the
+        -- admission checks require) and orders by the queue first (one
+        -- value, so that is claim order). An equality would tell the planner
+        -- that the queue is fixed, and with statistics that see one big
+        -- queue, a scan of soniq_jobs_claim_now_idx filtering the queue then
+        -- looks as cheap -- and reads the whole backlog (measured: 100,000
+        -- rows removed by the filter). A range and that order leave it the
+        -- indexes that start with the queue.
+        IF pg_catalog.cardinality(s_queues) = 1 THEN
+            -- One queue (a worker of one queue, say): its scan alone.
+            IF NOT v_any_due THEN
+                -- Version 9: as the claim of every queue above, the queue's
+                -- scan starts where the last claim of it began while a scan
+                -- from the start reads too many dead entries.
+                v_index := ({schema_literal} || '.soniq_jobs_claim_queue_now_idx')::regclass;
+                v_scope := v_index::text || ':' || pg_catalog.md5(s_queues[1]);
+                v_hint := pg_catalog.current_setting('soniq.claim_hint', true);
+                IF v_hint IS NOT NULL AND v_hint <> ''
+                   AND pg_catalog.split_part(v_hint, '|', 1) = v_scope THEN
+                    v_claim_full := pg_catalog.to_timestamp(
+                        pg_catalog.split_part(v_hint, '|', 2)::float8);
+                    IF v_clock < v_claim_full THEN
+                        v_hinted := true;
+                        v_hint_priority := pg_catalog.split_part(v_hint, '|', 3)::integer;
+                        v_hint_created := (pg_catalog.split_part(v_hint, '|', 4) || '+00')::timestamptz;
+                    END IF;
+                END IF;
+                IF v_hinted THEN
+                    FOR r IN
+                        SELECT c.id, c.tid, c.claim_generation, c.priority, c.created_at, c.behind
+                          FROM (SELECT a.*, false AS behind
+                                  FROM (SELECT j.id, j.ctid AS tid, j.claim_generation,
+                                               j.priority, j.created_at
+                                          FROM {schema}.soniq_jobs AS j
+                                         WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                                           AND j.queue >= s_queues[1] AND j.queue <= s_queues[1]
+                                           AND j.priority < v_hint_priority
+                                         ORDER BY j.queue, j.priority, j.created_at
+                                         LIMIT s_limits[1]
+                                           FOR UPDATE SKIP LOCKED) AS a
+                                UNION ALL
+                                SELECT b.*, true AS behind
+                                  FROM (SELECT j.id, j.ctid AS tid, j.claim_generation,
+                                               j.priority, j.created_at
+                                          FROM {schema}.soniq_jobs AS j
+                                         WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                                           AND (j.queue, j.priority, j.created_at)
+                                               >= (s_queues[1], v_hint_priority, v_hint_created)
+                                           AND j.queue <= s_queues[1]
+                                         ORDER BY j.queue, j.priority, j.created_at
+                                         LIMIT s_limits[1]
+                                           FOR UPDATE SKIP LOCKED) AS b) AS c
+                         ORDER BY c.priority, c.created_at, c.tid
+                         LIMIT s_limits[1]
+                    LOOP
+                        v_ids := v_ids || r.id;
+                        v_tids := v_tids || r.tid;
+                        v_generations := v_generations || r.claim_generation;
+                        v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                        IF r.behind AND v_first_priority IS NULL THEN
+                            v_first_priority := r.priority;
+                            v_first_created := r.created_at;
+                        END IF;
+                    END LOOP;
+                ELSE
+                    v_read_before := pg_catalog.pg_stat_get_xact_tuples_returned(v_index);
+                    FOR r IN
+                        SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority, j.created_at
+                          FROM {schema}.soniq_jobs AS j
+                         WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                           AND j.queue >= s_queues[1] AND j.queue <= s_queues[1]
+                         ORDER BY j.queue, j.priority, j.created_at
+                         LIMIT s_limits[1]
+                           FOR UPDATE SKIP LOCKED
+                    LOOP
+                        v_ids := v_ids || r.id;
+                        v_tids := v_tids || r.tid;
+                        v_generations := v_generations || r.claim_generation;
+                        v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                        IF v_first_priority IS NULL THEN
+                            v_first_priority := r.priority;
+                            v_first_created := r.created_at;
+                        END IF;
+                    END LOOP;
+                    IF pg_catalog.pg_stat_get_xact_tuples_returned(v_index) - v_read_before
+                       - coalesce(pg_catalog.cardinality(v_ids), 0) > 1000 THEN  -- DEAD_ENTRIES
+                        v_hinted := true;
+                        v_claim_full := v_clock + interval '30 seconds';  -- FULL_SCAN_EVERY
+                    ELSIF v_hint IS NOT NULL AND v_hint <> '' THEN
+                        PERFORM pg_catalog.set_config('soniq.claim_hint', '', false);
+                    END IF;
+                END IF;
+                IF v_hinted AND v_first_priority IS NOT NULL THEN
+                    PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|'
+                        || pg_catalog.date_part('epoch', v_claim_full) || '|' || v_first_priority
+                        || '|' || pg_catalog.to_char(v_first_created AT TIME ZONE 'UTC',
+                                                     'YYYY-MM-DD HH24:MI:SS.US'), false);
+                END IF;
+            ELSE
+                FOR r IN
+                    SELECT j.id, j.ctid AS tid, j.claim_generation
+                      FROM {schema}.soniq_jobs AS j
+                     WHERE j.status = 'queued'
+                       AND j.queue >= s_queues[1] AND j.queue <= s_queues[1]
+                       AND (j.scheduled_at IS NULL
+                            OR j.scheduled_at <= pg_catalog.clock_timestamp())
+                     ORDER BY j.queue, j.priority, j.created_at
+                     LIMIT s_limits[1]
+                       FOR UPDATE SKIP LOCKED
+                LOOP
+                    v_ids := v_ids || r.id;
+                    v_tids := v_tids || r.tid;
+                    v_generations := v_generations || r.claim_generation;
+                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                END LOOP;
+            END IF;
+        ELSIF pg_catalog.cardinality(s_queues) > 1 THEN
+            -- Several: one scan each (LATERAL), merged.
+            IF NOT v_any_due THEN
+                FOR r IN
+                    SELECT k.id, k.tid, k.claim_generation
+                      FROM ROWS FROM (pg_catalog.unnest(s_queues),
+                                      pg_catalog.unnest(s_limits)) AS q(name, most)
+                     CROSS JOIN LATERAL (
+                           SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority,
+                                  j.created_at
+                             FROM {schema}.soniq_jobs AS j
+                            WHERE j.status = 'queued' AND j.scheduled_at IS NULL
+                              AND j.queue >= q.name AND j.queue <= q.name
+                            ORDER BY j.queue, j.priority, j.created_at
+                            LIMIT q.most
+                              FOR UPDATE SKIP LOCKED) AS k
+                     ORDER BY k.priority, k.created_at, k.tid
+                     LIMIT v_wanted
+                LOOP
+                    v_ids := v_ids || r.id;
+                    v_tids := v_tids || r.tid;
+                    v_generations := v_generations || r.claim_generation;
+                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                END LOOP;
+            ELSE
+                FOR r IN
+                    SELECT k.id, k.tid, k.claim_generation
+                      FROM ROWS FROM (pg_catalog.unnest(s_queues),
+                                      pg_catalog.unnest(s_limits)) AS q(name, most)
+                     CROSS JOIN LATERAL (
+                           SELECT j.id, j.ctid AS tid, j.claim_generation, j.priority,
+                                  j.created_at
+                             FROM {schema}.soniq_jobs AS j
+                            WHERE j.status = 'queued'
+                              AND j.queue >= q.name AND j.queue <= q.name
+                              AND (j.scheduled_at IS NULL
+                                   OR j.scheduled_at <= pg_catalog.clock_timestamp())
+                            ORDER BY j.queue, j.priority, j.created_at
+                            LIMIT q.most
+                              FOR UPDATE SKIP LOCKED) AS k
+                     ORDER BY k.priority, k.created_at, k.tid
+                     LIMIT v_wanted
+                LOOP
+                    v_ids := v_ids || r.id;
+                    v_tids := v_tids || r.tid;
+                    v_generations := v_generations || r.claim_generation;
+                    v_top_generation := GREATEST(v_top_generation, r.claim_generation);
+                END LOOP;
+            END IF;
+        END IF;
+    END IF;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    IF v_top_generation >= 9223372036854775807 THEN
+        RAISE EXCEPTION 'claim generation is exhausted' USING ERRCODE = 'P0001',
+            HINT = 'QUEUE_CLAIM_CONFLICT', DETAIL = 'generation_exhausted';
+    END IF;
+
+    -- worker_id names a soniq_workers row (Soniq declares a foreign key
+    -- there): set only when the owner is a registered worker.
+    IF p_owner ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+        SELECT w.id INTO v_worker FROM {schema}.soniq_workers AS w WHERE w.id = p_owner::uuid;
+    END IF;
+
+    v_now := pg_catalog.clock_timestamp();  -- after the locks
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+    v_count := pg_catalog.cardinality(v_ids);
+    IF v_count = 1 THEN
+        -- One job: one UPDATE by primary key, as version 6 (measured cheaper
+        -- than the set-based write for a batch of one).
+        FOR v_i IN 1 .. pg_catalog.cardinality(v_ids) LOOP
+            UPDATE {schema}.soniq_jobs AS j
+               SET status = 'processing',
+                   attempts = j.attempts + 1,
+                   claim_generation = j.claim_generation + 1,
+                   claim_owner = p_owner,
+                   claim_token = p_tokens[v_i],
+                   worker_id = v_worker,
+                   lease_expires_at = v_now + pg_catalog.make_interval(secs => p_lease),
+                   cancel_requested = false,
+                   pid = soniq_claim_many.pid,
+                   updated_at = v_now
+             WHERE j.id = v_ids[v_i]
+            RETURNING j.id, j.job_name, j.args, j.queue, j.priority, j.attempts,
+                      j.max_attempts, j.lease_expires_at, j.claim_generation,
+                      j.claim_owner, j.claim_token
+                 INTO r;
+            IF r.claim_owner IS NULL OR r.claim_owner COLLATE "C" <> p_owner COLLATE "C"
+               OR r.claim_token IS NULL OR r.claim_token COLLATE "C" <> p_tokens[v_i] COLLATE "C"
+               OR r.claim_generation IS DISTINCT FROM v_generations[v_i] + 1 THEN
+                RAISE EXCEPTION 'the stored claim identity differs from the one sent'
+                    USING ERRCODE = 'P0001', HINT = 'QUEUE_CLAIM_CONFLICT',
+                          DETAIL = 'claim_identity_changed';
+            END IF;
+            IF v_rated IS NOT NULL AND r.queue = ANY (v_rated) THEN
+                INSERT INTO {schema}.soniq_queue_starts (queue, started_at) VALUES (r.queue, v_now);
+            END IF;
+            job_id := r.id; job_name := r.job_name; args := r.args; queue := r.queue;
+            priority := r.priority; attempts := r.attempts; max_attempts := r.max_attempts;
+            lease_expires_at := r.lease_expires_at; generation := r.claim_generation;
+            owner := r.claim_owner; token := r.claim_token;
+            RETURN NEXT;
+        END LOOP;
+    ELSE
+        -- Version 7: several jobs, one UPDATE. The rows are the ones locked
+        -- above (by this transaction, so their ctid cannot change before it
+        -- ends), matched by ctid and id; the i-th in claim order gets the
+        -- nonce p_tokens[i]. The identity check is version 6's, row by row,
+        -- and every locked row must come back.
+        v_written := 0;
+        FOR r IN
+            WITH w AS (
+                UPDATE {schema}.soniq_jobs AS j
+                   SET status = 'processing',
+                       attempts = j.attempts + 1,
+                       claim_generation = j.claim_generation + 1,
+                       claim_owner = p_owner,
+                       claim_token = c.token,
+                       worker_id = v_worker,
+                       lease_expires_at = v_now + pg_catalog.make_interval(secs => p_lease),
+                       cancel_requested = false,
+                       pid = soniq_claim_many.pid,
+                       updated_at = v_now
+                  FROM ROWS FROM (pg_catalog.unnest(v_tids), pg_catalog.unnest(v_ids),
+                                  pg_catalog.unnest(v_generations),
+                                  pg_catalog.unnest(p_tokens[1:v_count]))
+                       WITH ORDINALITY AS c(tid, id, generation, token, i)
+                 WHERE j.ctid = c.tid AND (j.id = c.id) IS TRUE
+                RETURNING c.i, c.generation AS locked_generation, c.token AS sent_token,
+                          j.id, j.job_name, j.args, j.queue, j.priority, j.attempts,
+                          j.max_attempts, j.lease_expires_at, j.claim_generation,
+                          j.claim_owner, j.claim_token)
+            SELECT * FROM w ORDER BY w.i
+        LOOP
+            v_written := v_written + 1;
+            IF r.i IS DISTINCT FROM v_written
+               OR r.claim_owner IS NULL OR r.claim_owner COLLATE "C" <> p_owner COLLATE "C"
+               OR r.claim_token IS NULL OR r.claim_token COLLATE "C" <> r.sent_token COLLATE "C"
+               OR r.claim_generation IS DISTINCT FROM r.locked_generation + 1 THEN
+                RAISE EXCEPTION 'the stored claim identity differs from the one sent'
+                    USING ERRCODE = 'P0001', HINT = 'QUEUE_CLAIM_CONFLICT',
+                          DETAIL = 'claim_identity_changed';
+            END IF;
+            IF v_rated IS NOT NULL AND r.queue = ANY (v_rated) THEN
+                INSERT INTO {schema}.soniq_queue_starts (queue, started_at) VALUES (r.queue, v_now);
+            END IF;
+            job_id := r.id; job_name := r.job_name; args := r.args; queue := r.queue;
+            priority := r.priority; attempts := r.attempts; max_attempts := r.max_attempts;
+            lease_expires_at := r.lease_expires_at; generation := r.claim_generation;
+            owner := r.claim_owner; token := r.claim_token;
+            RETURN NEXT;
+        END LOOP;
+        IF v_written <> v_count THEN
+            RAISE EXCEPTION 'the stored claim identity differs from the one sent'
+                USING ERRCODE = 'P0001', HINT = 'QUEUE_CLAIM_CONFLICT',
+                      DETAIL = 'claim_identity_changed';
+        END IF;
+    END IF;
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+END
+$fn$;
+REVOKE ALL ON FUNCTION {schema}.soniq_reap_lapsed_v3(integer, double precision, timestamptz) FROM PUBLIC;
