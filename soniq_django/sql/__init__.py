@@ -39,7 +39,11 @@ def render(name: str, connection: Any) -> str:
 
 
 def _fill(text: str, connection: Any) -> str:
-    schema = connection.ops.quote_name(table_schema(connection))
+    return fill_schema(text, connection.ops.quote_name(table_schema(connection)))
+
+
+def fill_schema(text: str, schema: str) -> str:
+    """``text`` with ``{schema}`` and ``{schema_literal}`` filled in for the quoted ``schema``."""
     literal = "'" + schema.replace("'", "''") + "'"
     return text.replace("{schema_literal}", literal).replace("{schema}", schema)
 

@@ -1007,32 +1007,40 @@ BEGIN
 
     -- Settle lapsed leases first; the probe keeps the common case (nothing
     -- lapsed) to one index lookup. Version 8: the reaper that never waits
-    -- for a producer (at most 5 ms a row). Version 9: the probe (and the
-    -- reaper) read the leases that ended after this session's last probe
-    -- that found none, less LAPSED_MARGIN, and from the start every
-    -- FULL_PROBE_EVERY: under a pinned horizon the leases of the jobs
-    -- finished since the pin stay in soniq_jobs_lease_idx, and a probe from
-    -- the start would read them all.
+    -- for a producer (at most 5 ms a row). Version 9: a probe from the start
+    -- that read more than DEAD_ENTRIES entries of soniq_jobs_lease_idx
+    -- without finding a lapsed lease (a pinned horizon keeps the leases of
+    -- every job finished since) makes this session's next probes, and the
+    -- reaper, read only the leases that ended after the last probe that
+    -- found none, less LAPSED_MARGIN, for FULL_PROBE_EVERY.
     v_hint := pg_catalog.current_setting('soniq.lapsed_hint', true);
-    IF v_hint IS NOT NULL AND pg_catalog.split_part(v_hint, '|', 1) = v_table THEN
+    IF v_hint IS NOT NULL AND v_hint <> '' AND pg_catalog.split_part(v_hint, '|', 1) = v_table THEN
         v_lapsed_full := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 3)::float8);
         IF v_clock < v_lapsed_full THEN
             v_lapsed_after := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 2)::float8);
         END IF;
     END IF;
     IF v_lapsed_after IS NULL THEN
-        v_lapsed_full := v_clock + interval '30 seconds';  -- FULL_PROBE_EVERY
+        v_index := ({schema_literal} || '.soniq_jobs_lease_idx')::regclass;
+        v_read_before := pg_catalog.pg_stat_get_xact_tuples_returned(v_index);
     END IF;
     IF EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j
                 WHERE j.status = 'processing'
                   AND j.lease_expires_at <= v_clock
                   AND j.lease_expires_at > coalesce(v_lapsed_after, '-infinity'::timestamptz)) THEN
         PERFORM {schema}.soniq_reap_lapsed_v3(10, p_ttl, v_lapsed_after);
-    ELSE
+    ELSIF v_lapsed_after IS NOT NULL THEN
         -- None lapsed up to v_clock: the next probe starts LAPSED_MARGIN before it.
         PERFORM pg_catalog.set_config('soniq.lapsed_hint', v_table || '|'
             || pg_catalog.date_part('epoch', v_clock - interval '1 second') || '|'
             || pg_catalog.date_part('epoch', v_lapsed_full), false);
+    ELSIF pg_catalog.pg_stat_get_xact_tuples_returned(v_index) - v_read_before > 1000 THEN
+        -- DEAD_ENTRIES read from the start, and none lapsed: hints, for FULL_PROBE_EVERY.
+        PERFORM pg_catalog.set_config('soniq.lapsed_hint', v_table || '|'
+            || pg_catalog.date_part('epoch', v_clock - interval '1 second') || '|'
+            || pg_catalog.date_part('epoch', v_clock + interval '30 seconds'), false);
+    ELSIF v_hint IS NOT NULL AND v_hint <> '' THEN
+        PERFORM pg_catalog.set_config('soniq.lapsed_hint', '', false);
     END IF;
 
     -- Flow control: the queues this claim may serve that are paused, or

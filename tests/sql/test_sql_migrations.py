@@ -8,7 +8,7 @@ from django.core.management import call_command
 from django.db import connection, migrations
 from django.db.migrations.loader import MigrationLoader
 
-from soniq_django.sql import SQL_DIR, current, definitions
+from soniq_django.sql import SQL_DIR, current, definitions, fill_schema
 
 from tests.support.sql import (
     PUBLIC_FUNCTIONS, Roles, fetch, producer_api_functions, schema,
@@ -99,7 +99,7 @@ def _file_source(file_name: str, function: str) -> str:
     text = (SQL_DIR / file_name).read_text(encoding="utf-8")
     start = text.index(f"FUNCTION {{schema}}.{function}(")
     body = text[start:].split("$fn$", 2)[1]
-    return body.replace("{schema}", connection.ops.quote_name(schema()))
+    return fill_schema(body, connection.ops.quote_name(schema()))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -138,11 +138,11 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
     assert v1 != v2 and "soniq_complete_many" in v2
     new = ("soniq_claim_many", "soniq_complete_many")
     assert _function_source("soniq_complete") == v2
-    # Both batched functions have version 8's bodies since migration 0018 (tested below).
+    # The batched functions have version 8's (0018) and version 9's (0019) bodies (tested below).
     assert _function_source("soniq_complete_many") == _file_source(
         "claim_protocol_v8.sql", "soniq_complete_many")
     assert _function_source("soniq_claim_many") == _file_source(
-        "claim_protocol_v8.sql", "soniq_claim_many")
+        "claim_protocol_v9.sql", "soniq_claim_many")
     try:
         call_command("migrate", "soniq_django", "0008", verbosity=0)
         assert _function_source("soniq_complete") == v1
@@ -172,6 +172,9 @@ _ADDED_BY_0018 = ("soniq_queue_budget_v2", "soniq_reap_lapsed_v2",
 _REPLACED_BY_0018 = {"soniq_claim_many": "claim_protocol_v7.sql",
                      "soniq_complete_many": "claim_protocol_v7.sql",
                      "soniq_defer": "claim_protocol_v4.sql"}
+#: What migration 0019 (claim protocol v9) adds, and replaces (function: released file).
+_ADDED_BY_0019 = ("soniq_reap_lapsed_v3",)
+_REPLACED_BY_0019 = {"soniq_claim_many": "claim_protocol_v8.sql"}
 
 
 #: What migration 0011 changes: (file that released the body it replaces, function).
@@ -241,7 +244,7 @@ def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     # 0016 (version 7's batched bodies), 0017 (soniq_enqueue v4) and 0018 (claim
     # protocol v8; all tested below).
     by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many",
-               "soniq_enqueue", *_ADDED_BY_0018}
+               "soniq_enqueue", *_ADDED_BY_0018, *_ADDED_BY_0019}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -277,7 +280,7 @@ def test_current_sql_holds_exactly_the_functions_the_database_runs():
     assert set(documented) == set(installed)
     quoted = connection.ops.quote_name(schema())
     for name, statement in documented.items():
-        assert installed[name] == statement.split("$fn$")[1].replace("{schema}", quoted), name
+        assert installed[name] == fill_schema(statement.split("$fn$")[1], quoted), name
 
 
 @pytest.mark.django_db(transaction=True)
@@ -286,14 +289,15 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
     v5 = _file_source("claim_protocol_v5.sql", "soniq_claim_many")
     assert v2 != v5 and "soniq_queue_budget_v1" in v5
     before = _soniq_functions()
-    # Version 8 (0018, tested below) has the body now; going back to 0012 reverses it too.
-    assert before["soniq_claim_many"] == _file_source("claim_protocol_v8.sql", "soniq_claim_many")
+    # Version 9 (0019, tested below) has the body now; going back to 0012 reverses it too.
+    assert before["soniq_claim_many"] == _file_source("claim_protocol_v9.sql", "soniq_claim_many")
     assert "soniq_queue_budget_v1" in before
     try:
         call_command("migrate", "soniq_django", "0012", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v2
-        assert set(after) == set(before) - {"soniq_queue_budget_v1", *_ADDED_BY_0018}
+        assert set(after) == set(before) - {"soniq_queue_budget_v1", *_ADDED_BY_0018,
+                                            *_ADDED_BY_0019}
         # 0017 reversed too: version 3's soniq_enqueue.
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         assert fetch("SELECT to_regclass('soniq_queue_settings'), "
@@ -324,9 +328,9 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
                   "soniq_jobs_claim_scheduled_idx", "soniq_jobs_claim_due_idx"}
     # ... and 0018's (claim protocol v8, tested below).
     v8_indexes = v6_indexes | {"soniq_jobs_claim_queue_now_idx"}
-    v8 = _file_source("claim_protocol_v8.sql", "soniq_claim_many")
+    v9 = _file_source("claim_protocol_v9.sql", "soniq_claim_many")  # since 0019 (tested below)
     before = _soniq_functions()
-    assert before["soniq_claim_many"] == v8 and _claim_indexes() == v8_indexes
+    assert before["soniq_claim_many"] == v9 and _claim_indexes() == v8_indexes
     try:
         call_command("migrate", "soniq_django", "0013", verbosity=0)
         after = _soniq_functions()
@@ -337,10 +341,10 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
         # soniq_enqueue: version 3's again (0017 reversed too).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_ADDED_BY_0018,
-                   *_REPLACED_BY_0018)
+                   *_REPLACED_BY_0018, *_ADDED_BY_0019)
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
-        assert not set(_ADDED_BY_0018) & set(after)
+        assert not set(_ADDED_BY_0018 + _ADDED_BY_0019) & set(after)
         assert _claim_indexes() == {"soniq_jobs_claim_idx", "soniq_jobs_claim_any_idx"}
         # Version 5's claim works again, a due scheduled job and all.
         fetch("SELECT soniq_enqueue('back.to_v5', run_at => now() - interval '1 second')")
@@ -363,16 +367,19 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
           for name in ("soniq_claim_many", "soniq_complete_many")}
     assert v7["soniq_claim_many"] != v6 and v7["soniq_complete_many"] != v2
     before = _soniq_functions()
-    # Version 8's bodies since 0018 (tested below), which going back to 0015 reverses.
+    # Version 8's completion since 0018 and version 9's claim since 0019 (tested below),
+    # which going back to 0015 reverses.
     assert {name: before[name] for name in v7} == {
-        name: _file_source("claim_protocol_v8.sql", name) for name in v7}
+        "soniq_claim_many": _file_source("claim_protocol_v9.sql", "soniq_claim_many"),
+        "soniq_complete_many": _file_source("claim_protocol_v8.sql", "soniq_complete_many")}
     try:
         call_command("migrate", "soniq_django", "0015", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v6 and after["soniq_complete_many"] == v2
         # 0017 and 0018 reversed too (tested below).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
-        changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018}
+        changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018,
+                   *_ADDED_BY_0019}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
@@ -406,8 +413,8 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
     assert before["soniq_enqueue"] == v4
     producer = roles.create("soniq_producer")
     call_command("soniq_grant", producer, stdout=io.StringIO())
-    # Going back to 0016 reverses 0018 too (tested below).
-    changed = {"soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018}
+    # Going back to 0016 reverses 0018 and 0019 too (tested below).
+    changed = {"soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018, *_ADDED_BY_0019}
     try:
         call_command("migrate", "soniq_django", "0016", verbosity=0)
         after = _soniq_functions()
@@ -437,7 +444,9 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
                 for name, released in _REPLACED_BY_0018.items()}
     assert all(v8[name] != restored[name] for name in restored)
     before = _soniq_functions()
-    assert {name: before[name] for name in v8} == v8
+    # Version 9's claim since 0019 (tested below), which going back to 0017 reverses.
+    assert {name: before[name] for name in v8 if name not in _REPLACED_BY_0019} == {
+        name: body for name, body in v8.items() if name not in _REPLACED_BY_0019}
     # Version 8 replaced nothing else: version 1's budget and reaper stay as they were.
     assert before["soniq_queue_budget_v1"] == _file_source(
         "claim_protocol_v5.sql", "soniq_queue_budget_v1")
@@ -448,8 +457,8 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
         call_command("migrate", "soniq_django", "0017", verbosity=0)
         after = _soniq_functions()
         assert {name: after[name] for name in restored} == restored
-        assert not set(_ADDED_BY_0018) & set(after)
-        changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018}
+        assert not set(_ADDED_BY_0018 + _ADDED_BY_0019) & set(after)
+        changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert "soniq_jobs_claim_queue_now_idx" not in _claim_indexes()
@@ -483,3 +492,43 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
                      [list(column) for column in zip(*claimed)]) == [([True, True], "off")]
     finally:
         fetch("DELETE FROM soniq_queue_settings")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9():
+    v9 = {name: _file_source("claim_protocol_v9.sql", name)
+          for name in (*_REPLACED_BY_0019, *_ADDED_BY_0019)}
+    restored = {name: _file_source(released, name)
+                for name, released in _REPLACED_BY_0019.items()}
+    assert all(v9[name] != restored[name] for name in restored)
+    before = _soniq_functions()
+    assert {name: before[name] for name in v9} == v9
+    # The reaper version 8 calls stays, untouched.
+    assert before["soniq_reap_lapsed_v2"] == _file_source(
+        "claim_protocol_v8.sql", "soniq_reap_lapsed_v2")
+    try:
+        call_command("migrate", "soniq_django", "0018", verbosity=0)
+        after = _soniq_functions()
+        assert {name: after[name] for name in restored} == restored
+        assert not set(_ADDED_BY_0019) & set(after)
+        changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019}
+        assert {n: b for n, b in after.items() if n not in changed} == {
+            n: b for n, b in before.items() if n not in changed}
+        # Version 8 works again: a lapsed job is settled, a queued one claimed.
+        fetch("SELECT soniq_enqueue('back.to_v8') FROM generate_series(1, 2)")
+        fetch("SELECT * FROM soniq_claim_many('w', ARRAY['nonce-v8-1'])")
+        fetch("SELECT set_config('soniq.fenced_write', 'on', false)")
+        fetch("UPDATE soniq_jobs SET lease_expires_at = clock_timestamp() - interval '1 second' "
+              "WHERE status = 'processing'")
+        fetch("SELECT set_config('soniq.fenced_write', 'off', false)")
+        assert len(fetch("SELECT * FROM soniq_claim_many('w', ARRAY['nonce-v8-2'])")) == 1
+        # The lapsed job was put back (and the other one claimed).
+        assert fetch("SELECT count(*) FROM soniq_jobs WHERE status = 'processing'") == [(1,)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before
+    fetch("SELECT soniq_enqueue('again.v9')")
+    # The job put back first (in claim order), then the new one.
+    assert [row[1] for row in fetch(
+        "SELECT job_id, job_name FROM soniq_claim_many('w', ARRAY['nonce-v9', 'nonce-v9b'])")] == [
+        "back.to_v8", "again.v9"]
