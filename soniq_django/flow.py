@@ -140,7 +140,12 @@ def _alias(using: str | None) -> str:
     return write_alias(using)
 
 
-def _name(value: Any) -> str:
+def queue_name(value: Any) -> str:
+    """``value`` if it can name a queue; else ConfigValidationError (INVALID_OPTION) saying why.
+
+    1 to ``MAX_QUEUE_NAME`` characters of valid Unicode, without a NUL: what
+    ``pause_queue`` and the claims accept (the admin's queue form checks it too).
+    """
     if type(value) is not str or not value or len(value) > MAX_QUEUE_NAME or "\x00" in value:
         raise ConfigValidationError(
             f"queue must be a non-empty string of at most {MAX_QUEUE_NAME} characters",
@@ -149,6 +154,9 @@ def _name(value: Any) -> str:
         raise ConfigValidationError("queue holds a lone surrogate, which is not valid Unicode",
                                     code=ErrorCode.INVALID_OPTION)
     return value
+
+
+_name = queue_name
 
 
 def _by(value: Any) -> str | None:

@@ -8,12 +8,13 @@ never written back by a save (a worker may rewrite them meanwhile).
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.utils import timezone
 
 from .. import flow
+from ..errors import SoniqError
 from ..models import QueueSetting
-from .base import OfferedLookupsOnly, log_changed, write_alias
+from .base import CappedActions, OfferedLookupsOnly, log_changed, write_alias
 from .display import plural, sentence, when
 
 _EDITED = ("paused", "concurrency", "rate_limit", "rate_period")
@@ -23,7 +24,16 @@ class QueueSettingForm(forms.ModelForm):
     class Meta:
         model = QueueSetting
         fields = ("queue", *_EDITED)
-        widgets = {"queue": forms.TextInput(attrs={"size": 40})}
+        widgets = {"queue": forms.TextInput(attrs={"size": 40,
+                                                   "maxlength": flow.MAX_QUEUE_NAME})}
+
+    def clean_queue(self) -> Any:
+        """A name ``pause_queue`` and the claims accept: at most 255 characters, no NUL."""
+        name = self.cleaned_data.get("queue")
+        try:
+            return flow.queue_name(name)
+        except SoniqError as error:
+            raise forms.ValidationError(f"Not a queue name: {error.reason}.") from None
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -48,7 +58,7 @@ def _rate(rate: tuple[int, int] | None) -> str:
 
 
 @admin.register(QueueSetting)
-class QueueSettingAdmin(OfferedLookupsOnly, admin.ModelAdmin):
+class QueueSettingAdmin(CappedActions, OfferedLookupsOnly, admin.ModelAdmin):
     form = QueueSettingForm
     list_display = ("queue", "paused", "concurrency_applied", "rate_applied", "paused_by",
                     "paused_since", "updated")
@@ -113,11 +123,31 @@ class QueueSettingAdmin(OfferedLookupsOnly, admin.ModelAdmin):
             name, using=using))
 
     def _each(self, request: Any, queryset: Any, verb: str, call: Any) -> None:
+        """``call(name, using)`` for each selected queue, each change logged whatever happens.
+
+        A name the call refuses (a row written by SQL with a name longer
+        than a queue's, say) is reported and skipped; the queues changed
+        before and after it stay changed, and are logged.
+        """
         using = write_alias(queryset)
         names = list(queryset.values_list("queue", flat=True))
-        changed = [name for name in names if call(name, using)]
-        log_changed(request, QueueSetting, using, changed,
-                    f"{verb.capitalize()} the queue from the admin.")
+        changed, refused = [], []
+        try:
+            for name in names:
+                try:
+                    if call(name, using):
+                        changed.append(name)
+                except SoniqError as error:
+                    refused.append(error.reason)
+        finally:
+            log_changed(request, QueueSetting, using, changed,
+                        f"{verb.capitalize()} the queue from the admin.")
+        unchanged = len(names) - len(changed) - len(refused)
         self.message_user(request, sentence(
             f"{verb} {plural(len(changed), 'queue')}",
-            f"{len(names) - len(changed)} already {verb}" if len(names) > len(changed) else ""))
+            f"{unchanged} already {verb}" if unchanged else ""),
+            messages.SUCCESS if changed or not refused else messages.WARNING)
+        if refused:
+            self.message_user(request, sentence(
+                f"{plural(len(refused), 'queue')} not {verb}",
+                f"{refused[0]}"), messages.ERROR)

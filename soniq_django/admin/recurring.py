@@ -12,7 +12,7 @@ from ..errors import ErrorCode, SoniqError
 from ..producer.request import JobRequest, prepare
 from ..models import RecurringJob
 from ..periodic_jobs import Timing, code_schedules
-from .base import OfferedLookupsOnly, log_changed, write_alias
+from .base import CappedActions, OfferedLookupsOnly, log_changed, write_alias
 from .display import plural, sentence, when
 
 
@@ -56,7 +56,7 @@ class RecurringJobForm(forms.ModelForm):
 
 
 @admin.register(RecurringJob)
-class RecurringJobAdmin(OfferedLookupsOnly, admin.ModelAdmin):
+class RecurringJobAdmin(CappedActions, OfferedLookupsOnly, admin.ModelAdmin):
     form = RecurringJobForm
     list_display = ("job_name", "schedule", "status", "queue", "priority", "next_run_at",
                     "last_run_at", "run_count", "defined_in_code")

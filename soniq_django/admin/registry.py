@@ -58,6 +58,22 @@ class TaskRegistrationAdmin(ReadOnlyAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[_RegistryChangeList]:
         return _RegistryChangeList
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        """The row a key names; None (Django's "not found") unless the key is a JSON pair of
+        strings without a NUL.
+
+        Django's CompositePrimaryKey.to_python() fails with a TypeError on a
+        key such as ``1e999`` or ``NaN`` (a 500): no row has such a key.
+        """
+        try:
+            key = json.loads(object_id)
+        except ValueError:
+            key = None
+        if not (isinstance(key, list) and len(key) == 2
+                and all(isinstance(part, str) and "\x00" not in part for part in key)):
+            return None
+        return super().get_object(request, object_id, from_field)
+
     @admin.display(description="queue", ordering="queue")
     def queue_shown(self, obj: TaskRegistration) -> str:
         return obj.queue or "-"  # Soniq's own workers leave it NULL
