@@ -219,13 +219,15 @@ def _write_configured(alias: str, name: str, limits: Limits) -> None:
                 raise
 
 
-def pause_queue(name: str, *, by: str | None = None, using: str | None = None) -> bool:
+def pause_queue(name: str, *, by: str | None = None, using: str | None = None,
+                create: bool = True) -> bool:
     """Stop every worker from claiming the queue's jobs; True if it was not paused before.
 
     Takes effect for every claim that starts after it returns, on every
     worker (any language: the claim functions read the row). Running jobs
     finish as usual; their retries wait in the queue. ``by`` is recorded in
-    ``paused_by`` (who, for people to read).
+    ``paused_by`` (who, for people to read). A queue without a settings row
+    gets one; with ``create=False`` it does not, and nothing changes (False).
     """
     QueueSetting = _models()
     queue, by, alias = _name(name), _by(by), _alias(using)
@@ -237,8 +239,9 @@ def pause_queue(name: str, *, by: str | None = None, using: str | None = None) -
                     if QueueSetting.objects.using(alias).filter(queue=queue, paused=False).update(
                             paused=True, paused_at=now, paused_by=by, updated_at=now):
                         return True
-                    if QueueSetting.objects.using(alias).filter(queue=queue).exists():
-                        return False  # paused already
+                    if not create or QueueSetting.objects.using(alias).filter(
+                            queue=queue).exists():
+                        return False  # paused already, or no row to pause and none to add
                     QueueSetting.objects.using(alias).create(
                         queue=queue, paused=True, paused_at=now, paused_by=by, updated_at=now)
                     return True

@@ -17,6 +17,7 @@ from django.utils.translation import ngettext
 from .. import operations, replay
 from ..errors import SoniqError
 from ..models import DeadLetterJob, Job, JobStatus
+from .access import may_view
 from .base import OnlyListedColumns, ReadOnlyAdmin, log_changed, log_rows, write_alias
 from .matching import AllMatching, Batch, MatchingOperation
 from .timeline import dead_letter_events, job_events, job_url, render_timeline
@@ -189,10 +190,24 @@ class JobAdmin(AllMatching, _JobRowAdmin):
                                          "submission_fingerprint", "active_key"),
                               "classes": ("collapse",)}),
     )
-    readonly_fields = tuple(f for _, options in fieldsets for f in options["fields"])
+    readonly_fields = (*(f for _, options in fieldsets for f in options["fields"]),
+                       "timeline_without_dead_letter")
+
+    #: What a user the dead-letter admin refuses sees instead: no link to the dead letter,
+    #: and a timeline without its reason, error and replays.
+    WITHOUT_DEAD_LETTER = {"dead_letter_link": None, "timeline": "timeline_without_dead_letter"}
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).defer("claim_token")
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if may_view(request, self.admin_site, DeadLetterJob):
+            return fieldsets
+        swap = self.WITHOUT_DEAD_LETTER
+        return [(name, {**options, "fields": tuple(
+            swap.get(field, field) for field in options["fields"]
+            if swap.get(field, field) is not None)}) for name, options in fieldsets]
 
     @admin.display(description="status", ordering="status")
     def status_shown(self, obj: Job) -> str:
@@ -223,6 +238,10 @@ class JobAdmin(AllMatching, _JobRowAdmin):
     def timeline(self, obj: Job) -> str:
         dead = DeadLetterJob.objects.using(self._using(obj)).filter(id=obj.id).first()
         return render_timeline(job_events(obj, dead))
+
+    @admin.display(description="timeline")
+    def timeline_without_dead_letter(self, obj: Job) -> str:
+        return render_timeline(job_events(obj))
 
     @staticmethod
     def _using(obj: Job) -> str:

@@ -9,6 +9,7 @@ from django.utils.html import format_html_join
 
 from .. import overview
 from ..models import TaskRegistration, Worker, WorkerState
+from .access import may_view
 from .base import ReadOnlyAdmin
 from .display import pretty_json, when
 from .registry import registration_url
@@ -42,6 +43,13 @@ class WorkerAdmin(ReadOnlyAdmin):
     fields = ("id", "hostname", "pid", "status", "queues_shown", "concurrency", "version",
               "started", "heartbeat", "metadata_shown", "handles")
     readonly_fields = fields
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Without "handles" for a user the task registry's admin refuses (or when it has none)."""
+        fields = super().get_fields(request, obj)
+        if may_view(request, self.admin_site, TaskRegistration):
+            return fields
+        return tuple(field for field in fields if field != "handles")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         """The rows, each with ``live_now``: live by the database's clock, not this host's."""
