@@ -6,8 +6,9 @@ import unicodedata
 import uuid
 from typing import Any
 
+from django.contrib import admin
 from django.utils import timezone
-from django.utils.html import escape, format_html
+from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
 SHOWN_CHARACTERS = 20_000
@@ -102,3 +103,17 @@ def visible(text: str | None) -> str | SafeString:
               if _hidden(char) else escape(char) for char in text]
     return format_html('<span class="soniq-marked" title="{}">{}</span>', MARKED_TITLE,
                        mark_safe("".join(pieces)))  # noqa: S308 - each piece is escaped
+
+
+def visible_list(names: list[str] | tuple[str, ...]) -> str:
+    """Names joined with ", ", each as ``visible`` shows it."""
+    return format_html_join(", ", "{}", ((visible(name),) for name in names))
+
+
+class VisibleValuesFilter(admin.AllValuesFieldListFilter):
+    """Django's filter by each value of a column, with each value drawn as ``visible`` shows it."""
+
+    def choices(self, changelist: Any) -> Any:
+        for choice in super().choices(changelist):
+            display = choice.get("display")
+            yield {**choice, "display": visible(display) if isinstance(display, str) else display}

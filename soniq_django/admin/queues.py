@@ -15,7 +15,7 @@ from .. import flow
 from ..errors import SoniqError
 from ..models import QueueSetting
 from .base import CappedActions, OfferedLookupsOnly, log_changed, write_alias
-from .display import plural, sentence, when
+from .display import plural, sentence, visible, when
 
 _EDITED = ("paused", "concurrency", "rate_limit", "rate_period")
 
@@ -60,7 +60,7 @@ def _rate(rate: tuple[int, int] | None) -> str:
 @admin.register(QueueSetting)
 class QueueSettingAdmin(CappedActions, OfferedLookupsOnly, admin.ModelAdmin):
     form = QueueSettingForm
-    list_display = ("queue", "paused", "concurrency_applied", "rate_applied", "paused_by",
+    list_display = ("queue_name", "paused", "concurrency_applied", "rate_applied", "paused_by",
                     "paused_since", "updated")
     list_filter = ("paused",)
     search_fields = ("queue",)
@@ -69,8 +69,19 @@ class QueueSettingAdmin(CappedActions, OfferedLookupsOnly, admin.ModelAdmin):
     actions = ("pause_selected", "resume_selected")
 
     def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
-        # The queue names the row: set when it is added, never renamed.
-        return (*self.readonly_fields, "queue") if obj is not None else self.readonly_fields
+        # The queue names the row: set when it is added, never renamed (shown as
+        # queue_name shows it).
+        return (*self.readonly_fields, "queue_name") if obj is not None else self.readonly_fields
+
+    def get_fields(self, request: Any, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        if obj is None:
+            return fields
+        return ["queue_name", *(field for field in fields if field not in ("queue", "queue_name"))]
+
+    @admin.display(description="queue", ordering="queue")
+    def queue_name(self, obj: QueueSetting) -> Any:
+        return visible(obj.queue)
 
     @admin.display(description="concurrency")
     def concurrency_applied(self, obj: QueueSetting) -> Any:

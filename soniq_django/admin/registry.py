@@ -21,7 +21,7 @@ from django.utils.html import format_html
 
 from ..models import TaskRegistration, Worker
 from .base import OnlyListedColumns, ReadOnlyAdmin
-from .display import parse_uuid, pre, when
+from .display import VisibleValuesFilter, parse_uuid, pre, visible, when
 
 
 def registration_url(registration: TaskRegistration, site_name: str = "admin") -> str:
@@ -43,7 +43,7 @@ class TaskRegistrationAdmin(ReadOnlyAdmin):
     list_display = ("task_name", "queue_shown", "max_attempts_shown", "unique_job",
                     "worker_id", "last_seen")
     list_display_links = ("task_name",)
-    list_filter = ("task_name", "queue")
+    list_filter = (("task_name", VisibleValuesFilter), ("queue", VisibleValuesFilter))
     search_fields = ("task_name", "worker_id")
     search_help_text = "Part of a job name or of a worker id."
     ordering = ("task_name", "worker_id")
@@ -76,7 +76,7 @@ class TaskRegistrationAdmin(ReadOnlyAdmin):
 
     @admin.display(description="queue", ordering="queue")
     def queue_shown(self, obj: TaskRegistration) -> str:
-        return obj.queue or "-"  # Soniq's own workers leave it NULL
+        return visible(obj.queue) if obj.queue else "-"  # Soniq's own workers leave it NULL
 
     @admin.display(description="max attempts", ordering="max_attempts")
     def max_attempts_shown(self, obj: TaskRegistration) -> str | int:

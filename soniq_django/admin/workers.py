@@ -11,7 +11,7 @@ from .. import overview
 from ..models import TaskRegistration, Worker, WorkerState
 from .access import may_view
 from .base import ReadOnlyAdmin
-from .display import pretty_json, when
+from .display import pretty_json, visible_list, when
 from .registry import registration_url
 
 
@@ -73,7 +73,7 @@ class WorkerAdmin(ReadOnlyAdmin):
 
     @admin.display(description="queues")
     def queues_shown(self, obj: Worker) -> str:
-        return ", ".join(obj.queues) if obj.queues else "all"
+        return visible_list(obj.queues) if obj.queues else "all"
 
     @admin.display(description="metadata")
     def metadata_shown(self, obj: Worker) -> str:
