@@ -327,3 +327,32 @@ def test_a_replayed_dead_letter_and_the_split_leave_job_rows_alone(admin_client)
     admin_client.get(reverse("admin:soniq_django_dashboard_live"))
     assert before == (list(Job.objects.values_list("id", "status", "updated_at")),
                       DeadLetterJob.objects.count(), QueueSetting.objects.count())
+
+
+# -- item 10: the task registry keeps no default values ------------------------------------
+
+def test_the_task_registry_stores_no_default_values(admin_client, monkeypatch):
+    """``api_key=settings.KEY`` is stored and shown as ``api_key=…``, never its value."""
+    from typing import Annotated
+
+    from soniq_django import job, registry
+    from soniq_django.admin.registry import registration_url
+    from soniq_django.worker.registration import publish_registry
+
+    monkeypatch.setattr(registry, "_registry", {})
+    secret = "sk-live-0123456789-secret"
+
+    @job(name="shop.call_api", queue="api")
+    def call_api(order: int, /, note: Annotated[str, secret] = secret, *more: int,
+                 api_key: str = secret, retries=3, **extra: str) -> dict:
+        return {}
+
+    worker = Worker.objects.create(hostname="w", pid=1)
+    publish_registry("default", str(worker.id))
+    row = TaskRegistration.objects.get(task_name="shop.call_api")
+    assert row.args_model_repr == (
+        "test_the_task_registry_stores_no_default_values.<locals>.call_api"
+        "(order: int, /, note: str = …, *more: int, api_key: str = …, retries=…, "
+        "**extra: str) -> dict")
+    page = admin_client.get(registration_url(row)).content.decode()
+    assert secret not in page and "api_key: str = …" in page
