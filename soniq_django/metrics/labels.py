@@ -51,4 +51,4 @@ def max_queues() -> int:
 
 def reason(value: str | None) -> str:
     """A dead-letter reason as a label: one of soniq's reasons, else ``other``."""
-    return value if value in DeadLetterReason.values else OTHER_REASON
+    return value if value is not None and value in DeadLetterReason.values else OTHER_REASON

@@ -8,7 +8,7 @@ from ..admin.display import visible
 register = template.Library()
 
 
-@register.filter
+@register.filter  # type: ignore[untyped-decorator]  # Django's, untyped here
 def shown(value: str | None) -> str | SafeString:
     """A name as ``admin.display.visible`` shows it: hidden characters escaped and marked."""
     return visible(value)
