@@ -159,6 +159,14 @@ def _queued_cell(driver, queue: str) -> str:
     return _text(driver, f'tr[data-queue="{queue}"] td[data-status="due"]')
 
 
+def _headings(driver, module: str) -> list[str]:
+    """The column headings of a dashboard module's table, upper-cased (as the admin draws them)."""
+    from selenium.webdriver.common.by import By
+
+    return _redrawn_retry(lambda: [cell.text.upper() for cell in driver.find_elements(
+        By.CSS_SELECTOR, f"#{module} thead th")])
+
+
 def _cells(driver, queue: str) -> dict[str, str]:
     """The queue's row on the dashboard: each number by its data-status, and the last cells."""
     from selenium.webdriver.common.by import By
@@ -331,13 +339,11 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monk
     link.click()
     assert browser.current_url.endswith(dashboard)
     assert browser.find_elements(By.CSS_SELECTOR, "#soniq-throughput svg rect.seg-done")
-    workers = browser.find_element(By.ID, "soniq-workers").text
+    workers = _text(browser, "#soniq-workers")
     assert "web-1" in workers and "soniq_django 0.9.0" in workers and "0 of 4" in workers
     assert "1 live worker: 0 of 4 slots in use." in workers
-    headings = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR,
-                                                            "#soniq-workers thead th")]
-    assert "VERSION" in [h.upper() for h in headings] and "RUNS" not in [h.upper()
-                                                                         for h in headings]
+    headings = _headings(browser, "soniq-workers")
+    assert "VERSION" in headings and "SLOTS IN USE" in headings and "RUNS" not in headings
     assert "permanent_failure" in browser.find_element(By.ID, "soniq-dead-letters").text
 
     # The queued jobs split, the limits and what holds the due jobs back.
@@ -352,8 +358,7 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monk
     assert (webhooks["due"], webhooks["scheduled"], webhooks["retrying"]) == ("1", "0", "1")
     assert webhooks["limits"] == "2 of 2 started per 3600 s" and webhooks["at_limit"] == "rate"
     assert webhooks["held_back"] == "at its rate limit; no live worker serves it"
-    headings = [cell.text.upper() for cell in browser.find_elements(
-        By.CSS_SELECTOR, "#soniq-queues thead th")]
+    headings = _headings(browser, "soniq-queues")
     for heading in ("DUE NOW", "SCHEDULED", "RETRYING", "LIMITS", "DUE JOBS HELD BACK BY"):
         assert heading in headings, headings
     shots(browser, "04-dashboard", height=1500)
