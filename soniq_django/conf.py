@@ -68,6 +68,14 @@ class Settings:
     MAX_PAYLOAD_BYTES: int | None = DEFAULT_MAX_PAYLOAD_BYTES
     QUEUES: Any = dataclasses.field(default_factory=dict)
     """Flow control per queue (soniq.E011 checks it; flow.py applies it)."""
+    METRICS_ACCESS: str = "staff"
+    """Who may read ``metrics_view``: "staff", "token" or "open" (metrics/view.py)."""
+    METRICS_TOKEN: str | None = None
+    """The bearer token of ``METRICS_ACCESS = "token"`` (never logged, never shown)."""
+    METRICS_CACHE_SECONDS: float = 10
+    """How long the queue-level figures of one read are served again (0: read at each scrape)."""
+    METRICS_MAX_QUEUES: int = 100
+    """The most queue label values a series has; the other queues are summed as "__other__"."""
 
     configured: frozenset[str] = frozenset()
     """Every key the project set, known or not (the checks name the unknown ones)."""
@@ -125,7 +133,11 @@ class Problem:
 
 _POSITIVE = ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "POLL_INTERVAL")
 _NOT_NEGATIVE = ("RESULT_TTL", "RETRY_BASE_SECONDS", "RETRY_MAX_SECONDS",
-                 "UNKNOWN_JOB_GRACE_SECONDS")
+                 "UNKNOWN_JOB_GRACE_SECONDS", "METRICS_CACHE_SECONDS")
+#: What ``METRICS_ACCESS`` may be (docs/metrics.md, decision 0039).
+METRICS_ACCESS_MODES = ("staff", "token", "open")
+#: The shortest ``METRICS_TOKEN``: a bearer token must not be guessable.
+MIN_METRICS_TOKEN = 16
 _INTEGERS = ("DEFAULT_PRIORITY", "DEFAULT_MAX_ATTEMPTS")
 _DEFAULT = Settings()
 
@@ -169,6 +181,19 @@ def _value_problem(config: Settings, key: str) -> Problem | None:
             type(value) is int and value >= 1):
         return _problem(key, "SONIQ['MAX_PAYLOAD_BYTES'] must be None or a whole number of "
                              "bytes, at least 1.", f"The default is {default} (1 MiB).")
+    if key == "METRICS_ACCESS" and value not in METRICS_ACCESS_MODES:
+        return _problem(key, "SONIQ['METRICS_ACCESS'] must be \"staff\", \"token\" or \"open\".",
+                        'The default is "staff": logged-in staff who may view jobs.')
+    if key == "METRICS_TOKEN" and (
+            (value is not None and not isinstance(value, str))
+            or (config.METRICS_ACCESS == "token"
+                and not (isinstance(value, str) and len(value) >= MIN_METRICS_TOKEN))):
+        return _problem(key, f"SONIQ['METRICS_TOKEN'] must be a string of at least "
+                             f"{MIN_METRICS_TOKEN} characters when METRICS_ACCESS is \"token\".",
+                        "For example secrets.token_urlsafe(32), read from the environment.")
+    if key == "METRICS_MAX_QUEUES" and not (type(value) is int and value >= 1):
+        return _problem(key, "SONIQ['METRICS_MAX_QUEUES'] must be a whole number, at least 1.",
+                        f"The default is {default}.")
     if key == "TASK_NAME_PATTERN":
         try:
             re.compile(value)

@@ -140,7 +140,12 @@ def _alias(using: str | None) -> str:
     return write_alias(using)
 
 
-def _name(value: Any) -> str:
+def queue_name(value: Any) -> str:
+    """``value`` if it can name a queue; else ConfigValidationError (INVALID_OPTION) saying why.
+
+    1 to ``MAX_QUEUE_NAME`` characters of valid Unicode, without a NUL: what
+    ``pause_queue`` and the claims accept (the admin's queue form checks it too).
+    """
     if type(value) is not str or not value or len(value) > MAX_QUEUE_NAME or "\x00" in value:
         raise ConfigValidationError(
             f"queue must be a non-empty string of at most {MAX_QUEUE_NAME} characters",
@@ -149,6 +154,9 @@ def _name(value: Any) -> str:
         raise ConfigValidationError("queue holds a lone surrogate, which is not valid Unicode",
                                     code=ErrorCode.INVALID_OPTION)
     return value
+
+
+_name = queue_name
 
 
 def _by(value: Any) -> str | None:
@@ -211,13 +219,15 @@ def _write_configured(alias: str, name: str, limits: Limits) -> None:
                 raise
 
 
-def pause_queue(name: str, *, by: str | None = None, using: str | None = None) -> bool:
+def pause_queue(name: str, *, by: str | None = None, using: str | None = None,
+                create: bool = True) -> bool:
     """Stop every worker from claiming the queue's jobs; True if it was not paused before.
 
     Takes effect for every claim that starts after it returns, on every
     worker (any language: the claim functions read the row). Running jobs
     finish as usual; their retries wait in the queue. ``by`` is recorded in
-    ``paused_by`` (who, for people to read).
+    ``paused_by`` (who, for people to read). A queue without a settings row
+    gets one; with ``create=False`` it does not, and nothing changes (False).
     """
     QueueSetting = _models()
     queue, by, alias = _name(name), _by(by), _alias(using)
@@ -229,8 +239,9 @@ def pause_queue(name: str, *, by: str | None = None, using: str | None = None) -
                     if QueueSetting.objects.using(alias).filter(queue=queue, paused=False).update(
                             paused=True, paused_at=now, paused_by=by, updated_at=now):
                         return True
-                    if QueueSetting.objects.using(alias).filter(queue=queue).exists():
-                        return False  # paused already
+                    if not create or QueueSetting.objects.using(alias).filter(
+                            queue=queue).exists():
+                        return False  # paused already, or no row to pause and none to add
                     QueueSetting.objects.using(alias).create(
                         queue=queue, paused=True, paused_at=now, paused_by=by, updated_at=now)
                     return True

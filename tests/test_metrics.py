@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from soniq_django import enqueue, signals
-from soniq_django.metrics import QueueCollector, process, read_queues
+from soniq_django.metrics import QueueCollector, process, read_queues, view
+from soniq_django.metrics.labels import OTHER, FirstSeen, max_queues
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker import Worker
@@ -34,6 +35,7 @@ FAST = {"RETRY_BASE_SECONDS": 0, "LEASE_SECONDS": 5, "HEARTBEAT_SECONDS": 0.2,
         "POLL_INTERVAL": 0.2}
 
 QUEUE_SERIES = {"soniq_queue_metrics_up", "soniq_queue_metrics_query_seconds",
+                "soniq_queue_metrics_age_seconds",
                 "soniq_queue_jobs", "soniq_queue_due_jobs",
                 "soniq_queue_oldest_due_job_age_seconds", "soniq_queue_lapsed_leases",
                 "soniq_queue_dead_letters"}
@@ -42,6 +44,15 @@ PROCESS_SERIES = {"soniq_jobs_enqueued", "soniq_jobs_started", "soniq_jobs_finis
                   "soniq_completions_refused", "soniq_lease_lapses", "soniq_worker_heartbeats"}
 WORKER_SERIES = {"soniq_worker_jobs_in_flight", "soniq_worker_concurrency"}
 DOCUMENTED = QUEUE_SERIES | PROCESS_SERIES | WORKER_SERIES
+
+
+@pytest.fixture(autouse=True)
+def fresh_metrics(monkeypatch):
+    """Each test its own view registries (so no read is served from another test's cache) and
+    its own first-seen label sets (so the suite's other queues do not fill them)."""
+    monkeypatch.setattr(view, "_registries", {})
+    monkeypatch.setattr(process, "queue_label", FirstSeen(max_queues))
+    monkeypatch.setattr(process, "worker_label", FirstSeen(lambda: 16))
 
 
 def parse(text: str) -> dict[str, object]:
@@ -144,7 +155,13 @@ def metrics_urls(settings):
     settings.ROOT_URLCONF = "tests.testapp.metrics_urls"
 
 
-def test_the_view_serves_the_queue_series_and_this_processs_counters(client, metrics_urls):
+@pytest.fixture
+def open_metrics(settings, metrics_urls):
+    """The view routed, and open to anyone (``METRICS_ACCESS = "open"``)."""
+    settings.SONIQ = {"METRICS_ACCESS": "open"}
+
+
+def test_the_view_serves_the_queue_series_and_this_processs_counters(client, open_metrics):
     _queues_fixture()
     response = client.get("/metrics")
     assert response.status_code == 200
@@ -156,17 +173,141 @@ def test_the_view_serves_the_queue_series_and_this_processs_counters(client, met
     assert client.post("/metrics").status_code == 405
 
 
-def test_the_view_speaks_openmetrics_when_asked(client, metrics_urls):
+def test_the_view_speaks_openmetrics_when_asked(client, open_metrics):
     response = client.get("/metrics", HTTP_ACCEPT="application/openmetrics-text; version=1.0.0")
     assert response["Content-Type"].startswith("application/openmetrics-text")
     assert response.content.decode().rstrip().endswith("# EOF")
 
 
-def test_a_live_server_answers_a_scrape_over_http(live_server, metrics_urls):
+def test_a_live_server_answers_a_scrape_over_http(live_server, open_metrics):
     enqueue("tests.add", {"a": 1}, queue="live")
     with urllib.request.urlopen(f"{live_server.url}/metrics", timeout=10) as answer:
         families = parse(answer.read().decode())
     assert value(families, "soniq_queue_jobs", queue="live", status="queued") == 1
+
+
+# Who may read the view (METRICS_ACCESS), its cost (METRICS_CACHE_SECONDS), its labels -----
+
+
+TOKEN = "tok-0123456789abcdef-secret"
+
+
+def test_by_default_only_staff_who_may_view_jobs_read_the_view(
+        client, metrics_urls, django_user_model, django_assert_num_queries):
+    from django.contrib.auth.models import Permission
+
+    enqueue("tests.add", {"a": 1}, queue="mail")
+    with django_assert_num_queries(0):  # refused before any query
+        response = client.get("/metrics")
+    assert response.status_code == 403 and b"soniq_queue" not in response.content
+    assert "no-store" in response["Cache-Control"]
+    user = django_user_model.objects.create_user("staff", is_staff=True)
+    client.force_login(user)
+    assert client.get("/metrics").status_code == 403
+    user.user_permissions.set(Permission.objects.filter(codename="view_job"))
+    client.force_login(django_user_model.objects.get(pk=user.pk))
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert value(parse(response.content.decode()), "soniq_queue_jobs", queue="mail",
+                 status="queued") == 1
+    user.is_active = False
+    user.save()  # Django's backend no longer reads the session as this user's
+    assert client.get("/metrics").status_code == 403
+
+
+def test_with_a_token_only_its_bearer_reads_the_view(client, metrics_urls, settings,
+                                                     django_user_model):
+    settings.SONIQ = {"METRICS_ACCESS": "token", "METRICS_TOKEN": TOKEN}
+    for header in (None, f"Bearer {TOKEN[:-1]}", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN}x"):
+        extra = {} if header is None else {"HTTP_AUTHORIZATION": header}
+        response = client.get("/metrics", **extra)
+        assert response.status_code == 401, header
+        assert response["WWW-Authenticate"] == 'Bearer realm="soniq metrics"'
+        assert TOKEN not in response.content.decode()
+    for header in (f"Bearer {TOKEN}", f"bearer {TOKEN}"):
+        assert client.get("/metrics", HTTP_AUTHORIZATION=header).status_code == 200
+    # A superuser's session is not the token.
+    client.force_login(django_user_model.objects.create_superuser("root", "r@x.org", None))
+    assert client.get("/metrics").status_code == 401
+
+
+def test_open_lets_anyone_read_the_view(client, open_metrics):
+    assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize(("soniq", "message"), [
+    ({"METRICS_ACCESS": "public"}, "SONIQ['METRICS_ACCESS'] must be"),
+    ({"METRICS_ACCESS": "token"}, "SONIQ['METRICS_TOKEN'] must be a string of at least 16"),
+    ({"METRICS_ACCESS": "token", "METRICS_TOKEN": "short-secret"},
+     "SONIQ['METRICS_TOKEN'] must be a string of at least 16"),
+    ({"METRICS_TOKEN": 12345678901234567}, "SONIQ['METRICS_TOKEN'] must be"),
+    ({"METRICS_CACHE_SECONDS": -1}, "SONIQ['METRICS_CACHE_SECONDS'] must be"),
+    ({"METRICS_MAX_QUEUES": 0}, "SONIQ['METRICS_MAX_QUEUES'] must be"),
+])
+def test_bad_metrics_settings_are_reported_by_the_checks(settings, soniq, message):
+    from django.core import checks
+
+    settings.SONIQ = soniq
+    found = [m for m in checks.run_checks() if m.id == "soniq.E003"]
+    assert len(found) == 1 and found[0].msg.startswith(message), found
+    assert "short-secret" not in found[0].msg
+
+
+def test_scrapes_within_the_cache_time_share_one_read(client, open_metrics, settings,
+                                                      django_assert_num_queries):
+    settings.SONIQ = {"METRICS_ACCESS": "open", "METRICS_CACHE_SECONDS": 3600}
+    enqueue("tests.add", {"a": 1}, queue="mail")
+    with django_assert_num_queries(1):
+        first = [parse(client.get("/metrics").content.decode()) for _ in range(5)]
+    enqueue("tests.add", {"a": 2}, queue="mail")
+    with django_assert_num_queries(0):
+        again = parse(client.get("/metrics").content.decode())
+    for families in (*first, again):
+        assert value(families, "soniq_queue_jobs", queue="mail", status="queued") == 1
+    assert value(again, "soniq_queue_metrics_age_seconds") >= 0
+    settings.SONIQ = {"METRICS_ACCESS": "open", "METRICS_CACHE_SECONDS": 0}
+    with django_assert_num_queries(2):
+        for _ in range(2):
+            families = parse(client.get("/metrics").content.decode())
+    assert value(families, "soniq_queue_jobs", queue="mail", status="queued") == 2
+    assert value(families, "soniq_queue_metrics_age_seconds") < 5
+
+
+def test_the_queue_series_label_at_most_max_queues_and_sum_the_rest(settings):
+    settings.SONIQ = {"METRICS_MAX_QUEUES": 2, "METRICS_CACHE_SECONDS": 0}
+    for queue in ("a", "b", "c", "d"):
+        enqueue("tests.add", {"a": 1}, queue=queue)
+    rewrite(enqueue("tests.add", {"a": 1}, queue="d"),
+            created_at=timezone.now() - dt.timedelta(seconds=500))
+    source = OwnedJobSource()
+    assert source.fail_owned(source.claim_next_owned("w", claim_token=nonce(),
+                                                     queues=["c"]).claim_fence, "x", retry=False)
+    rewrite_reason = DeadLetterJob.objects.filter(queue="c")
+    rewrite_reason.update(dead_letter_reason="made_up_by_another_worker")
+    registry = CollectorRegistry()
+    registry.register(QueueCollector("default"))
+    families = parse(generate_latest(registry).decode())
+    queues = {sample.labels["queue"] for sample in families["soniq_queue_jobs"].samples}
+    assert queues == {"a", "b", OTHER}
+    # c's one job is dead-lettered; d has two queued.
+    assert value(families, "soniq_queue_jobs", queue=OTHER, status="queued") == 2
+    assert value(families, "soniq_queue_due_jobs", queue=OTHER) == 2
+    assert value(families, "soniq_queue_oldest_due_job_age_seconds", queue=OTHER) >= 500
+    assert value(families, "soniq_queue_dead_letters", queue=OTHER, reason="other") == 1
+
+
+def test_a_processs_counters_label_the_first_queues_and_sum_the_rest(monkeypatch):
+    monkeypatch.setattr(process, "queue_label", FirstSeen(lambda: 1))
+    before = {queue: _sample("soniq_jobs_enqueued_total", queue=queue)
+              for queue in ("first", "second", "third", OTHER)}
+    for queue in ("first", "second", "third", "first"):
+        enqueue("tests.add", {"a": 1}, queue=queue)
+    after = {queue: _sample("soniq_jobs_enqueued_total", queue=queue) - before[queue]
+             for queue in before}
+    assert after == {"first": 2, "second": 0, "third": 0, OTHER: 2}
+    limited = FirstSeen(lambda: 2)
+    assert [limited(v) for v in ("x", "y", "z", "x", "y", "w")] == ["x", "y", OTHER, "x", "y",
+                                                                      OTHER]
 
 
 # The counters, fed by the signals ---------------------------------------------------------
@@ -229,7 +370,8 @@ def test_a_running_worker_serves_the_documented_series_with_their_values(childre
     worker_id = "00000000-0000-4000-8000-00000000beef"
     child = children.start("soniq_worker", "--concurrency", "2", "--worker-id", worker_id,
                            "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
-                           "--metrics-queues", "--metrics-textfile", str(textfile), **FAST)
+                           "--metrics-queues", "--metrics-textfile", str(textfile), **FAST,
+                           METRICS_CACHE_SECONDS=0)  # each scrape reads the database
     port = _port(child)
     wait_until(lambda: Job.objects.filter(status="done").count() == 4
                and DeadLetterJob.objects.count() == 2, 60, "the six jobs to end")

@@ -3,20 +3,40 @@
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin import FieldListFilter, ListFilter, SimpleListFilter
 from django.contrib.admin.utils import get_fields_from_path
 from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import SuspiciousOperation
 from django.db import router
 from django.db.models import Model, QuerySet
 from django.db.models.constants import LOOKUP_SEP
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseBase, HttpResponseRedirect
 
 FENCE_COLUMNS = frozenset({
     "claim_token", "claim_owner", "claim_generation", "submission_id", "submission_fingerprint",
 })
 """Columns of a claim or submission fence: never a changelist lookup, whatever an admin offers."""
+
+ACTION_CAP = 10_000
+"""The most rows one admin action changes in one request: ticked, "select all", or all matching."""
+
+DATE_PARTS = {"year": range(2, 9999), "month": range(1, 13), "day": range(1, 32)}
+"""What a date drill-down part may be: a year whose whole span (in any time zone) is a
+datetime, a month, a day of a month. Anything else is refused with 400."""
+
+
+class BadAdminQuery(SuspiciousOperation):
+    """A changelist query no page of the admin makes (a NUL character): Django answers 400."""
+
+
+def holds_nul(request: HttpRequest) -> bool:
+    """Whether a name or value of the query string holds a NUL, which no database column can."""
+    return any("\x00" in name or any("\x00" in value for value in values)
+               for name, values in request.GET.lists())
 
 
 class OfferedLookupsOnly:
@@ -44,7 +64,36 @@ class OfferedLookupsOnly:
                        ) -> bool:
         if FENCE_COLUMNS & set(lookup.split(LOOKUP_SEP)):
             return False
-        return lookup in self.offered_lookups(request)
+        if isinstance(value, str) and "\x00" in value:
+            return False  # PostgreSQL refuses the statement: 400, not 500
+        if lookup not in self.offered_lookups(request):
+            return False
+        return self._date_part_allowed(lookup, value)
+
+    def _date_part_allowed(self, lookup: str, value: Any) -> bool:
+        """A drill-down part is a whole number in DATE_PARTS' range (Django's own check
+        lets year 9999 through, and then fails computing the year's end: a 500)."""
+        if not self.date_hierarchy or not lookup.startswith(f"{self.date_hierarchy}{LOOKUP_SEP}"):
+            return True
+        part = lookup.rsplit(LOOKUP_SEP, 1)[-1]
+        text = str(value)
+        return text.isascii() and text.isdigit() and len(text) <= 4 and (
+            int(text) in DATE_PARTS[part])
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """Django's, after refusing a NUL anywhere in the query string (a search term too)."""
+        if holds_nul(request):
+            raise BadAdminQuery("a NUL character in the query string")
+        return super().get_changelist_instance(request)  # type: ignore[misc]
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        """Django's, except that an id holding a NUL names no row (PostgreSQL refuses it).
+
+        The page then says the row does not exist, as for any id that names none.
+        """
+        if "\x00" in str(object_id):
+            return None
+        return super().get_object(request, object_id, from_field)  # type: ignore[misc]
 
     def offered_lookups(self, request: HttpRequest | None) -> frozenset[str]:
         """The query-string parameters this admin's filters and date drill-down produce."""
@@ -68,7 +117,36 @@ class OfferedLookupsOnly:
         return frozenset(offered)
 
 
-class ReadOnlyAdmin(OfferedLookupsOnly, admin.ModelAdmin):
+class CappedActions:
+    """Refuse an action on more than ``action_cap`` rows, before it changes anything.
+
+    Django's "Select all N" (``select_across``) hands an action every row the
+    list's filters match, in one request; so can a POST that ticks a page of
+    its own. Above the cap the action is not run: an error message, and back
+    to the list. ``ACTION_CAP`` is the cap of the "all matching" operations
+    too (matching.py); the count reads at most ``action_cap + 1`` rows.
+    """
+
+    action_cap = ACTION_CAP
+    message_user: Any
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet
+                        ) -> HttpResponseBase | None:
+        across = forms.BooleanField(required=False).clean(request.POST.get("select_across"))
+        if across:
+            too_many = queryset[:self.action_cap + 1].count() > self.action_cap
+        else:
+            too_many = len(request.POST.getlist(ACTION_CHECKBOX_NAME)) > self.action_cap
+        if too_many:
+            self.message_user(request, (
+                f"Nothing done: an action takes at most {self.action_cap:,} rows in one "
+                "request. Narrow the list's filters, or use the management commands."),
+                messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset)  # type: ignore[misc]
+
+
+class ReadOnlyAdmin(CappedActions, OfferedLookupsOnly, admin.ModelAdmin):
     """Rows are shown, never added, edited or deleted through the admin."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -17,10 +17,12 @@ from django.utils.translation import ngettext
 from .. import operations, replay
 from ..errors import SoniqError
 from ..models import DeadLetterJob, Job, JobStatus
+from .access import may_view
 from .base import OnlyListedColumns, ReadOnlyAdmin, log_changed, log_rows, write_alias
 from .matching import AllMatching, Batch, MatchingOperation
 from .timeline import dead_letter_events, job_events, job_url, render_timeline
-from .display import parse_uuid, plural, pre, pretty_json, sentence, when
+from .display import VisibleValuesFilter, parse_uuid, plural, pre, pretty_json, sentence, visible
+from .display import when
 
 _SHORT_ID = re.compile(rf"[0-9a-f]{{{operations.SHORT_ID_LENGTH}}}")
 
@@ -54,6 +56,10 @@ class _JobRowAdmin(ReadOnlyAdmin):
     @admin.display(description="id", ordering="id")
     def short_id(self, obj: Job | DeadLetterJob) -> str:
         return format_html('<span title="{}">{}</span>', obj.id, operations.short_id(obj.id))
+
+    @admin.display(description="queue", ordering="queue")
+    def queue_name(self, obj: Job | DeadLetterJob) -> str:
+        return visible(obj.queue)
 
     @admin.display(description="attempts")
     def attempts_of_max(self, obj: Job | DeadLetterJob) -> str:
@@ -165,9 +171,9 @@ class JobAdmin(AllMatching, _JobRowAdmin):
     matching_operations = {"retry-now": RETRY_ALL_MATCHING}
     list_columns = ("id", "job_name", "queue", "status", "cancel_requested", "attempts",
                     "max_attempts", "priority", "scheduled_at", "updated_at")
-    list_display = ("short_id", "job_name", "queue", "status_shown", "attempts_of_max",
+    list_display = ("short_id", "job_name", "queue_name", "status_shown", "attempts_of_max",
                     "priority", "scheduled", "updated")
-    list_filter = ("status", "queue", "job_name")
+    list_filter = ("status", ("queue", VisibleValuesFilter), ("job_name", VisibleValuesFilter))
     search_fields = ("job_name", "dedup_key")
     search_help_text = ("A job id (whole, or its first 8 characters), or part of a job name "
                         "or dedup key.")
@@ -175,7 +181,7 @@ class JobAdmin(AllMatching, _JobRowAdmin):
     ordering = ("-created_at",)
     actions = ("cancel_selected", "retry_selected_now", "delete_selected_finished")
     fieldsets = (
-        (None, {"fields": ("id", "job_name", "status_shown", "queue", "priority",
+        (None, {"fields": ("id", "job_name", "status_shown", "queue_name", "priority",
                            "attempts_of_max", "scheduled_at", "created_at", "updated_at",
                            "expires_at", "dead_letter_link")}),
         ("Timeline", {"fields": ("timeline",)}),
@@ -189,10 +195,24 @@ class JobAdmin(AllMatching, _JobRowAdmin):
                                          "submission_fingerprint", "active_key"),
                               "classes": ("collapse",)}),
     )
-    readonly_fields = tuple(f for _, options in fieldsets for f in options["fields"])
+    readonly_fields = (*(f for _, options in fieldsets for f in options["fields"]),
+                       "timeline_without_dead_letter")
+
+    #: What a user the dead-letter admin refuses sees instead: no link to the dead letter,
+    #: and a timeline without its reason, error and replays.
+    WITHOUT_DEAD_LETTER = {"dead_letter_link": None, "timeline": "timeline_without_dead_letter"}
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).defer("claim_token")
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if may_view(request, self.admin_site, DeadLetterJob):
+            return fieldsets
+        swap = self.WITHOUT_DEAD_LETTER
+        return [(name, {**options, "fields": tuple(
+            swap.get(field, field) for field in options["fields"]
+            if swap.get(field, field) is not None)}) for name, options in fieldsets]
 
     @admin.display(description="status", ordering="status")
     def status_shown(self, obj: Job) -> str:
@@ -223,6 +243,10 @@ class JobAdmin(AllMatching, _JobRowAdmin):
     def timeline(self, obj: Job) -> str:
         dead = DeadLetterJob.objects.using(self._using(obj)).filter(id=obj.id).first()
         return render_timeline(job_events(obj, dead))
+
+    @admin.display(description="timeline")
+    def timeline_without_dead_letter(self, obj: Job) -> str:
+        return render_timeline(job_events(obj))
 
     @staticmethod
     def _using(obj: Job) -> str:
@@ -293,15 +317,16 @@ class DeadLetterJobAdmin(AllMatching, _JobRowAdmin):
     matching_operations = {"replay": REPLAY_ALL_MATCHING}
     list_columns = ("id", "job_name", "queue", "dead_letter_reason", "attempts", "max_attempts",
                     "resurrection_count", "moved_to_dead_letter_at")
-    list_display = ("short_id", "job_name", "queue", "dead_letter_reason", "attempts_of_max",
+    list_display = ("short_id", "job_name", "queue_name", "dead_letter_reason", "attempts_of_max",
                     "replays", "moved")
-    list_filter = ("dead_letter_reason", "queue", "job_name")
+    list_filter = ("dead_letter_reason", ("queue", VisibleValuesFilter),
+                   ("job_name", VisibleValuesFilter))
     search_fields = ("job_name",)
     date_hierarchy = "moved_to_dead_letter_at"
     ordering = ("-moved_to_dead_letter_at",)
     actions = ("replay_selected",)
     fieldsets = (
-        (None, {"fields": ("id", "job_name", "dead_letter_reason", "queue", "priority",
+        (None, {"fields": ("id", "job_name", "dead_letter_reason", "queue_name", "priority",
                            "attempts_of_max", "original_created_at", "moved_to_dead_letter_at",
                            "resurrection_count", "last_resurrection_at", "job_link")}),
         ("Timeline", {"fields": ("timeline",)}),

@@ -27,9 +27,9 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from ..errors import SoniqError
-from .base import log_changed, write_alias
+from .base import ACTION_CAP, log_changed, write_alias
 
-MATCHING_CAP = 10_000
+MATCHING_CAP = ACTION_CAP
 """The most rows one "all matching" operation takes; narrow the filter, or use the commands."""
 MATCHING_BATCH = 500
 

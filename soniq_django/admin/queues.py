@@ -8,13 +8,14 @@ never written back by a save (a worker may rewrite them meanwhile).
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.utils import timezone
 
 from .. import flow
+from ..errors import SoniqError
 from ..models import QueueSetting
-from .base import OfferedLookupsOnly, log_changed, write_alias
-from .display import plural, sentence, when
+from .base import CappedActions, OfferedLookupsOnly, log_changed, write_alias
+from .display import plural, sentence, visible, when
 
 _EDITED = ("paused", "concurrency", "rate_limit", "rate_period")
 
@@ -23,7 +24,16 @@ class QueueSettingForm(forms.ModelForm):
     class Meta:
         model = QueueSetting
         fields = ("queue", *_EDITED)
-        widgets = {"queue": forms.TextInput(attrs={"size": 40})}
+        widgets = {"queue": forms.TextInput(attrs={"size": 40,
+                                                   "maxlength": flow.MAX_QUEUE_NAME})}
+
+    def clean_queue(self) -> Any:
+        """A name ``pause_queue`` and the claims accept: at most 255 characters, no NUL."""
+        name = self.cleaned_data.get("queue")
+        try:
+            return flow.queue_name(name)
+        except SoniqError as error:
+            raise forms.ValidationError(f"Not a queue name: {error.reason}.") from None
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -48,9 +58,9 @@ def _rate(rate: tuple[int, int] | None) -> str:
 
 
 @admin.register(QueueSetting)
-class QueueSettingAdmin(OfferedLookupsOnly, admin.ModelAdmin):
+class QueueSettingAdmin(CappedActions, OfferedLookupsOnly, admin.ModelAdmin):
     form = QueueSettingForm
-    list_display = ("queue", "paused", "concurrency_applied", "rate_applied", "paused_by",
+    list_display = ("queue_name", "paused", "concurrency_applied", "rate_applied", "paused_by",
                     "paused_since", "updated")
     list_filter = ("paused",)
     search_fields = ("queue",)
@@ -59,8 +69,19 @@ class QueueSettingAdmin(OfferedLookupsOnly, admin.ModelAdmin):
     actions = ("pause_selected", "resume_selected")
 
     def get_readonly_fields(self, request: Any, obj: Any = None) -> Any:
-        # The queue names the row: set when it is added, never renamed.
-        return (*self.readonly_fields, "queue") if obj is not None else self.readonly_fields
+        # The queue names the row: set when it is added, never renamed (shown as
+        # queue_name shows it).
+        return (*self.readonly_fields, "queue_name") if obj is not None else self.readonly_fields
+
+    def get_fields(self, request: Any, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        if obj is None:
+            return fields
+        return ["queue_name", *(field for field in fields if field not in ("queue", "queue_name"))]
+
+    @admin.display(description="queue", ordering="queue")
+    def queue_name(self, obj: QueueSetting) -> Any:
+        return visible(obj.queue)
 
     @admin.display(description="concurrency")
     def concurrency_applied(self, obj: QueueSetting) -> Any:
@@ -113,11 +134,31 @@ class QueueSettingAdmin(OfferedLookupsOnly, admin.ModelAdmin):
             name, using=using))
 
     def _each(self, request: Any, queryset: Any, verb: str, call: Any) -> None:
+        """``call(name, using)`` for each selected queue, each change logged whatever happens.
+
+        A name the call refuses (a row written by SQL with a name longer
+        than a queue's, say) is reported and skipped; the queues changed
+        before and after it stay changed, and are logged.
+        """
         using = write_alias(queryset)
         names = list(queryset.values_list("queue", flat=True))
-        changed = [name for name in names if call(name, using)]
-        log_changed(request, QueueSetting, using, changed,
-                    f"{verb.capitalize()} the queue from the admin.")
+        changed, refused = [], []
+        try:
+            for name in names:
+                try:
+                    if call(name, using):
+                        changed.append(name)
+                except SoniqError as error:
+                    refused.append(error.reason)
+        finally:
+            log_changed(request, QueueSetting, using, changed,
+                        f"{verb.capitalize()} the queue from the admin.")
+        unchanged = len(names) - len(changed) - len(refused)
         self.message_user(request, sentence(
             f"{verb} {plural(len(changed), 'queue')}",
-            f"{len(names) - len(changed)} already {verb}" if len(names) > len(changed) else ""))
+            f"{unchanged} already {verb}" if unchanged else ""),
+            messages.SUCCESS if changed or not refused else messages.WARNING)
+        if refused:
+            self.message_user(request, sentence(
+                f"{plural(len(refused), 'queue')} not {verb}",
+                f"{refused[0]}"), messages.ERROR)

@@ -12,8 +12,8 @@ from ..errors import ErrorCode, SoniqError
 from ..producer.request import JobRequest, prepare
 from ..models import RecurringJob
 from ..periodic_jobs import Timing, code_schedules
-from .base import OfferedLookupsOnly, log_changed, write_alias
-from .display import plural, sentence, when
+from .base import CappedActions, OfferedLookupsOnly, log_changed, write_alias
+from .display import VisibleValuesFilter, plural, sentence, visible, when
 
 
 class RecurringJobForm(forms.ModelForm):
@@ -56,11 +56,11 @@ class RecurringJobForm(forms.ModelForm):
 
 
 @admin.register(RecurringJob)
-class RecurringJobAdmin(OfferedLookupsOnly, admin.ModelAdmin):
+class RecurringJobAdmin(CappedActions, OfferedLookupsOnly, admin.ModelAdmin):
     form = RecurringJobForm
-    list_display = ("job_name", "schedule", "status", "queue", "priority", "next_run_at",
+    list_display = ("job_name", "schedule", "status", "queue_name", "priority", "next_run_at",
                     "last_run_at", "run_count", "defined_in_code")
-    list_filter = ("status", "schedule_type", "queue")
+    list_filter = ("status", "schedule_type", ("queue", VisibleValuesFilter))
     search_fields = ("job_name",)
     ordering = ("job_name",)
     readonly_fields = ("next_run", "last_run", "run_count", "last_job_id")
@@ -71,6 +71,10 @@ class RecurringJobAdmin(OfferedLookupsOnly, admin.ModelAdmin):
         if obj.schedule_type == "interval":
             return f"every {obj.schedule_value} s"
         return f"cron {obj.schedule_value}"
+
+    @admin.display(description="queue", ordering="queue")
+    def queue_name(self, obj: RecurringJob) -> str:
+        return visible(obj.queue) if obj.queue else "-"
 
     @admin.display(description="next run", ordering="next_run")
     def next_run_at(self, obj: RecurringJob) -> str:

@@ -21,7 +21,7 @@ from django.utils.html import format_html
 
 from ..models import TaskRegistration, Worker
 from .base import OnlyListedColumns, ReadOnlyAdmin
-from .display import parse_uuid, pre, when
+from .display import VisibleValuesFilter, parse_uuid, pre, visible, when
 
 
 def registration_url(registration: TaskRegistration, site_name: str = "admin") -> str:
@@ -43,7 +43,7 @@ class TaskRegistrationAdmin(ReadOnlyAdmin):
     list_display = ("task_name", "queue_shown", "max_attempts_shown", "unique_job",
                     "worker_id", "last_seen")
     list_display_links = ("task_name",)
-    list_filter = ("task_name", "queue")
+    list_filter = (("task_name", VisibleValuesFilter), ("queue", VisibleValuesFilter))
     search_fields = ("task_name", "worker_id")
     search_help_text = "Part of a job name or of a worker id."
     ordering = ("task_name", "worker_id")
@@ -58,9 +58,25 @@ class TaskRegistrationAdmin(ReadOnlyAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[_RegistryChangeList]:
         return _RegistryChangeList
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        """The row a key names; None (Django's "not found") unless the key is a JSON pair of
+        strings without a NUL.
+
+        Django's CompositePrimaryKey.to_python() fails with a TypeError on a
+        key such as ``1e999`` or ``NaN`` (a 500): no row has such a key.
+        """
+        try:
+            key = json.loads(object_id)
+        except ValueError:
+            key = None
+        if not (isinstance(key, list) and len(key) == 2
+                and all(isinstance(part, str) and "\x00" not in part for part in key)):
+            return None
+        return super().get_object(request, object_id, from_field)
+
     @admin.display(description="queue", ordering="queue")
     def queue_shown(self, obj: TaskRegistration) -> str:
-        return obj.queue or "-"  # Soniq's own workers leave it NULL
+        return visible(obj.queue) if obj.queue else "-"  # Soniq's own workers leave it NULL
 
     @admin.display(description="max attempts", ordering="max_attempts")
     def max_attempts_shown(self, obj: TaskRegistration) -> str | int:

@@ -9,8 +9,9 @@ from django.utils.html import format_html_join
 
 from .. import overview
 from ..models import TaskRegistration, Worker, WorkerState
+from .access import may_view
 from .base import ReadOnlyAdmin
-from .display import pretty_json, when
+from .display import pretty_json, visible_list, when
 from .registry import registration_url
 
 
@@ -43,6 +44,13 @@ class WorkerAdmin(ReadOnlyAdmin):
               "started", "heartbeat", "metadata_shown", "handles")
     readonly_fields = fields
 
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Without "handles" for a user the task registry's admin refuses (or when it has none)."""
+        fields = super().get_fields(request, obj)
+        if may_view(request, self.admin_site, TaskRegistration):
+            return fields
+        return tuple(field for field in fields if field != "handles")
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         """The rows, each with ``live_now``: live by the database's clock, not this host's."""
         queryset = super().get_queryset(request)
@@ -65,7 +73,7 @@ class WorkerAdmin(ReadOnlyAdmin):
 
     @admin.display(description="queues")
     def queues_shown(self, obj: Worker) -> str:
-        return ", ".join(obj.queues) if obj.queues else "all"
+        return visible_list(obj.queues) if obj.queues else "all"
 
     @admin.display(description="metadata")
     def metadata_shown(self, obj: Worker) -> str:

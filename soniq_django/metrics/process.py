@@ -5,6 +5,8 @@ the jobs it enqueued. The receivers are connected when this module is
 imported (importing ``soniq_django.metrics`` does it), once per process
 (``dispatch_uid``); before that the signals have no receiver and cost
 nothing. Each receiver only increments a counter: no database, no I/O.
+Their label values are bounded (labels.py): a process labels at most
+``SONIQ["METRICS_MAX_QUEUES"]`` queues and sums the rest as ``__other__``.
 """
 
 from typing import Any
@@ -13,6 +15,12 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.registry import Collector
 
 from .. import signals
+from .labels import MAX_WORKER_IDS, FirstSeen, max_queues, reason
+
+#: This process's queue labels: the first METRICS_MAX_QUEUES queues it counts; later ones are
+#: counted as "__other__" (labels.py).
+queue_label = FirstSeen(max_queues)
+worker_label = FirstSeen(lambda: MAX_WORKER_IDS)
 
 #: The run-time histogram's buckets, in seconds: jobs last from milliseconds to an hour.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -47,34 +55,38 @@ def process_collectors() -> tuple[Collector, ...]:
             LEASE_LAPSES, HEARTBEATS)
 
 
+OUTCOMES = frozenset({"done", "retry", "dead", "cancelled", "deferred"})
+
+
 def _enqueued(queue: str, **_: Any) -> None:
-    ENQUEUED.labels(queue).inc()
+    ENQUEUED.labels(queue_label(queue)).inc()
 
 
 def _started(queue: str, **_: Any) -> None:
-    STARTED.labels(queue).inc()
+    STARTED.labels(queue_label(queue)).inc()
 
 
 def _finished(queue: str, outcome: str, duration: float, dead_letter_reason: str | None,
               **_: Any) -> None:
-    FINISHED.labels(queue, outcome).inc()
-    DURATION.labels(queue).observe(duration)
+    label = queue_label(queue)
+    FINISHED.labels(label, outcome if outcome in OUTCOMES else "other").inc()
+    DURATION.labels(label).observe(duration)
     if outcome == "retry":
-        RETRIES.labels(queue).inc()
+        RETRIES.labels(label).inc()
     elif outcome == "dead":
-        DEAD_LETTERED.labels(queue, dead_letter_reason or "unknown").inc()
+        DEAD_LETTERED.labels(label, reason(dead_letter_reason)).inc()
 
 
 def _refused(queue: str, **_: Any) -> None:
-    REFUSED.labels(queue).inc()
+    REFUSED.labels(queue_label(queue)).inc()
 
 
 def _lost(queue: str, **_: Any) -> None:
-    LEASE_LAPSES.labels(queue).inc()
+    LEASE_LAPSES.labels(queue_label(queue)).inc()
 
 
 def _heartbeat(worker_id: str, **_: Any) -> None:
-    HEARTBEATS.labels(worker_id).inc()
+    HEARTBEATS.labels(worker_label(worker_id)).inc()
 
 
 for _signal, _receiver in ((signals.job_enqueued, _enqueued), (signals.job_started, _started),

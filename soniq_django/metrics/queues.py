@@ -1,12 +1,21 @@
-"""The queue-level series: one query over soniq_jobs and soniq_dead_letter_jobs per scrape.
+"""The queue-level series: one query over soniq_jobs and soniq_dead_letter_jobs, at most
+once per ``SONIQ["METRICS_CACHE_SECONDS"]`` per collector.
 
 They describe the database, not a process, so every process that serves
-them -- the web view, a worker asked to -- reports the same figures.
+them -- the web view, a worker asked to -- reports the same figures. A
+read's figures are served again to every scrape within the cache time
+(scrapes that arrive while a read runs wait for it), so however often the
+view is asked, the tables are read at most once per that time per process;
+``soniq_queue_metrics_age_seconds`` says how old the figures served are.
+At most ``SONIQ["METRICS_MAX_QUEUES"]`` queues keep their own label (the
+first by name); the others are summed as ``__other__`` (``bounded``).
 """
 
 import datetime as dt
 import logging
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -16,8 +25,10 @@ from django.utils.dateparse import parse_datetime
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..conf import get_settings
 from ..errors import SoniqError
 from ..models import DeadLetterJob, Job, JobStatus
+from .labels import OTHER, max_queues, reason
 
 logger = logging.getLogger("soniq_django.metrics")
 
@@ -99,41 +110,103 @@ def read_queues(using: str) -> QueueFigures:
     return figures
 
 
-class QueueCollector(Collector):
-    """The queue-level series of database ``using``, read at each ``collect()``.
+def bounded(figures: QueueFigures, limit: int) -> QueueFigures:
+    """``figures`` with the queues past the first ``limit`` by name summed as ``__other__``.
 
-    A failed query is logged (without the driver's text) and reported as
-    ``soniq_queue_metrics_up 0`` rather than failing the scrape.
-    ``close_connection``: close this thread's connection after the query
-    (a worker's metrics thread; a view leaves that to Django).
+    Counts add up, the oldest due job is the oldest of them all, and a
+    dead-letter reason soniq does not know is ``other``.
+    """
+    kept = set(figures.queues[:limit])
+
+    def label(queue: str) -> str:
+        return queue if queue in kept else OTHER
+
+    jobs: Counter[tuple[str, str]] = Counter()
+    dead: Counter[tuple[str, str]] = Counter()
+    due: Counter[str] = Counter()
+    lapsed: Counter[str] = Counter()
+    oldest: dict[str, dt.datetime] = {}
+    for (queue, status), count in figures.jobs.items():
+        jobs[(label(queue), status)] += count
+    for (queue, why), count in figures.dead_letters.items():
+        dead[(label(queue), reason(why))] += count
+    for queue, count in figures.due.items():
+        due[label(queue)] += count
+    for queue, count in figures.lapsed_leases.items():
+        lapsed[label(queue)] += count
+    for queue, since in figures.oldest_due.items():
+        name = label(queue)
+        oldest[name] = min(since, oldest.get(name, since))
+    return QueueFigures(now=figures.now, jobs=dict(jobs), due=dict(due), oldest_due=oldest,
+                        lapsed_leases=dict(lapsed), dead_letters=dict(dead))
+
+
+class QueueCollector(Collector):
+    """The queue-level series of database ``using``, read at most once per ``cache_seconds``.
+
+    ``cache_seconds`` (default: ``SONIQ["METRICS_CACHE_SECONDS"]``, read at
+    each scrape) is how long one read's figures are served again; 0 reads
+    at every scrape. A failed query is logged (without the driver's text),
+    reported as ``soniq_queue_metrics_up 0`` rather than failing the
+    scrape, and never served again. ``close_connection``: close this
+    thread's connection after the query (a worker's metrics thread; a view
+    leaves that to Django).
     """
 
-    def __init__(self, using: str = "default", *, close_connection: bool = False):
+    def __init__(self, using: str = "default", *, close_connection: bool = False,
+                 cache_seconds: float | None = None):
         self.using = using
         self.close_connection = close_connection
+        self.cache_seconds = cache_seconds
+        self._lock = threading.Lock()
+        self._read: tuple[float, float, QueueFigures] | None = None  # (at, took, figures)
+
+    def _seconds(self) -> float:
+        if self.cache_seconds is not None:
+            return self.cache_seconds
+        value = get_settings().METRICS_CACHE_SECONDS
+        return float(value) if isinstance(value, (int, float)) and value >= 0 else 10.0
+
+    def _figures(self) -> tuple[float, float, QueueFigures] | None:
+        """(when read, seconds it took, figures): one read shared by the scrapes of its time."""
+        with self._lock:  # a scrape that comes while a read runs waits for it
+            read = self._read
+            if read is not None and time.monotonic() - read[0] < self._seconds():
+                return read
+            started = time.monotonic()
+            try:
+                figures = read_queues(self.using)
+            except (DatabaseError, SoniqError) as error:
+                logger.warning("queue metrics: the query on database %r failed (%s)", self.using,
+                               type(error).__name__)
+                self._read = None
+                return None
+            finally:
+                if self.close_connection:
+                    connections[self.using].close()
+            self._read = (started, time.monotonic() - started, figures)
+            return self._read
 
     def collect(self) -> Iterator[Metric]:
-        started = time.monotonic()
         up = GaugeMetricFamily("soniq_queue_metrics_up",
                                "1 if the queue-level query succeeded at this scrape, else 0")
-        try:
-            figures = read_queues(self.using)
-        except (DatabaseError, SoniqError) as error:
-            logger.warning("queue metrics: the query on database %r failed (%s)", self.using,
-                           type(error).__name__)
+        read = self._figures()
+        if read is None:
             up.add_metric([], 0)
             yield up
             return
-        finally:
-            if self.close_connection:
-                connections[self.using].close()
+        at, took_seconds, figures = read
         up.add_metric([], 1)
         yield up
         took = GaugeMetricFamily("soniq_queue_metrics_query_seconds",
-                                 "Seconds the queue-level query took at this scrape")
-        took.add_metric([], time.monotonic() - started)
+                                 "Seconds the queue-level query took (the read served)")
+        took.add_metric([], took_seconds)
         yield took
-        yield from _families(figures)
+        age = GaugeMetricFamily("soniq_queue_metrics_age_seconds",
+                                "Seconds since the queue-level figures served were read")
+        age.add_metric([], max(time.monotonic() - at, 0.0))
+        yield age
+        yield from _families(bounded(figures, max_queues()))
 
 
 def _families(figures: QueueFigures) -> Iterator[Metric]:

@@ -17,11 +17,14 @@ this host's: other workers judge its liveness by the database's clock, so a
 host whose clock is off is not taken for dead (or for alive once silent).
 """
 
+import inspect
 import os
 import socket
+import typing
 import uuid
 from functools import cache
 from importlib import metadata
+from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
@@ -110,7 +113,7 @@ def publish_registry(using: str, worker_id: str) -> None:
     rows = [
         TaskRegistration(
             task_name=name, worker_id=str(worker_id), last_seen_at=now,
-            args_model_repr=f"{handler.__qualname__}{handler.signature}"[:2000],
+            args_model_repr=f"{handler.__qualname__}{signature_text(handler.signature)}"[:2000],
             queue=handler.queue or "default", max_attempts=handler.max_attempts,
             unique_job=handler.unique,
         )
@@ -120,3 +123,38 @@ def publish_registry(using: str, worker_id: str) -> None:
         rows, update_conflicts=True, unique_fields=["task_name", "worker_id"],
         update_fields=["last_seen_at", "args_model_repr", "queue", "max_attempts", "unique_job"],
     )
+
+
+class _Default:
+    """Stands for a parameter's default value in ``signature_text``: shown as "…"."""
+
+    def __repr__(self) -> str:
+        return "…"
+
+
+def _annotation(annotation: Any) -> Any:
+    """An annotation without ``Annotated``'s extra values (they may hold anything)."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return typing.get_args(annotation)[0]
+    return annotation
+
+
+def signature_text(signature: Any) -> str:
+    """A handler's parameters as soniq_task_registry stores them (``args_model_repr``).
+
+    Names, kinds (``*``, ``/``, ``**``) and type annotations; a default is
+    written ``=…``, never its value: ``def send(to: str, api_key=settings.KEY)``
+    is stored as ``(to: str, api_key=…)``, so no admin page shows a key a
+    handler takes by default. A Django task's signature is its function's.
+    """
+    function = getattr(signature, "function", signature)
+    if not isinstance(function, inspect.Signature):
+        return "(…)"
+    parameters = [
+        parameter.replace(
+            default=_Default() if parameter.default is not parameter.empty else parameter.empty,
+            annotation=_annotation(parameter.annotation))
+        for parameter in function.parameters.values()
+    ]
+    return str(function.replace(parameters=parameters,
+                                return_annotation=_annotation(function.return_annotation)))

@@ -3,11 +3,15 @@
 Debian's ``chromium`` and ``chromium-driver`` packages are driven by
 Selenium with the system chromedriver (no browser download). The test logs
 in, opens the jobs list and a job's page, cancels a job, opens the
-dashboard from the app index, pauses and resumes a queue there and
-watches its figures refresh in place (no reload; not while the tab is
-hidden; a failed fetch shown as such), and replays a dead letter, checking
-the database after each action; it also tries a claim-token lookup (refused), and opens
-a task registry row. Screenshots go to ``.test-results/screenshots/``.
+dashboard from the site index and from the app index (where "Dashboard" is
+drawn on one line), reads each queue's split counts (due, scheduled,
+retrying), its limits and what holds its due jobs back, and the workers'
+slots, pauses and resumes a queue there and watches its figures refresh in
+place (no reload; not while the tab is hidden; a failed fetch shown as
+such), and replays a dead letter, checking the database after each action;
+it also tries a claim-token lookup (refused), and opens a task registry
+row. Screenshots go to ``.test-results/screenshots/``; the dashboard's is
+docs/images/dashboard.png.
 
 It runs in both passes: the actions go through different storage code on
 each database (SQL functions on PostgreSQL, write transactions on SQLite),
@@ -151,7 +155,33 @@ def _text(driver, css: str) -> str:
 
 
 def _queued_cell(driver, queue: str) -> str:
-    return _text(driver, f'tr[data-queue="{queue}"] td[data-status="queued"]')
+    """The queue's count of queued jobs that are due now."""
+    return _text(driver, f'tr[data-queue="{queue}"] td[data-status="due"]')
+
+
+def _headings(driver, module: str) -> list[str]:
+    """The column headings of a dashboard module's table, upper-cased (as the admin draws them)."""
+    from selenium.webdriver.common.by import By
+
+    return _redrawn_retry(lambda: [cell.text.upper() for cell in driver.find_elements(
+        By.CSS_SELECTOR, f"#{module} thead th")])
+
+
+def _cells(driver, queue: str) -> dict[str, str]:
+    """The queue's row on the dashboard: each number by its data-status, and the last cells."""
+    from selenium.webdriver.common.by import By
+
+    def read() -> dict[str, str]:
+        row = driver.find_element(By.CSS_SELECTOR, f'tr[data-queue="{queue}"]')
+        found = {cell.get_attribute("data-status"): cell.text
+                 for cell in row.find_elements(By.CSS_SELECTOR, "td[data-status]")}
+        found["limits"] = row.find_element(By.CSS_SELECTOR, "td.limits").text
+        found["held_back"] = row.find_element(By.CSS_SELECTOR, "td.held-back").text
+        found["at_limit"] = ",".join(span.get_attribute("data-limit") for span in
+                                     row.find_elements(By.CSS_SELECTOR, ".at-limit"))
+        return found
+
+    return _redrawn_retry(read)
 
 
 def _dashboard_live(driver, shots, live_server) -> None:
@@ -175,10 +205,11 @@ def _dashboard_live(driver, shots, live_server) -> None:
     before = _queued_cell(driver, "mail")
     enqueue("shop.send_receipt", {"order": 43}, queue="mail")
     wait.until(lambda d: _queued_cell(d, "mail") == str(int(before) + 1))
+    assert _cells(driver, "mail")["held_back"] == "paused"  # its worker serves it, and waits
     assert driver.execute_script("return window.soniqMarker;") == "same page"
     state = driver.find_element(By.ID, "soniq-live-state").text
     assert state.startswith("live: updated ") and len(state.split()[-1]) == 8, state
-    shots(driver, "07-dashboard-live", height=1250)  # docs/images/dashboard.png is this one
+    shots(driver, "07-dashboard-live", height=1450)  # docs/images/dashboard.png is this one
 
     # While the tab is hidden it asks nothing; shown again, it asks at once.
     driver.execute_script("""
@@ -239,8 +270,18 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monk
     assert source.fail_owned(_claim("billing").claim_fence,
                              "Traceback (most recent call last):\n  ...\nValueError: declined",
                              retry=False)
+    # Flow control: "reports" at its concurrency limit (1 of 1 running), a due job waiting;
+    # "webhooks" at its rate limit (2 starts in the hour), one job retrying, one due.
+    QueueSetting.objects.create(queue="reports", concurrency=1)
+    enqueue("reports.build", {"day": "2024-05-02"}, queue="reports")
+    QueueSetting.objects.create(queue="webhooks", rate_limit=2, rate_period=3600)
+    for n in range(3):
+        enqueue("webhooks.post", {"n": n}, queue="webhooks", max_attempts=5)
+    assert source.fail_owned(_claim("webhooks").claim_fence, "HTTP 503", retry=True,
+                             retry_delay=600)
+    assert source.complete_owned(_claim("webhooks").claim_fence, {"status": 200})
     web = Worker.objects.create(hostname="web-1", pid=321, queues=["mail", "reports"],
-                                concurrency=4)
+                                concurrency=4, version="soniq_django 0.9.0")
     TaskRegistration.objects.create(task_name="reports.build", worker_id=str(web.id),
                                     queue="reports", max_attempts=3,
                                     args_model_repr="BuildArgs(day: str, regions: list[str])")
@@ -263,7 +304,7 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monk
     # The jobs list.
     browser.get(live_server.url + reverse("admin:soniq_django_job_changelist"))
     listed = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
-    assert len(listed) == 4
+    assert len(listed) == 8  # 4, one more in "reports", three in "webhooks"
     assert "reports.build" in browser.page_source and token not in browser.page_source
     shots(browser, "01-jobs")
 
@@ -287,13 +328,39 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monk
     assert Job.objects.get(id=queued).status == "cancelled"
     shots(browser, "03-cancelled")
 
-    # The dashboard, reached from the app index.
-    browser.get(live_server.url + reverse("admin:app_list", args=["soniq_django"]))
-    browser.find_element(By.LINK_TEXT, "Dashboard").click()
-    assert browser.current_url.endswith(reverse("admin:soniq_django_dashboard"))
+    # The dashboard, reached from the site index, and from the app index, where the link
+    # is drawn on one line (not one letter a line, as a squeezed table cell drew it).
+    dashboard = reverse("admin:soniq_django_dashboard")
+    for index in (reverse("admin:index"), reverse("admin:app_list", args=["soniq_django"])):
+        browser.get(live_server.url + index)
+        link = browser.find_element(By.LINK_TEXT, "Dashboard")
+        assert link.size["height"] < 30 and link.size["width"] > 50, (index, link.size)
+    shots(browser, "04-app-index", height=700)
+    link.click()
+    assert browser.current_url.endswith(dashboard)
     assert browser.find_elements(By.CSS_SELECTOR, "#soniq-throughput svg rect.seg-done")
-    assert "web-1" in browser.find_element(By.ID, "soniq-workers").text
+    workers = _text(browser, "#soniq-workers")
+    assert "web-1" in workers and "soniq_django 0.9.0" in workers and "0 of 4" in workers
+    assert "1 live worker: 0 of 4 slots in use." in workers
+    headings = _headings(browser, "soniq-workers")
+    assert "VERSION" in headings and "SLOTS IN USE" in headings and "RUNS" not in headings
     assert "permanent_failure" in browser.find_element(By.ID, "soniq-dead-letters").text
+
+    # The queued jobs split, the limits and what holds the due jobs back.
+    mail = _cells(browser, "mail")  # one job cancelled above, one for in half an hour
+    assert (mail["due"], mail["scheduled"], mail["retrying"]) == ("0", "1", "0")
+    assert mail["limits"] == "none" and mail["held_back"] == "-"
+    reports = _cells(browser, "reports")
+    assert (reports["due"], reports["processing"], reports["done"]) == ("1", "1", "1")
+    assert reports["limits"] == "1 of 1 running" and reports["at_limit"] == "concurrency"
+    assert reports["held_back"] == "at its concurrency limit"
+    webhooks = _cells(browser, "webhooks")
+    assert (webhooks["due"], webhooks["scheduled"], webhooks["retrying"]) == ("1", "0", "1")
+    assert webhooks["limits"] == "2 of 2 started per 3600 s" and webhooks["at_limit"] == "rate"
+    assert webhooks["held_back"] == "at its rate limit; no live worker serves it"
+    headings = _headings(browser, "soniq-queues")
+    for heading in ("DUE NOW", "SCHEDULED", "RETRYING", "LIMITS", "DUE JOBS HELD BACK BY"):
+        assert heading in headings, headings
     shots(browser, "04-dashboard", height=1500)
     _dashboard_live(browser, shots, live_server)
 

@@ -58,12 +58,18 @@ def test_live_endpoint_returns_the_figures_and_the_module_bodies(admin_client):
     by_name = {q["queue"]: q for q in figures["queues"]}
     assert by_name["mail"]["counts"] == {"queued": 2, "processing": 0, "done": 0,
                                          "cancelled": 0, "dead_letter": 0}
+    assert by_name["mail"]["queued"] == {"due": 2, "scheduled": 0, "retrying": 0}
+    assert by_name["mail"]["limits"] == {"concurrency": None, "running": 0, "rate": None,
+                                         "started": 0}
+    assert by_name["mail"]["held_back_by"] == ["no_worker"]
     assert by_name["mail"]["oldest_wait_seconds"] >= 0 and not by_name["mail"]["paused"]
     assert by_name["reports"]["counts"]["processing"] == 1
     assert by_name["idle"]["paused"] and by_name["idle"]["oldest_wait_seconds"] is None
     assert figures["totals"]["queued"] == 2 and figures["totals"]["processing"] == 1
-    assert set(figures) == {"queues", "totals", "dead_letters_by_reason", "live_workers",
-                            "silent_workers", "finished_last_hour"}
+    assert figures["queued_totals"] == {"due": 2, "scheduled": 0, "retrying": 0}
+    assert set(figures) == {"queues", "totals", "queued_totals", "dead_letters_by_reason",
+                            "live_workers", "silent_workers", "slots", "slots_in_use",
+                            "finished_last_hour"}
     assert list(data["modules"]) == [module_id for module_id, _ in live.MODULES]
     queues = data["modules"]["soniq-queues"]
     assert 'data-queue="idle" class="paused"' in queues and "Resume" in queues
@@ -155,7 +161,9 @@ def test_the_buttons_need_the_change_queue_setting_permission(client, django_use
     assert response.status_code == 403
     assert not QueueSetting.objects.exists()
     user = django_user_model.objects.get(username="staff")
-    user.user_permissions.add(Permission.objects.get(codename="change_queuesetting"))
+    # Pausing a queue without a settings row adds one: "add" as well as "change".
+    user.user_permissions.add(*Permission.objects.filter(
+        codename__in=["change_queuesetting", "add_queuesetting"]))
     response, _ = _press(viewer, "mail", "pause")
     assert response.status_code == 302 and QueueSetting.objects.get().paused
 
