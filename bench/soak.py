@@ -37,10 +37,10 @@ and holds it open for P minutes, as an analytics query, a ``pg_dump`` or an
 idle-in-transaction session would: vacuum removes nothing newer than that
 snapshot meanwhile. The soak goes on ``--pin-after`` minutes after the
 release. A claim probe times ``soniq_claim_many`` every ``PROBE_SECONDS``
-(the call the workers make, claiming one job of every queue) inside a
-transaction it rolls back, so it takes nothing from the workers; each
-minute's row gets the probe's claim time p50/p99, and the verdicts compare
-the pin with the minutes before it (``pin_verdicts``).
+on a session of its own (the call the workers make, claiming one job of
+every queue; it completes what it claims); each minute's row gets the
+probe's claim time p50/p99, and the verdicts compare the pin with the
+minutes before it (``pin_verdicts``).
 
 Only the standard library at import time: ``--plot-only`` runs in the plot venv.
 """
@@ -74,7 +74,9 @@ PIN_CLAIM = 3.0  # claim p99 during the pin / before it
 PIN_SIZE = 1.2  # soniq_jobs size at the end / before the pin
 #: How often the claim probe times a claim.
 PROBE_SECONDS = 0.25
-PROBE_CLAIM = "SELECT count(*) FROM soniq_claim_many('soak-claim-probe', ARRAY[%s], NULL, 30, 120)"
+PROBE_CLAIM = ("SELECT job_id::text, generation, token, queue "
+               "FROM soniq_claim_many('soak-claim-probe', ARRAY[%s], NULL, 30, 120)")
+PROBE_COMPLETE = "SELECT soniq_complete(%s, 'soak-claim-probe', %s, %s, %s, NULL, 120)"
 
 
 # The server -------------------------------------------------------------------
@@ -289,11 +291,11 @@ def report(out: Path, sent: int) -> None:
 class ClaimProbe:
     """Times ``soniq_claim_many`` every PROBE_SECONDS on a connection of its own.
 
-    Each claim runs in a transaction that is rolled back: it locks and claims
-    one job as a worker's claim would, and gives it back at once (nothing is
-    written; the rolled-back row versions are dead to every snapshot at once,
-    so they pin nothing). ``take()`` returns the durations (ms) since the
-    last call.
+    Each probe claims one job of every queue, as a worker's claim does, on a
+    session that claims all the time, as a worker's does (version 9 keeps
+    where its claims stopped in the session), then completes it, untimed.
+    ``take()`` returns the durations (ms) since the last call; ``completed``
+    counts the jobs it ran, which the minute's rate adds to the handlers'.
     """
 
     def __init__(self, url: str):
@@ -302,6 +304,7 @@ class ClaimProbe:
         self.url = url
         self.durations: list[float] = []
         self.errors = 0
+        self.completed = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="claim-probe", daemon=True)
@@ -318,20 +321,26 @@ class ClaimProbe:
         with psycopg.connect(self.url, autocommit=True) as conn:
             while not self._stop.wait(PROBE_SECONDS):
                 try:
-                    with conn.transaction(force_rollback=True):
-                        began = time.perf_counter()
-                        conn.execute(PROBE_CLAIM, [secrets.token_hex(16)], prepare=True)
-                        took = (time.perf_counter() - began) * 1000
+                    began = time.perf_counter()
+                    claimed = conn.execute(PROBE_CLAIM, [secrets.token_hex(16)],
+                                           prepare=True).fetchall()
+                    took = (time.perf_counter() - began) * 1000
+                    for job_id, generation, token, queue in claimed:
+                        conn.execute(PROBE_COMPLETE, [job_id, generation, token, queue],
+                                     prepare=True)
                 except psycopg.Error:
                     self.errors += 1
                     continue
                 with self._lock:
                     self.durations.append(took)
+                    self.completed += len(claimed)
 
-    def take(self) -> list[float]:
+    def take(self) -> tuple[list[float], int]:
+        """The claim times (ms) and the jobs completed since the last call."""
         with self._lock:
             found, self.durations = self.durations, []
-        return found
+            completed, self.completed = self.completed, 0
+        return found, completed
 
     def stop(self) -> None:
         self._stop.set()
@@ -384,10 +393,11 @@ def snapshot(conn, run: Run, postmaster: int) -> dict:
 
 
 def minute_row(minute: int, before: dict, after: dict, stamps: list,
-               claims: list[float] | None = None, pinned: bool = False) -> dict:
+               claims: list[float] | None = None, pinned: bool = False,
+               probed: int = 0) -> dict:
     seconds = after["at"] - before["at"]
     claims = sorted(claims or [])
-    started = len(stamps)
+    started = len(stamps) + probed  # the claim probe's jobs ran too
     latencies = sorted((s - t) * 1000 for t, s in stamps)
     upd = after["upd"] - before["upd"]
     row = {
@@ -860,8 +870,8 @@ def _minute(run: Run, conn, postmaster: int, minute: int, before: dict,
         raise RuntimeError("a worker died: see its log in " + str(run.log_dir))
     stamps = run.new_stamps()
     after = snapshot(conn, run, postmaster)
-    claims = probe.take() if probe is not None else None
-    return minute_row(minute, before, after, stamps, claims, pinned), after
+    claims, probed = probe.take() if probe is not None else (None, 0)
+    return minute_row(minute, before, after, stamps, claims, pinned, probed), after
 
 
 def main(argv=None) -> int:

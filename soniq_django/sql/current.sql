@@ -968,6 +968,8 @@ DECLARE
     v_read_before bigint;
     v_first_priority integer;
     v_first_created timestamptz;
+    v_suspect boolean := false;
+    v_lapsed_suspect boolean := false;
 BEGIN
     -- The checks are plain expressions and loops, not queries: PL/pgSQL
     -- evaluates those without starting an executor for each.
@@ -1015,9 +1017,16 @@ BEGIN
     -- found none, less LAPSED_MARGIN, for FULL_PROBE_EVERY.
     v_hint := pg_catalog.current_setting('soniq.lapsed_hint', true);
     IF v_hint IS NOT NULL AND v_hint <> '' AND pg_catalog.split_part(v_hint, '|', 1) = v_table THEN
-        v_lapsed_full := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 3)::float8);
-        IF v_clock < v_lapsed_full THEN
-            v_lapsed_after := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 2)::float8);
+        IF pg_catalog.split_part(v_hint, '|', 2) = 'suspect' THEN
+            v_lapsed_suspect := true;
+        ELSE
+            v_lapsed_full := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 3)::float8);
+            IF v_clock < v_lapsed_full THEN
+                v_lapsed_after := pg_catalog.to_timestamp(
+                    pg_catalog.split_part(v_hint, '|', 2)::float8);
+            ELSE
+                v_lapsed_suspect := true;  -- hinted until now: one more such probe hints again
+            END IF;
         END IF;
     END IF;
     IF v_lapsed_after IS NULL THEN
@@ -1035,10 +1044,16 @@ BEGIN
             || pg_catalog.date_part('epoch', v_clock - interval '1 second') || '|'
             || pg_catalog.date_part('epoch', v_lapsed_full), false);
     ELSIF pg_catalog.pg_stat_get_xact_tuples_returned(v_index) - v_read_before > 1000 THEN
-        -- DEAD_ENTRIES read from the start, and none lapsed: hints, for FULL_PROBE_EVERY.
-        PERFORM pg_catalog.set_config('soniq.lapsed_hint', v_table || '|'
-            || pg_catalog.date_part('epoch', v_clock - interval '1 second') || '|'
-            || pg_catalog.date_part('epoch', v_clock + interval '30 seconds'), false);
+        -- DEAD_ENTRIES read from the start, and none lapsed. Twice in a row (the first
+        -- probe marks the entries it can dead, so the second reads them again only if
+        -- a snapshot still needs them): hints, for FULL_PROBE_EVERY.
+        IF v_lapsed_suspect THEN
+            PERFORM pg_catalog.set_config('soniq.lapsed_hint', v_table || '|'
+                || pg_catalog.date_part('epoch', v_clock - interval '1 second') || '|'
+                || pg_catalog.date_part('epoch', v_clock + interval '30 seconds'), false);
+        ELSE
+            PERFORM pg_catalog.set_config('soniq.lapsed_hint', v_table || '|suspect', false);
+        END IF;
     ELSIF v_hint IS NOT NULL AND v_hint <> '' THEN
         PERFORM pg_catalog.set_config('soniq.lapsed_hint', '', false);
     END IF;
@@ -1086,11 +1101,18 @@ BEGIN
             v_hint := pg_catalog.current_setting('soniq.claim_hint', true);
             IF v_hint IS NOT NULL AND v_hint <> ''
                AND pg_catalog.split_part(v_hint, '|', 1) = v_scope THEN
-                v_claim_full := pg_catalog.to_timestamp(pg_catalog.split_part(v_hint, '|', 2)::float8);
-                IF v_clock < v_claim_full THEN
-                    v_hinted := true;
-                    v_hint_priority := pg_catalog.split_part(v_hint, '|', 3)::integer;
-                    v_hint_created := (pg_catalog.split_part(v_hint, '|', 4) || '+00')::timestamptz;
+                IF pg_catalog.split_part(v_hint, '|', 2) = 'suspect' THEN
+                    v_suspect := true;
+                ELSE
+                    v_claim_full := pg_catalog.to_timestamp(
+                        pg_catalog.split_part(v_hint, '|', 2)::float8);
+                    IF v_clock < v_claim_full THEN
+                        v_hinted := true;
+                        v_hint_priority := pg_catalog.split_part(v_hint, '|', 3)::integer;
+                        v_hint_created := (pg_catalog.split_part(v_hint, '|', 4) || '+00')::timestamptz;
+                    ELSE
+                        v_suspect := true;  -- hinted until now: one more such scan hints again
+                    END IF;
                 END IF;
             END IF;
             IF v_hinted THEN
@@ -1152,8 +1174,12 @@ BEGIN
                 -- claims start where this one began, for FULL_SCAN_EVERY.
                 IF pg_catalog.pg_stat_get_xact_tuples_returned(v_index) - v_read_before
                    - coalesce(pg_catalog.cardinality(v_ids), 0) > 1000 THEN  -- DEAD_ENTRIES
-                    v_hinted := true;
-                    v_claim_full := v_clock + interval '30 seconds';  -- FULL_SCAN_EVERY
+                    IF v_suspect THEN  -- twice in a row: a snapshot keeps them
+                        v_hinted := true;
+                        v_claim_full := v_clock + interval '30 seconds';  -- FULL_SCAN_EVERY
+                    ELSE
+                        PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|suspect', false);
+                    END IF;
                 ELSIF v_hint IS NOT NULL AND v_hint <> '' THEN
                     PERFORM pg_catalog.set_config('soniq.claim_hint', '', false);
                 END IF;
@@ -1287,12 +1313,18 @@ BEGIN
                 v_hint := pg_catalog.current_setting('soniq.claim_hint', true);
                 IF v_hint IS NOT NULL AND v_hint <> ''
                    AND pg_catalog.split_part(v_hint, '|', 1) = v_scope THEN
-                    v_claim_full := pg_catalog.to_timestamp(
-                        pg_catalog.split_part(v_hint, '|', 2)::float8);
-                    IF v_clock < v_claim_full THEN
-                        v_hinted := true;
-                        v_hint_priority := pg_catalog.split_part(v_hint, '|', 3)::integer;
-                        v_hint_created := (pg_catalog.split_part(v_hint, '|', 4) || '+00')::timestamptz;
+                    IF pg_catalog.split_part(v_hint, '|', 2) = 'suspect' THEN
+                        v_suspect := true;
+                    ELSE
+                        v_claim_full := pg_catalog.to_timestamp(
+                            pg_catalog.split_part(v_hint, '|', 2)::float8);
+                        IF v_clock < v_claim_full THEN
+                            v_hinted := true;
+                            v_hint_priority := pg_catalog.split_part(v_hint, '|', 3)::integer;
+                            v_hint_created := (pg_catalog.split_part(v_hint, '|', 4) || '+00')::timestamptz;
+                        ELSE
+                            v_suspect := true;  -- hinted until now: one more such scan hints again
+                        END IF;
                     END IF;
                 END IF;
                 IF v_hinted THEN
@@ -1354,8 +1386,12 @@ BEGIN
                     END LOOP;
                     IF pg_catalog.pg_stat_get_xact_tuples_returned(v_index) - v_read_before
                        - coalesce(pg_catalog.cardinality(v_ids), 0) > 1000 THEN  -- DEAD_ENTRIES
-                        v_hinted := true;
-                        v_claim_full := v_clock + interval '30 seconds';  -- FULL_SCAN_EVERY
+                        IF v_suspect THEN  -- twice in a row: a snapshot keeps them
+                            v_hinted := true;
+                            v_claim_full := v_clock + interval '30 seconds';  -- FULL_SCAN_EVERY
+                        ELSE
+                            PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|suspect', false);
+                        END IF;
                     ELSIF v_hint IS NOT NULL AND v_hint <> '' THEN
                         PERFORM pg_catalog.set_config('soniq.claim_hint', '', false);
                     END IF;
