@@ -29,10 +29,6 @@ DATE_PARTS = {"year": range(2, 9999), "month": range(1, 13), "day": range(1, 32)
 datetime, a month, a day of a month. Anything else is refused with 400."""
 
 
-class BadAdminQuery(SuspiciousOperation):
-    """A changelist query no page of the admin makes (a NUL character): Django answers 400."""
-
-
 def holds_nul(request: HttpRequest) -> bool:
     """Whether a name or value of the query string holds a NUL, which no database column can."""
     return any("\x00" in name or any("\x00" in value for value in values)
@@ -83,7 +79,8 @@ class OfferedLookupsOnly:
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         """Django's, after refusing a NUL anywhere in the query string (a search term too)."""
         if holds_nul(request):
-            raise BadAdminQuery("a NUL character in the query string")
+            # A query no page of the admin makes: Django answers 400.
+            raise SuspiciousOperation("a NUL character in the query string")
         return super().get_changelist_instance(request)  # type: ignore[misc]
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
