@@ -314,6 +314,8 @@ BEGIN
             v_hint := pg_catalog.current_setting('soniq.claim_hint', true);
             IF v_hint IS NOT NULL AND v_hint <> ''
                AND pg_catalog.split_part(v_hint, '|', 1) = v_scope THEN
+                -- The priority of the session's last claim, in either state.
+                v_hint_priority := NULLIF(pg_catalog.split_part(v_hint, '|', 3), '')::integer;
                 IF pg_catalog.split_part(v_hint, '|', 2) = 'suspect' THEN
                     v_suspect := true;
                 ELSE
@@ -321,7 +323,6 @@ BEGIN
                         pg_catalog.split_part(v_hint, '|', 2)::float8);
                     IF v_clock < v_claim_full THEN
                         v_hinted := true;
-                        v_hint_priority := pg_catalog.split_part(v_hint, '|', 3)::integer;
                         v_hint_created := (pg_catalog.split_part(v_hint, '|', 4) || '+00')::timestamptz;
                     ELSE
                         v_suspect := true;  -- hinted until now: one more such scan hints again
@@ -391,11 +392,19 @@ BEGIN
                         v_hinted := true;
                         v_claim_full := v_clock + interval '30 seconds';  -- FULL_SCAN_EVERY
                     ELSE
-                        PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|suspect', false);
+                        PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|suspect|'
+                            || coalesce(v_first_priority::text, v_hint_priority::text, ''), false);
                     END IF;
                 ELSIF v_hint IS NOT NULL AND v_hint <> '' THEN
                     PERFORM pg_catalog.set_config('soniq.claim_hint', '', false);
                 END IF;
+            END IF;
+            IF v_hinted AND v_ids IS NULL AND v_hint_priority IS NOT NULL THEN
+                -- Nothing claimed: every entry from where the scan started up to now was
+                -- dead or taken, so the next scan may start at this claim's clock, less
+                -- LAPSED_MARGIN, in the priority of the session's last claim.
+                v_first_priority := v_hint_priority;
+                v_first_created := v_clock - interval '1 second';
             END IF;
             IF v_hinted AND v_first_priority IS NOT NULL THEN
                 PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|'
@@ -526,6 +535,8 @@ BEGIN
                 v_hint := pg_catalog.current_setting('soniq.claim_hint', true);
                 IF v_hint IS NOT NULL AND v_hint <> ''
                    AND pg_catalog.split_part(v_hint, '|', 1) = v_scope THEN
+                    -- The priority of the session's last claim, in either state.
+                    v_hint_priority := NULLIF(pg_catalog.split_part(v_hint, '|', 3), '')::integer;
                     IF pg_catalog.split_part(v_hint, '|', 2) = 'suspect' THEN
                         v_suspect := true;
                     ELSE
@@ -533,7 +544,6 @@ BEGIN
                             pg_catalog.split_part(v_hint, '|', 2)::float8);
                         IF v_clock < v_claim_full THEN
                             v_hinted := true;
-                            v_hint_priority := pg_catalog.split_part(v_hint, '|', 3)::integer;
                             v_hint_created := (pg_catalog.split_part(v_hint, '|', 4) || '+00')::timestamptz;
                         ELSE
                             v_suspect := true;  -- hinted until now: one more such scan hints again
@@ -603,11 +613,19 @@ BEGIN
                             v_hinted := true;
                             v_claim_full := v_clock + interval '30 seconds';  -- FULL_SCAN_EVERY
                         ELSE
-                            PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|suspect', false);
+                            PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|suspect|'
+                                || coalesce(v_first_priority::text, v_hint_priority::text, ''), false);
                         END IF;
                     ELSIF v_hint IS NOT NULL AND v_hint <> '' THEN
                         PERFORM pg_catalog.set_config('soniq.claim_hint', '', false);
                     END IF;
+                END IF;
+                IF v_hinted AND v_ids IS NULL AND v_hint_priority IS NOT NULL THEN
+                    -- Nothing claimed: every entry from where the scan started up to now was
+                    -- dead or taken, so the next scan may start at this claim's clock, less
+                    -- LAPSED_MARGIN, in the priority of the session's last claim.
+                    v_first_priority := v_hint_priority;
+                    v_first_created := v_clock - interval '1 second';
                 END IF;
                 IF v_hinted AND v_first_priority IS NOT NULL THEN
                     PERFORM pg_catalog.set_config('soniq.claim_hint', v_scope || '|'

@@ -213,3 +213,23 @@ def test_without_a_pinned_horizon_claims_read_from_the_start(pinned):
             in (None, "")
         assert worker.execute("SELECT current_setting('soniq.lapsed_hint', true)").fetchone()[0] \
             in (None, "")
+
+
+def test_claims_that_find_nothing_under_a_pinned_horizon_read_little(pinned):
+    # A worker that keeps up mostly finds the queue empty: its claims must not read
+    # every entry since the pin either.
+    run_through(PINNED_JOBS)
+    with raw() as worker:
+        enqueue(worker, 1, name="pinned.first")
+        names, _ = claim_reading(worker)  # from the start: one job, and a suspicion
+        assert names == ["pinned.first"]
+        names, read = claim_reading(worker)  # from the start again, nothing: hints
+        assert names == [] and read["soniq_jobs_claim_now_idx"] >= PINNED_JOBS
+        for _ in range(3):
+            names, read = claim_reading(worker)
+            assert names == []
+            assert read["soniq_jobs_claim_now_idx"] < FEW, read
+        enqueue(worker, 1, name="pinned.next")
+        names, read = claim_reading(worker)
+        assert names == ["pinned.next"]
+        assert read["soniq_jobs_claim_now_idx"] < FEW, read
