@@ -42,7 +42,7 @@ UNPROTECTED = Q(fence_required=False) & Q(submission_id__isnull=True)
 _PG_PURGE = """
 WITH batch AS MATERIALIZED (
     SELECT id FROM {table}
-     WHERE expires_at <= {now}
+     WHERE expires_at <= {now} AND expires_at > %s
        AND status IN ('done', 'cancelled')
        AND NOT fence_required AND submission_id IS NULL
      LIMIT %s
@@ -61,22 +61,28 @@ def _check_batch(batch: int) -> int:
     return batch
 
 
-def _check_now(now: dt.datetime | None) -> dt.datetime | None:
+def _check_now(now: dt.datetime | None, name: str = "now") -> dt.datetime | None:
     if now is not None and (not isinstance(now, dt.datetime) or timezone.is_naive(now)):
-        raise ValueError("now must be an aware datetime")
+        raise ValueError(f"{name} must be an aware datetime")
     return now
 
 
 def purge_expired(using: str = DEFAULT_DB_ALIAS, *, batch: int = 1000,
                   now: dt.datetime | None = None,
                   progress: Callable[[int], None] | None = None,
-                  batches: int | None = None) -> int:
+                  batches: int | None = None,
+                  after: dt.datetime | None = None) -> int:
     """Delete finished, unprotected jobs whose ``expires_at`` has passed.
 
     Works in transactions of at most ``batch`` rows until a batch comes back
     short, or ``batches`` batches were made (None: no limit); ``progress`` (if given) is called with the running total after
     every batch that deleted something. ``now`` replaces the database clock
-    (for tests and for "purge as of"). Returns how many rows were deleted.
+    (for tests and for "purge as of"). ``after`` (if given) leaves the rows
+    that expired at or before it: the worker's own purge reads only what
+    expired since its last complete one, since under an old snapshot the
+    rows it deleted stay in the ``expires_at`` index, and a purge from the
+    start would read them all again, batch after batch. Returns how many
+    rows were deleted.
     Raises ValueError for a bad ``batch``, ``batches`` or ``now``, and
     SoniqError(QUEUE_PERSISTENCE_FAILED) when the database fails (batches
     already committed stay deleted).
@@ -85,10 +91,11 @@ def purge_expired(using: str = DEFAULT_DB_ALIAS, *, batch: int = 1000,
     if batches is not None and (type(batches) is not int or batches < 1):
         raise ValueError("batches must be a positive integer or None")
     _check_now(now)
+    _check_now(after, "after")
     purge_batch = _pg_batch if connections[using].vendor == "postgresql" else _sqlite_batch
     total = made = 0
     while True:
-        deleted = purge_batch(using, batch, now)
+        deleted = purge_batch(using, batch, now, after)
         total, made = total + deleted, made + 1
         if deleted and progress is not None:
             progress(total)
@@ -96,25 +103,30 @@ def purge_expired(using: str = DEFAULT_DB_ALIAS, *, batch: int = 1000,
             return total
 
 
-def _pg_batch(using: str, batch: int, now: dt.datetime | None) -> int:
+def _pg_batch(using: str, batch: int, now: dt.datetime | None,
+              after: dt.datetime | None = None) -> int:
     """One PostgreSQL batch: a single DELETE statement; returns its row count."""
     with guarded(using, atomic=True) as connection, connection.cursor() as cursor:
         sql = _PG_PURGE.format(
             table=connection.ops.quote_name(Job._meta.db_table),
             now="now()" if now is None else "%s",
         )
-        cursor.execute(sql, [batch] if now is None else [now, batch])
+        bound = "-infinity" if after is None else after
+        cursor.execute(sql, [bound, batch] if now is None else [now, bound, batch])
         deleted: int = cursor.rowcount
         return deleted
 
 
-def _sqlite_batch(using: str, batch: int, now: dt.datetime | None) -> int:
+def _sqlite_batch(using: str, batch: int, now: dt.datetime | None,
+                  after: dt.datetime | None = None) -> int:
     """One SQLite batch inside the write lock; returns how many rows it deleted."""
     with guarded(using, atomic=True) as connection:
         take_sqlite_write_lock(connection)
         expired = Job.objects.using(using).filter(
             UNPROTECTED, status__in=FINISHED, expires_at__lte=now or timezone.now()
         )
+        if after is not None:
+            expired = expired.filter(expires_at__gt=after)
         ids = list(expired.values_list("id", flat=True)[:batch])
         if not ids:
             return 0
@@ -138,7 +150,7 @@ def purge_dead_letters(using: str = DEFAULT_DB_ALIAS, *, older_than: dt.timedelt
     if not isinstance(older_than, dt.timedelta) or older_than < dt.timedelta(0):
         raise ValueError("older_than must be a non-negative timedelta")
     _check_batch(batch)
-    cutoff = (_check_now(now) or _database_now(using)) - older_than
+    cutoff = (_check_now(now) or database_now(using)) - older_than
     if dry_run:
         with guarded(using, atomic=False):
             count: int = _old_dead_letters(using, cutoff).count()
@@ -176,7 +188,7 @@ def _dead_letter_batch(using: str, cutoff: dt.datetime, batch: int) -> int:
         return deleted
 
 
-def _database_now(using: str) -> dt.datetime:
+def database_now(using: str) -> dt.datetime:
     """The database's current time (PostgreSQL), or Python's on SQLite."""
     connection = connections[using]
     now: dt.datetime

@@ -118,6 +118,16 @@ def test_now_replaces_the_clock():
     assert later not in ids()
 
 
+def test_after_leaves_the_rows_that_expired_at_or_before_it():
+    older = finished("done", expires_in=-2 * HOUR).id
+    newer = finished("done", expires_in=-HOUR / 2).id
+    assert purge_expired(after=timezone.now() - HOUR) == 1
+    assert ids() == {older} and newer not in ids()
+    assert purge_expired() == 1
+    with pytest.raises(ValueError, match="after must be an aware datetime"):
+        purge_expired(after=dt.datetime(2030, 1, 1))
+
+
 def test_purges_in_batches_until_nothing_is_left():
     Job.objects.bulk_create(
         Job(job_name="a.job", status="done", expires_at=timezone.now() - HOUR) for _ in range(25)

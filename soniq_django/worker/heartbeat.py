@@ -21,6 +21,7 @@ skipped. A renewal never waits behind a claim, and a beat's renewals are
 sent within one beat of its start (bounds.py).
 """
 
+import datetime as dt
 import logging
 import math
 import threading
@@ -30,7 +31,7 @@ from django.db import connections
 
 from .. import signals
 from ..errors import ErrorCode, SoniqError
-from ..housekeeping import purge_expired
+from ..housekeeping import database_now, purge_expired
 from ..owned import OwnedJobSource, OwnedJobState
 from ..owned._store import LOCK_NOT_AVAILABLE
 from ..owned.types import MAX_CLAIM_BATCH
@@ -48,6 +49,13 @@ HOUSEKEEPING_SECONDS = 60.0
 #: shared connection). A purge goes on while batches come back full, for at most
 #: half a beat (then again at the next beat): docs/decisions/0020-storage-tuning.md.
 PURGE_BATCH = 1000
+
+#: The purge reads the rows that expired since its last complete run, less this (seconds of
+#: database time): a row finished later than that, or committed that late, waits for the
+#: next purge from the start (decision 0035).
+PURGE_MARGIN_SECONDS = 60.0
+#: How often the purge reads from the start all the same.
+FULL_PURGE_SECONDS = 600.0
 
 #: The shortest lock wait of a renewal made one by one, after the beat's own time is spent.
 MIN_RENEWAL_WAIT = 0.01
@@ -70,6 +78,8 @@ class Heartbeat:
         self.stopping = stopping
         self.aborted = aborted
         self._next_purge = 0.0
+        self._purge_after: dt.datetime | None = None  # database time: see housekeep()
+        self._next_full_purge = 0.0
         self._aside = False  # the last beat went on a connection of its own (a slow call held ours)
 
     def run(self) -> None:
@@ -190,21 +200,37 @@ class Heartbeat:
         finish (up to what half its heartbeat thread's time allows), not one
         batch per beat: that was 100 rows a second per worker, and a faster
         drain grew the table without bound.
+
+        It reads only the rows that expired since its last complete purge
+        (less PURGE_MARGIN_SECONDS), and from the start every
+        FULL_PURGE_SECONDS: under an old snapshot (a pinned horizon) the rows
+        it deleted stay in the ``expires_at`` index, and a purge from the
+        start would read them all again, batch after batch, holding the
+        shared connection (decision 0035).
         """
         now = time.monotonic()
         if now < self._next_purge:
             return
         self._next_purge = now + HOUSEKEEPING_SECONDS
         deadline = min(now + beat_interval() / 2, deadline or math.inf)
+        after = self._purge_after
+        if now >= self._next_full_purge:
+            after = None
+        started: dt.datetime | None = None
         total = 0
         while True:
             with self.shared.try_turn(max(0.0, deadline - time.monotonic())) as turn:
                 if not turn:
                     self._next_purge = now  # the connection is busy: at the next beat
                     break
-                purged = purge_expired(self.using, batch=PURGE_BATCH, batches=1)
+                if started is None:
+                    started = database_now(self.using)
+                purged = purge_expired(self.using, batch=PURGE_BATCH, batches=1, after=after)
             total += purged
-            if purged < PURGE_BATCH:
+            if purged < PURGE_BATCH:  # complete: the next one starts near here
+                self._purge_after = started - dt.timedelta(seconds=PURGE_MARGIN_SECONDS)
+                if after is None:
+                    self._next_full_purge = now + FULL_PURGE_SECONDS
                 break
             if time.monotonic() >= deadline:
                 self._next_purge = now

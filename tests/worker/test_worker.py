@@ -675,6 +675,26 @@ def test_a_purge_goes_on_while_its_batches_come_back_full(settings, monkeypatch,
     assert housekeeper._next_purge > time.monotonic() + 50  # all gone: in a minute
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_purge_reads_what_expired_since_its_last_complete_one(housekeeper):
+    # Under an old snapshot the rows a purge deleted stay in the expires_at index: a purge
+    # from the start would read them all again (decision 0035).
+    _expired_rows(2)
+    housekeeper.housekeep()
+    assert not Job.objects.exists()
+    [late] = _expired_rows(1)  # expired long before that purge: committed late, or backdated
+    Job.objects.filter(id=late).update(expires_at=timezone.now() - dt.timedelta(hours=1))
+    [fresh] = _expired_rows(1)  # expired since
+    housekeeper._next_purge = 0.0
+    housekeeper.housekeep()
+    assert list(Job.objects.values_list("id", flat=True)) == [late]
+    # ... the purge from the start, every FULL_PURGE_SECONDS, takes it.
+    housekeeper._next_purge = housekeeper._next_full_purge = 0.0
+    housekeeper.housekeep()
+    assert not Job.objects.exists()
+    assert fresh != late
+
+
 def test_a_purge_stops_after_half_a_beat_and_goes_on_at_the_next(settings, monkeypatch,
                                                                  housekeeper):
     from soniq_django.worker import heartbeat
@@ -683,10 +703,10 @@ def test_a_purge_stops_after_half_a_beat_and_goes_on_at_the_next(settings, monke
     monkeypatch.setattr(heartbeat, "PURGE_BATCH", 2)
     calls = []
 
-    def slow_purge(using, *, batch, batches):
+    def slow_purge(using, *, batch, batches, after):
         calls.append(batch)
         time.sleep(0.15)
-        return real_purge(using, batch=batch, batches=batches)
+        return real_purge(using, batch=batch, batches=batches, after=after)
 
     real_purge = heartbeat.purge_expired
     monkeypatch.setattr(heartbeat, "purge_expired", slow_purge)
