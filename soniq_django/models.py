@@ -157,6 +157,10 @@ class Job(models.Model):
     submission_fingerprint = models.CharField(
         max_length=255, null=True, blank=True, editable=False
     )
+    # When the current (or, for a finished job, the last) attempt was claimed
+    # (migration 0020, additive): set by a trigger on every claim, whoever
+    # makes it; heartbeats move updated_at, never this. See JobAttempt.
+    claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "soniq_jobs"
@@ -582,3 +586,47 @@ class QueueHold(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue} {self.job_id}"
+
+
+class AttemptOutcome(models.TextChoices):
+    FAILED = "failed", "failed (retried)"
+    LAPSED = "lapsed", "lease lapsed"
+    DEFERRED = "deferred", "deferred (handler unknown here)"
+    DEAD = "dead", "dead-lettered"
+
+
+class JobAttempt(models.Model):
+    """``soniq_job_attempts``: each attempt of a job that ended without finishing it.
+
+    A row is written by a trigger in the same transaction as the write that
+    ended the attempt (a failure put back in the queue, a lapsed lease, a
+    deferral, the move to the dead letters), whoever made it: this worker,
+    a worker in another language, Soniq, an operator. A job's current
+    attempt, and the one that finished it (``done`` or ``cancelled``), are
+    its ``soniq_jobs`` row itself (``claimed_at``, ``worker_id``,
+    ``updated_at``), so a job that succeeds at its first attempt writes
+    nothing here. Rows go with the job (soniq_django.attempts); at most
+    ``KEPT_PER_JOB`` are kept per job. Not part of format 1.
+    """
+
+    #: The newest rows kept per job (sql/attempts_v1.sql keeps the same number).
+    KEPT_PER_JOB = 100
+
+    job_id = models.UUIDField()
+    attempt = models.IntegerField()
+    generation = models.BigIntegerField()
+    worker_id = models.UUIDField(null=True, blank=True)
+    claim_owner = models.CharField(max_length=255, null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField()
+    outcome = models.TextField(choices=AttemptOutcome.choices)
+    dead_letter_reason = models.TextField(null=True, blank=True)
+    error = models.TextField(null=True, blank=True)
+
+    class Meta:
+        db_table = "soniq_job_attempts"
+        verbose_name = "job attempt"
+        indexes = [models.Index(fields=["job_id", "id"], name="soniq_job_attempts_job_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} attempt {self.attempt} ({self.outcome})"

@@ -301,12 +301,18 @@ def test_a_replay_waits_for_the_dead_letter_lock_then_sees_the_job_live():
 
 @pytest.mark.postgresql_only
 def test_dead_letter_table_has_no_trigger_that_could_skip_the_count():
+    # Only a BEFORE (bit 1) or INSTEAD OF (bit 6) trigger can skip a row; the
+    # attempt history's AFTER DELETE statement trigger cannot.
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal"
-            " AND tgrelid = 'soniq_dead_letter_jobs'::regclass"
+            " AND tgrelid = 'soniq_dead_letter_jobs'::regclass AND tgtype & (2 | 64) <> 0"
         )
         assert cursor.fetchone()[0] == 0
+        cursor.execute(
+            "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal"
+            " AND tgrelid = 'soniq_dead_letter_jobs'::regclass")
+        assert cursor.fetchone()[0] == 1
 
 
 # The command --------------------------------------------------------------------

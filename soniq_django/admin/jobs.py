@@ -246,7 +246,7 @@ class JobAdmin(AllMatching, _JobRowAdmin):
 
     @admin.display(description="timeline")
     def timeline_without_dead_letter(self, obj: Job) -> str:
-        return render_timeline(job_events(obj))
+        return render_timeline(job_events(obj, dead_letters=False))
 
     @staticmethod
     def _using(obj: Job) -> str:

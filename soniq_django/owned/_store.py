@@ -657,7 +657,7 @@ class SqliteClaims:
                     status=JobStatus.PROCESSING, attempts=models_F("attempts") + 1,
                     claim_generation=generation + 1, claim_owner=owner, claim_token=token,
                     worker_id=worker_uuid, lease_expires_at=now + dt.timedelta(seconds=lease),
-                    cancel_requested=False, pid=pid, updated_at=now,
+                    cancel_requested=False, pid=pid, updated_at=now, claimed_at=now,
                 )
                 row = self._jobs().get(id=job_id)
                 if (row.claim_owner, row.claim_token, row.claim_generation) != (

@@ -113,3 +113,40 @@ def run_file(name: str, *, restore: tuple[tuple[str, str], ...] = (),
 
     apply.sql_file = name  # type: ignore[attr-defined]  # lets the tests map files to migrations
     return apply
+
+
+def sqlite_statements(text: str) -> list[str]:
+    """The statements of a SQLite file, each whole (a trigger's body and all)."""
+    import sqlite3
+
+    statements, pending = [], ""
+    for line in text.splitlines(keepends=True):
+        if not pending and (not line.strip() or line.lstrip().startswith("--")):
+            continue
+        pending += line
+        if sqlite3.complete_statement(pending):
+            statements.append(pending.strip())
+            pending = ""
+    if pending.strip():
+        raise ValueError("a SQLite file ends inside a statement")
+    return statements
+
+
+def run_sqlite_file(name: str) -> Callable[[Any, Any], None]:
+    """A ``RunPython`` callable that executes ``sql/sqlite/<name>`` on SQLite only.
+
+    The SQLite twins of the PostgreSQL files whose behaviour SQLite can have
+    too (triggers); on PostgreSQL the step does nothing.
+    """
+
+    def apply(apps: Any, schema_editor: Any) -> None:
+        connection = schema_editor.connection
+        if connection.vendor != "sqlite":
+            return
+        text = (SQL_DIR / "sqlite" / name).read_text(encoding="utf-8")
+        with connection.cursor() as cursor:
+            for statement in sqlite_statements(text):
+                cursor.execute(statement)
+
+    apply.sqlite_file = name  # type: ignore[attr-defined]
+    return apply

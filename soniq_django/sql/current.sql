@@ -907,7 +907,7 @@ BEGIN
 END
 $fn$;
 
--- soniq_claim_many (from claim_protocol_v9.sql) --
+-- soniq_claim_many (from claim_protocol_v10.sql) --
 CREATE OR REPLACE FUNCTION {schema}.soniq_claim_many(
     worker_id text,
     claim_tokens text[],
@@ -1520,7 +1520,8 @@ BEGIN
                    lease_expires_at = v_now + pg_catalog.make_interval(secs => p_lease),
                    cancel_requested = false,
                    pid = soniq_claim_many.pid,
-                   updated_at = v_now
+                   updated_at = v_now,
+                   claimed_at = v_now
              WHERE j.id = v_ids[v_i]
             RETURNING j.id, j.job_name, j.args, j.queue, j.priority, j.attempts,
                       j.max_attempts, j.lease_expires_at, j.claim_generation,
@@ -1561,7 +1562,8 @@ BEGIN
                        lease_expires_at = v_now + pg_catalog.make_interval(secs => p_lease),
                        cancel_requested = false,
                        pid = soniq_claim_many.pid,
-                       updated_at = v_now
+                       updated_at = v_now,
+                       claimed_at = v_now
                   FROM ROWS FROM (pg_catalog.unnest(v_tids), pg_catalog.unnest(v_ids),
                                   pg_catalog.unnest(v_generations),
                                   pg_catalog.unnest(p_tokens[1:v_count]))
@@ -2425,3 +2427,119 @@ BEGIN
     RETURN v_count;
 END
 $fn$;
+
+-- soniq_attempt_ended_v1 (from attempts_v1.sql) --
+CREATE FUNCTION {schema}.soniq_attempt_ended_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_outcome text;
+    v_error text;
+    v_reason text;
+    v_ended timestamptz;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        -- The dead letter this attempt ended in (a replayed job's older one
+        -- was moved before this claim). None: the row was deleted outright,
+        -- and the statement trigger below takes the job's history with it.
+        SELECT 'dead', d.last_error, d.dead_letter_reason, d.moved_to_dead_letter_at
+          INTO v_outcome, v_error, v_reason, v_ended
+          FROM {schema}.soniq_dead_letter_jobs AS d
+         WHERE d.id = OLD.id
+           AND (OLD.claimed_at IS NULL OR d.moved_to_dead_letter_at >= OLD.claimed_at);
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+    ELSIF NEW.status = 'processing' AND NEW.claim_generation = OLD.claim_generation THEN
+        -- A deferral's first write: the attempt is given back (the WHEN
+        -- clause admits this only when attempts went down).
+        v_outcome := 'deferred';
+        v_ended := coalesce(NEW.updated_at, pg_catalog.clock_timestamp());
+        v_error := NULL;
+    ELSIF NEW.status = 'queued' THEN
+        v_ended := coalesce(NEW.updated_at, pg_catalog.clock_timestamp());
+        v_error := NEW.last_error;
+        -- A deferral's second write completes the row its first one made.
+        UPDATE {schema}.soniq_job_attempts AS a
+           SET ended_at = v_ended, error = pg_catalog.left(v_error, 8192)
+         WHERE a.job_id = OLD.id AND a.generation = OLD.claim_generation
+           AND a.outcome = 'deferred';
+        IF FOUND THEN
+            RETURN NULL;
+        END IF;
+        IF OLD.lease_expires_at IS NOT NULL AND OLD.lease_expires_at <= v_ended THEN
+            v_outcome := 'lapsed';
+        ELSE
+            v_outcome := 'failed';
+        END IF;
+    ELSE  -- claimed again while processing: the earlier claim's lease had lapsed
+        v_outcome := 'lapsed';
+        v_ended := coalesce(NEW.claimed_at, NEW.updated_at, pg_catalog.clock_timestamp());
+    END IF;
+    INSERT INTO {schema}.soniq_job_attempts
+        (job_id, attempt, generation, worker_id, claim_owner, claimed_at, ended_at, outcome,
+         dead_letter_reason, error)
+    VALUES (OLD.id, OLD.attempts, OLD.claim_generation, OLD.worker_id, OLD.claim_owner,
+            OLD.claimed_at, v_ended, v_outcome, v_reason, pg_catalog.left(v_error, 8192));
+    -- The newest 100 rows of a job are kept (JobAttempt.KEPT_PER_JOB).
+    DELETE FROM {schema}.soniq_job_attempts AS a
+     WHERE a.job_id = OLD.id
+       AND a.id <= (SELECT b.id FROM {schema}.soniq_job_attempts AS b
+                     WHERE b.job_id = OLD.id ORDER BY b.id DESC OFFSET 100 LIMIT 1);
+    RETURN NULL;
+END
+$fn$;
+
+-- soniq_attempts_gone_v1 (from attempts_v1.sql) --
+CREATE FUNCTION {schema}.soniq_attempts_gone_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF TG_TABLE_NAME = 'soniq_jobs' THEN
+        DELETE FROM {schema}.soniq_job_attempts AS a
+         USING gone AS g
+         WHERE a.job_id = g.id
+           AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d WHERE d.id = g.id);
+    ELSE
+        DELETE FROM {schema}.soniq_job_attempts AS a
+         USING gone AS g
+         WHERE a.job_id = g.id
+           AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j WHERE j.id = g.id);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- soniq_attempt_ended (from attempts_v1.sql) --
+CREATE TRIGGER soniq_attempt_ended
+    AFTER UPDATE ON {schema}.soniq_jobs
+    FOR EACH ROW
+    WHEN (OLD.status = 'processing'
+          AND (NEW.status = 'queued'
+               OR (NEW.status = 'processing'
+                   AND (NEW.claim_generation <> OLD.claim_generation
+                        OR NEW.attempts < OLD.attempts))))
+    EXECUTE FUNCTION {schema}.soniq_attempt_ended_v1();
+
+-- soniq_attempt_dead (from attempts_v1.sql) --
+CREATE TRIGGER soniq_attempt_dead
+    AFTER DELETE ON {schema}.soniq_jobs
+    FOR EACH ROW
+    WHEN (OLD.status = 'processing')
+    EXECUTE FUNCTION {schema}.soniq_attempt_ended_v1();
+
+-- soniq_attempts_job_gone (from attempts_v1.sql) --
+CREATE TRIGGER soniq_attempts_job_gone
+    AFTER DELETE ON {schema}.soniq_jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.soniq_attempts_gone_v1();
+
+-- soniq_attempts_dead_letter_gone (from attempts_v1.sql) --
+CREATE TRIGGER soniq_attempts_dead_letter_gone
+    AFTER DELETE ON {schema}.soniq_dead_letter_jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.soniq_attempts_gone_v1();

@@ -177,12 +177,13 @@ def test_a_view_job_user_sees_no_dead_letter_on_a_replayed_jobs_timeline(
     page = viewer.get(url).content.decode()
     assert "Timeline" in page and "Enqueued" in page
     # The job's own last error is the job's column; the dead letter's record is not shown.
-    assert "permanent_failure" not in page and "Dead-lettered" not in page
+    assert "permanent_failure" not in page and "dead-lettered" not in page.lower()
+    assert "Attempt 1: ended, the job left the queue" in page
     assert reverse("admin:soniq_django_deadletterjob_change", args=[job_id]) not in page
     user = django_user_model.objects.get(username="staff")
     user.user_permissions.add(Permission.objects.get(codename="view_deadletterjob"))
     page = viewer.get(url).content.decode()
-    assert "permanent_failure" in page and "Dead-lettered" in page
+    assert "permanent_failure" in page and "Attempt 1: dead-lettered" in page
     assert reverse("admin:soniq_django_deadletterjob_change", args=[job_id]) in page
 
 

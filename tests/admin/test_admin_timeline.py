@@ -1,8 +1,8 @@
 """A job's timeline on its admin page and its dead letter's, on both databases.
 
 The jobs go through the real claims, failures, completions and replays;
-the timeline must show what the rows record, in order, and say what they
-do not record.
+the timeline shows each attempt (recorded, or the job's own row), in order,
+and says what was not recorded.
 """
 
 import html as htmllib
@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from soniq_django import enqueue, replay
 from soniq_django.admin.timeline import dead_letter_events, error_summary, job_events
-from soniq_django.models import DeadLetterJob, Job
+from soniq_django.models import DeadLetterJob, Job, JobAttempt, Worker
 from soniq_django.owned import OwnedJobSource
 from tests.support.owned import nonce, rewrite
 
@@ -54,21 +54,22 @@ def test_a_job_that_failed_once_then_completed(admin_client):
     job_id = enqueue("billing.charge", {"amount": 5}, queue="billing", producer_id="shop")
     source = OwnedJobSource()
     assert source.fail_owned(_claim("worker-a", "billing").claim_fence, TRACEBACK, retry=True)
+    failed = JobAttempt.objects.get(job_id=job_id)
     _due_now(job_id)
     assert source.complete_owned(_claim("worker-b", "billing").claim_fence, {"ok": True})
     job = Job.objects.get(id=job_id)
     rows = _timeline(admin_client, reverse("admin:soniq_django_job_change", args=[job_id]))
-    events = [event for _, event, _ in rows]
-    assert events[:3] == ["Enqueued", "1 earlier claim", "Claimed: attempt 2"]
-    assert events[-2:] == ["Completed", "Row expires"]
+    assert [event for _, event, _ in rows] == [
+        "Enqueued", "Attempt 1: failed (retried)", "Attempt 2: completed", "Row expires"]
     assert rows[0] == (_local(job.created_at), "Enqueued",
                        "queue billing, priority 100, by producer shop")
-    assert rows[1][0] == "not recorded" and "generations 1 to 1" in rows[1][2]
-    assert rows[2][2].startswith("worker worker-b, generation 2")
-    assert rows[-2] == (_local(job.updated_at), "Completed", "attempt 2")
+    assert rows[1][0] == _local(failed.claimed_at)
+    assert rows[1][2].startswith("owner worker-a; ran ")
+    assert rows[1][2].endswith(f"; ended {_local(failed.ended_at)}; {DECLINED}")
+    assert rows[2][0] == _local(job.claimed_at)
+    assert rows[2][2].startswith("owner worker-b; ran ")
+    assert rows[2][2].endswith(f"; ended {_local(job.updated_at)}")
     assert rows[-1][0] == _local(job.expires_at)
-    assert job.last_error == TRACEBACK  # a completion keeps the error of the attempt before
-    assert rows[3] == ("not recorded", "An earlier attempt failed", DECLINED)
 
 
 def test_a_job_waiting_for_its_retry_and_a_running_one(admin_client):
@@ -78,10 +79,9 @@ def test_a_job_waiting_for_its_retry_and_a_running_one(admin_client):
     job = Job.objects.get(id=waiting)
     rows = _timeline(admin_client, reverse("admin:soniq_django_job_change", args=[waiting]))
     assert [event for _, event, _ in rows] == [
-        "Enqueued", "Claimed: attempt 1", "Attempt 1 failed", "Due again (retry)"]
-    assert rows[2] == (_local(job.updated_at), "Attempt 1 failed",
-                       DECLINED)
-    assert rows[3][0] == _local(job.scheduled_at) and job.scheduled_at > job.updated_at
+        "Enqueued", "Attempt 1: failed (retried)", "Due again (retry)"]
+    assert rows[1][2].endswith(DECLINED)
+    assert rows[2] == (_local(job.scheduled_at), "Due again (retry)", "after attempt 1")
     page = admin_client.get(reverse("admin:soniq_django_job_change", args=[waiting]))
     timeline = page.content.decode().split('<table class="soniq-timeline">')[1]
     assert "card &lt;script&gt;alert(1)" in timeline and "<script>alert" not in timeline
@@ -92,9 +92,9 @@ def test_a_job_waiting_for_its_retry_and_a_running_one(admin_client):
     page = admin_client.get(reverse("admin:soniq_django_job_change", args=[running]))
     assert job.claim_token not in page.content.decode()
     rows = _timeline(admin_client, reverse("admin:soniq_django_job_change", args=[running]))
-    assert rows[-1] == (_local(job.updated_at), "Running",
-                        "last written (claim or heartbeat); lease until "
-                        f"{_local(job.lease_expires_at)}")
+    assert rows[-1][:2] == (_local(job.claimed_at), "Attempt 1: running")
+    assert re.fullmatch(r"owner worker-c; running for [0-9.]+ s; lease until "
+                        + re.escape(_local(job.lease_expires_at)), rows[-1][2])
 
     fresh = enqueue("reports.build", queue="reports")
     rows = _timeline(admin_client, reverse("admin:soniq_django_job_change", args=[fresh]))
@@ -108,13 +108,10 @@ def test_a_dead_letter_and_its_replay(admin_client):
     dead = DeadLetterJob.objects.get(id=job_id)
     dead_url = reverse("admin:soniq_django_deadletterjob_change", args=[job_id])
     rows = _timeline(admin_client, dead_url)
-    assert rows == [
-        (_local(dead.original_created_at), "Enqueued", "queue billing"),
-        ("not recorded", "1 attempt",
-         "the dead-letter row keeps no worker, generation or claim time"),
-        (_local(dead.moved_to_dead_letter_at), "Dead-lettered (permanent_failure)",
-         DECLINED),
-    ]
+    assert [row[1] for row in rows] == [
+        "Enqueued", "Attempt 1: dead-lettered (permanent_failure)"]
+    assert rows[0] == (_local(dead.original_created_at), "Enqueued", "queue billing")
+    assert rows[1][2].endswith(f"; ended {_local(dead.moved_to_dead_letter_at)}; {DECLINED}")
 
     assert replay.replay_dead_letters(ids=[job_id]).replayed == (job_id,)
     dead.refresh_from_db()
@@ -125,14 +122,14 @@ def test_a_dead_letter_and_its_replay(admin_client):
     assert f'<a href="{job_url}">The job\'s timeline since its replay.</a>' in (
         admin_client.get(dead_url).content.decode())
 
-    # The replayed job: its earlier run, from the dead letter; its claims count from the replay.
+    # The replayed job: its earlier attempt, the replay, then its new attempt.
     _claim("worker-b", "billing")
     rows = _timeline(admin_client, job_url)
     assert [event for _, event, _ in rows] == [
-        "Enqueued", "Dead-lettered (permanent_failure)", "Replayed from the dead letters",
-        "Claimed: attempt 1", "Running"]
+        "Enqueued", "Attempt 1: dead-lettered (permanent_failure)",
+        "Replayed from the dead letters", "Attempt 1: running"]
     assert rows[2][2] == "replay 1; attempts start again at 0"
-    assert rows[3][2].startswith(f"worker worker-b, generation {2**32 + 1}")
+    assert rows[3][2].startswith("owner worker-b; running for ")
 
 
 def test_a_replay_that_ran_and_expired_says_so():
@@ -143,14 +140,27 @@ def test_a_replay_that_ran_and_expired_says_so():
     events = dead_letter_events(dead, job_is_live=False)
     assert [e.what for e in events] == ["Enqueued", "1 earlier replay", "3 attempts",
                                         "Dead-lettered (x)", "Replayed into the queue"]
+    assert events[2].detail == "made before attempts were recorded (migration 0020)"
     assert events[-1].detail == "no longer in soniq_jobs: it finished and its row expired"
 
 
-def test_a_job_claimed_by_soniqs_own_worker_has_attempts_but_no_generation():
+def test_a_job_claimed_by_soniqs_own_worker_has_its_attempt_without_a_claim_time():
     job = Job(job_name="a", queue="q", status="done", attempts=1, claim_generation=0,
               created_at=timezone.now(), updated_at=timezone.now())
-    assert [e.what for e in job_events(job)] == ["Enqueued", "Claimed: attempt 1", "Completed"]
-    assert job_events(job)[1].detail.startswith("worker not recorded, generation 0")
+    events = job_events(job)
+    assert [e.what for e in events] == ["Enqueued", "Attempt 1: completed"]
+    assert events[1].detail.startswith("worker not recorded; claim time not recorded; ended ")
+
+
+def test_a_registered_workers_attempt_links_to_its_page(admin_client):
+    worker = Worker.objects.create(hostname="host-1", pid=42)
+    job_id = enqueue("reports.build", queue="reports")
+    _claim(str(worker.id), "reports")
+    html = admin_client.get(reverse("admin:soniq_django_job_change", args=[job_id])
+                            ).content.decode()
+    timeline = html.split('<table class="soniq-timeline">')[1].split("</table>")[0]
+    url = reverse("admin:soniq_django_worker_change", args=[worker.id])
+    assert f'<a href="{url}" title="{worker.id}">worker {str(worker.id)[:8]}</a>' in timeline
 
 
 def test_error_summary_is_the_last_line_cut():

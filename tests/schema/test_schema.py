@@ -35,8 +35,12 @@ OWNED = {
 }
 
 
+#: Added by 0020_attempts: when the current or last attempt was claimed.
+ATTEMPTS = {"soniq_jobs": {"claimed_at": (TSTZ, True, None)}}
+
+
 def _expected(table):
-    return {**FORMAT_1[table], **OWNED.get(table, {})}
+    return {**FORMAT_1[table], **OWNED.get(table, {}), **ATTEMPTS.get(table, {})}
 
 
 @pytest.mark.postgresql_only

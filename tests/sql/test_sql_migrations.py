@@ -2,6 +2,7 @@
 
 import collections
 import io
+import re
 
 import pytest
 from django.core.management import call_command
@@ -36,6 +37,8 @@ def test_every_sql_file_is_loaded_by_exactly_one_migration():
         for function in _run_python_callables(migration.operations):
             if hasattr(function, "sql_file"):
                 loaded[function.sql_file] += 1
+            if hasattr(function, "sqlite_file"):  # SQLite's twins, under sql/sqlite/
+                loaded[f"sqlite/{function.sqlite_file}"] += 1
     on_disk = {path.relative_to(SQL_DIR).as_posix() for path in SQL_DIR.rglob("*.sql")}
     on_disk.discard("current.sql")  # generated for reading (test below), never executed
     assert {"producer_api_v1.sql", "producer_api_v1.down.sql", "producer_api_v2.sql",
@@ -138,11 +141,11 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
     assert v1 != v2 and "soniq_complete_many" in v2
     new = ("soniq_claim_many", "soniq_complete_many")
     assert _function_source("soniq_complete") == v2
-    # The batched functions have version 8's (0018) and version 9's (0019) bodies (tested below).
+    # The batched functions have version 8's (0018) and version 10's (0020) bodies (tested below).
     assert _function_source("soniq_complete_many") == _file_source(
         "claim_protocol_v8.sql", "soniq_complete_many")
     assert _function_source("soniq_claim_many") == _file_source(
-        "claim_protocol_v9.sql", "soniq_claim_many")
+        "claim_protocol_v10.sql", "soniq_claim_many")
     try:
         call_command("migrate", "soniq_django", "0008", verbosity=0)
         assert _function_source("soniq_complete") == v1
@@ -175,6 +178,9 @@ _REPLACED_BY_0018 = {"soniq_claim_many": "claim_protocol_v7.sql",
 #: What migration 0019 (claim protocol v9) adds, and replaces (function: released file).
 _ADDED_BY_0019 = ("soniq_reap_lapsed_v3",)
 _REPLACED_BY_0019 = {"soniq_claim_many": "claim_protocol_v8.sql"}
+# 0020 also adds triggers (attempt history) and a table; these are its functions.
+_ADDED_BY_0020 = ("soniq_attempt_ended_v1", "soniq_attempts_gone_v1")
+_REPLACED_BY_0020 = {"soniq_claim_many": "claim_protocol_v9.sql"}
 
 
 #: What migration 0011 changes: (file that released the body it replaces, function).
@@ -244,7 +250,7 @@ def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     # 0016 (version 7's batched bodies), 0017 (soniq_enqueue v4) and 0018 (claim
     # protocol v8; all tested below).
     by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many",
-               "soniq_enqueue", *_ADDED_BY_0018, *_ADDED_BY_0019}
+               "soniq_enqueue", *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -276,7 +282,7 @@ def test_current_sql_holds_exactly_the_functions_the_database_runs():
         "WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'soniq%%'")}
     text = (SQL_DIR / "current.sql").read_text(encoding="utf-8")
     documented = {name: statement for name, statement in definitions(text)
-                  if "FUNCTION" in statement.split("(")[0]}
+                  if re.match(r"CREATE (OR REPLACE )?FUNCTION ", statement)}
     assert set(documented) == set(installed)
     quoted = connection.ops.quote_name(schema())
     for name, statement in documented.items():
@@ -289,15 +295,15 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
     v5 = _file_source("claim_protocol_v5.sql", "soniq_claim_many")
     assert v2 != v5 and "soniq_queue_budget_v1" in v5
     before = _soniq_functions()
-    # Version 9 (0019, tested below) has the body now; going back to 0012 reverses it too.
-    assert before["soniq_claim_many"] == _file_source("claim_protocol_v9.sql", "soniq_claim_many")
+    # Version 10 (0020, tested below) has the body now; going back to 0012 reverses it too.
+    assert before["soniq_claim_many"] == _file_source("claim_protocol_v10.sql", "soniq_claim_many")
     assert "soniq_queue_budget_v1" in before
     try:
         call_command("migrate", "soniq_django", "0012", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v2
         assert set(after) == set(before) - {"soniq_queue_budget_v1", *_ADDED_BY_0018,
-                                            *_ADDED_BY_0019}
+                                            *_ADDED_BY_0019, *_ADDED_BY_0020}
         # 0017 reversed too: version 3's soniq_enqueue.
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         assert fetch("SELECT to_regclass('soniq_queue_settings'), "
@@ -328,9 +334,9 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
                   "soniq_jobs_claim_scheduled_idx", "soniq_jobs_claim_due_idx"}
     # ... and 0018's (claim protocol v8, tested below).
     v8_indexes = v6_indexes | {"soniq_jobs_claim_queue_now_idx"}
-    v9 = _file_source("claim_protocol_v9.sql", "soniq_claim_many")  # since 0019 (tested below)
+    v10 = _file_source("claim_protocol_v10.sql", "soniq_claim_many")  # since 0020 (tested below)
     before = _soniq_functions()
-    assert before["soniq_claim_many"] == v9 and _claim_indexes() == v8_indexes
+    assert before["soniq_claim_many"] == v10 and _claim_indexes() == v8_indexes
     try:
         call_command("migrate", "soniq_django", "0013", verbosity=0)
         after = _soniq_functions()
@@ -341,10 +347,10 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
         # soniq_enqueue: version 3's again (0017 reversed too).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_ADDED_BY_0018,
-                   *_REPLACED_BY_0018, *_ADDED_BY_0019)
+                   *_REPLACED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020)
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
-        assert not set(_ADDED_BY_0018 + _ADDED_BY_0019) & set(after)
+        assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020) & set(after)
         assert _claim_indexes() == {"soniq_jobs_claim_idx", "soniq_jobs_claim_any_idx"}
         # Version 5's claim works again, a due scheduled job and all.
         fetch("SELECT soniq_enqueue('back.to_v5', run_at => now() - interval '1 second')")
@@ -370,7 +376,7 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
     # Version 8's completion since 0018 and version 9's claim since 0019 (tested below),
     # which going back to 0015 reverses.
     assert {name: before[name] for name in v7} == {
-        "soniq_claim_many": _file_source("claim_protocol_v9.sql", "soniq_claim_many"),
+        "soniq_claim_many": _file_source("claim_protocol_v10.sql", "soniq_claim_many"),
         "soniq_complete_many": _file_source("claim_protocol_v8.sql", "soniq_complete_many")}
     try:
         call_command("migrate", "soniq_django", "0015", verbosity=0)
@@ -379,7 +385,7 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
         # 0017 and 0018 reversed too (tested below).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018,
-                   *_ADDED_BY_0019}
+                   *_ADDED_BY_0019, *_ADDED_BY_0020}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
@@ -414,7 +420,8 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
     producer = roles.create("soniq_producer")
     call_command("soniq_grant", producer, stdout=io.StringIO())
     # Going back to 0016 reverses 0018 and 0019 too (tested below).
-    changed = {"soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018, *_ADDED_BY_0019}
+    changed = {"soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018, *_ADDED_BY_0019,
+               *_ADDED_BY_0020}
     try:
         call_command("migrate", "soniq_django", "0016", verbosity=0)
         after = _soniq_functions()
@@ -457,8 +464,8 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
         call_command("migrate", "soniq_django", "0017", verbosity=0)
         after = _soniq_functions()
         assert {name: after[name] for name in restored} == restored
-        assert not set(_ADDED_BY_0018 + _ADDED_BY_0019) & set(after)
-        changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019}
+        assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020) & set(after)
+        changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert "soniq_jobs_claim_queue_now_idx" not in _claim_indexes()
@@ -502,7 +509,8 @@ def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9
                 for name, released in _REPLACED_BY_0019.items()}
     assert all(v9[name] != restored[name] for name in restored)
     before = _soniq_functions()
-    assert {name: before[name] for name in v9} == v9
+    assert {name: before[name] for name in v9 if name not in _REPLACED_BY_0020} == {
+        name: body for name, body in v9.items() if name not in _REPLACED_BY_0020}
     # The reaper version 8 calls stays, untouched.
     assert before["soniq_reap_lapsed_v2"] == _file_source(
         "claim_protocol_v8.sql", "soniq_reap_lapsed_v2")
@@ -510,8 +518,8 @@ def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9
         call_command("migrate", "soniq_django", "0018", verbosity=0)
         after = _soniq_functions()
         assert {name: after[name] for name in restored} == restored
-        assert not set(_ADDED_BY_0019) & set(after)
-        changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019}
+        assert not set(_ADDED_BY_0019 + _ADDED_BY_0020) & set(after)
+        changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019, *_ADDED_BY_0020}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8 works again: a lapsed job is settled, a queued one claimed.
@@ -532,3 +540,59 @@ def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9
     assert [row[1] for row in fetch(
         "SELECT job_id, job_name FROM soniq_claim_many('w', ARRAY['nonce-v9', 'nonce-v9b'])")] == [
         "back.to_v8", "again.v9"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back():
+    v10 = _file_source("claim_protocol_v10.sql", "soniq_claim_many")
+    v9 = _file_source("claim_protocol_v9.sql", "soniq_claim_many")
+    assert v10 != v9 and v10.replace(",\n                   claimed_at = v_now", "").replace(
+        ",\n                       claimed_at = v_now", "") == v9  # one change: the claim time
+    added = {name: _file_source("attempts_v1.sql", name) for name in _ADDED_BY_0020}
+    before = _soniq_functions()
+    assert before["soniq_claim_many"] == v10
+    assert {name: before[name] for name in added} == added
+    triggers = ("soniq_attempt_dead", "soniq_attempt_ended", "soniq_attempts_dead_letter_gone",
+                "soniq_attempts_job_gone")
+
+    def attempt_triggers():
+        return sorted(name for (name,) in fetch(
+            "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal AND tgname LIKE 'soniq_att%%'"))
+
+    assert attempt_triggers() == list(triggers)
+    try:
+        call_command("migrate", "soniq_django", "0019", verbosity=0)
+        after = _soniq_functions()
+        assert after["soniq_claim_many"] == v9
+        assert not set(_ADDED_BY_0020) & set(after)
+        changed = {*_REPLACED_BY_0020, *_ADDED_BY_0020}
+        assert {n: b for n, b in after.items() if n not in changed} == {
+            n: b for n, b in before.items() if n not in changed}
+        assert attempt_triggers() == []
+        assert fetch("SELECT to_regclass('soniq_job_attempts')") == [(None,)]
+        assert fetch("SELECT count(*) FROM information_schema.columns WHERE table_name = "
+                     "'soniq_jobs' AND column_name = 'claimed_at'") == [(0,)]
+        # Version 9 claims and fails as before, with no history to write.
+        fetch("SELECT soniq_enqueue('back.to_v9', max_attempts => 2)")
+        [(job_id, generation, token, queue)] = fetch(
+            "SELECT job_id::text, generation, token, queue FROM "
+            "soniq_claim_many('w', ARRAY['nonce-v9'])")
+        assert fetch("SELECT soniq_fail(%s, 'w', %s, %s, %s, 'boom', true)",
+                     [job_id, generation, token, queue]) == [(True,)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before and attempt_triggers() == list(triggers)
+    # Claimed again under version 10: the claim time is written, the failure recorded.
+    fetch("SELECT set_config('soniq.fenced_write', 'on', false)")
+    fetch("UPDATE soniq_jobs SET scheduled_at = NULL WHERE job_name = 'back.to_v9'")
+    fetch("SELECT set_config('soniq.fenced_write', 'off', false)")
+    [(job_id, generation, token, queue)] = fetch(
+        "SELECT job_id::text, generation, token, queue FROM "
+        "soniq_claim_many('w', ARRAY['nonce-v10'])")
+    assert fetch("SELECT claimed_at = updated_at FROM soniq_jobs WHERE id = %s::uuid",
+                 [job_id]) == [(True,)]
+    assert fetch("SELECT soniq_fail(%s, 'w', %s, %s, %s, 'again', true)",
+                 [job_id, generation, token, queue]) == [(True,)]
+    assert fetch("SELECT outcome, dead_letter_reason, error FROM soniq_job_attempts "
+                 "WHERE job_id = %s::uuid", [job_id]) == [("dead", "max_retries_exceeded",
+                                                          "again")]

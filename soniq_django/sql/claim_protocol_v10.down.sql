@@ -1,0 +1,3 @@
+-- Reverse of claim_protocol_v10.sql: version 10 added no function, so there
+-- is nothing to drop here. Migration 0020 then puts version 9's
+-- soniq_claim_many back (claim_protocol_v9.sql), which writes no claimed_at.
