@@ -11,6 +11,7 @@ from django.db import router
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import ngettext
 
@@ -20,7 +21,9 @@ from ..models import DeadLetterJob, Job, JobStatus
 from .access import may_view
 from .base import OnlyListedColumns, ReadOnlyAdmin, log_changed, log_rows, write_alias
 from .matching import AllMatching, Batch, MatchingOperation
-from .timeline import dead_letter_events, job_events, job_url, render_timeline
+from .page_actions import PageAction, PageActions
+from .timeline import dead_letter_events, error_summary, job_events, job_url, render_timeline
+from .timeline import worker_link
 from .display import VisibleValuesFilter, parse_uuid, plural, pre, pretty_json, sentence, visible
 from .display import when
 
@@ -166,9 +169,27 @@ def _cancel_outcome(status_before: str, row_after: tuple[str, bool] | None) -> s
     return "nothing"  # it finished meanwhile, or was deleted
 
 
+def _is_live(dead: DeadLetterJob) -> bool:
+    """Whether the dead letter's job is back in soniq_jobs (replayed, not failed since)."""
+    using = dead._state.db or router.db_for_read(Job)
+    return Job.objects.using(using).filter(id=dead.id).exists()
+
+
+def _waits_for_later(job: Job) -> bool:
+    return job.status == JobStatus.QUEUED and job.scheduled_at is not None and (
+        job.scheduled_at > timezone.now())
+
+
 @admin.register(Job)
-class JobAdmin(AllMatching, _JobRowAdmin):
+class JobAdmin(PageActions, AllMatching, _JobRowAdmin):
     matching_operations = {"retry-now": RETRY_ALL_MATCHING}
+    page_actions = (
+        PageAction("cancel_selected", "Cancel", lambda job: job.status in _LIVE and not (
+            job.status == JobStatus.PROCESSING and job.cancel_requested),
+            "A queued job is cancelled; a running one's worker is asked to stop it"),
+        PageAction("retry_selected_now", "Retry now", _waits_for_later,
+                   "Make it due now instead of at its scheduled time"),
+    )
     list_columns = ("id", "job_name", "queue", "status", "cancel_requested", "attempts",
                     "max_attempts", "priority", "scheduled_at", "updated_at")
     list_display = ("short_id", "job_name", "queue_name", "status_shown", "attempts_of_max",
@@ -188,8 +209,8 @@ class JobAdmin(AllMatching, _JobRowAdmin):
         ("Arguments and outcome", {"fields": ("args_pretty", "result_pretty", "last_error_pre")}),
         ("Producer and deduplication", {"fields": ("producer_id", "unique_job", "args_hash",
                                                    "dedup_key")}),
-        ("Claim", {"fields": ("worker_id", "claim_owner", "claim_generation", "lease_expires_at",
-                              "cancel_requested", "pid"),
+        ("Claim", {"fields": ("worker_shown", "claim_owner", "claim_generation", "claimed_at",
+                              "lease_expires_at", "cancel_requested", "pid"),
                    "description": "The fence's secret claim token is never shown."}),
         ("Owned submission", {"fields": ("fence_required", "submission_id",
                                          "submission_fingerprint", "active_key"),
@@ -227,6 +248,10 @@ class JobAdmin(AllMatching, _JobRowAdmin):
     @admin.display(description="updated", ordering="updated_at")
     def updated(self, obj: Job) -> str:
         return when(obj.updated_at)
+
+    @admin.display(description="worker")
+    def worker_shown(self, obj: Job) -> str:
+        return worker_link(obj.worker_id, None) if obj.worker_id else "-"
 
     @admin.display(description="result")
     def result_pretty(self, obj: Job) -> str:
@@ -313,12 +338,14 @@ class JobAdmin(AllMatching, _JobRowAdmin):
 
 
 @admin.register(DeadLetterJob)
-class DeadLetterJobAdmin(AllMatching, _JobRowAdmin):
+class DeadLetterJobAdmin(PageActions, AllMatching, _JobRowAdmin):
     matching_operations = {"replay": REPLAY_ALL_MATCHING}
+    page_actions = (PageAction("replay_selected", "Replay", lambda dead: not _is_live(dead),
+                               "Queue the job again under its own id"),)
     list_columns = ("id", "job_name", "queue", "dead_letter_reason", "attempts", "max_attempts",
-                    "resurrection_count", "moved_to_dead_letter_at")
-    list_display = ("short_id", "job_name", "queue_name", "dead_letter_reason", "attempts_of_max",
-                    "replays", "moved")
+                    "resurrection_count", "moved_to_dead_letter_at", "last_error")
+    list_display = ("short_id", "job_name", "queue_name", "dead_letter_reason", "error_shown",
+                    "attempts_of_max", "replays", "moved")
     list_filter = ("dead_letter_reason", ("queue", VisibleValuesFilter),
                    ("job_name", VisibleValuesFilter))
     search_fields = ("job_name",)
@@ -335,6 +362,10 @@ class DeadLetterJobAdmin(AllMatching, _JobRowAdmin):
                                          "submission_fingerprint"), "classes": ("collapse",)}),
     )
     readonly_fields = tuple(f for _, options in fieldsets for f in options["fields"])
+
+    @admin.display(description="error")
+    def error_shown(self, obj: DeadLetterJob) -> str:
+        return error_summary(obj.last_error) or "-"
 
     @admin.display(description="replays", ordering="resurrection_count")
     def replays(self, obj: DeadLetterJob) -> int:

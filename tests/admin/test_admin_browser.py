@@ -9,9 +9,11 @@ retrying), its limits and what holds its due jobs back, and the workers'
 slots, pauses and resumes a queue there and watches its figures refresh in
 place (no reload; not while the tab is hidden; a failed fetch shown as
 such), and replays a dead letter, checking the database after each action;
+then opens a retried job's page, reads its attempts on the timeline and
+makes it due with the page's own "Retry now" button;
 it also tries a claim-token lookup (refused), and opens a task registry
 row. Screenshots go to ``.test-results/screenshots/``; the dashboard's is
-docs/images/dashboard.png.
+docs/images/dashboard.png, the job page's docs/images/job-attempts.png.
 
 It runs in both passes: the actions go through different storage code on
 each database (SQL functions on PostgreSQL, write transactions on SQLite),
@@ -248,6 +250,7 @@ def _dashboard_live(driver, shots, live_server) -> None:
 
 def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monkeypatch):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     assert "django.contrib.staticfiles" in settings.INSTALLED_APPS and settings.STATIC_URL, (
@@ -277,8 +280,8 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monk
     QueueSetting.objects.create(queue="webhooks", rate_limit=2, rate_period=3600)
     for n in range(3):
         enqueue("webhooks.post", {"n": n}, queue="webhooks", max_attempts=5)
-    assert source.fail_owned(_claim("webhooks").claim_fence, "HTTP 503", retry=True,
-                             retry_delay=600)
+    retrying = _claim("webhooks")
+    assert source.fail_owned(retrying.claim_fence, "HTTP 503", retry=True, retry_delay=600)
     assert source.complete_owned(_claim("webhooks").claim_fence, {"status": 200})
     web = Worker.objects.create(hostname="web-1", pid=321, queues=["mail", "reports"],
                                 concurrency=4, version="soniq_django 0.9.0")
@@ -384,3 +387,22 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monk
     assert DeadLetterJob.objects.get(id=dead).resurrection_count == 1
     shots(browser, "06-replayed")
     assert Job.objects.get(id=done).status == "done"
+
+    # A job's own page: its attempts on the timeline, and its actions as buttons.
+    browser.get(live_server.url + reverse("admin:soniq_django_job_change",
+                                          args=[retrying.job_id]))
+    timeline = browser.find_element(By.CSS_SELECTOR, "table.soniq-timeline").text
+    assert "Attempt 1: failed (retried)" in timeline and "HTTP 503" in timeline
+    assert "Due again (retry)" in timeline
+    buttons = browser.find_elements(By.CSS_SELECTOR, "form.soniq-page-action button")
+    assert [button.text for button in buttons] == ["CANCEL", "RETRY NOW"]
+    shots(browser, "07-job-attempts", height=1300)
+    page = browser.find_element(By.TAG_NAME, "html")
+    buttons[1].click()
+    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page))
+    assert WebDriverWait(browser, 10).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "ul.messagelist li"))[0].text == (
+        "Made 1 waiting job due now.")
+    assert browser.current_url.endswith(
+        reverse("admin:soniq_django_job_change", args=[retrying.job_id]))
+    assert Job.objects.get(id=retrying.job_id).scheduled_at <= timezone.now()
