@@ -70,6 +70,14 @@ bench-scale: venv-main
 bench-scale-quick: venv-main
 	$(PYTHON_VENV) -m bench.scale --quick $(SCALE_ARGS)
 
+# Claims beside 10M finished rows kept for their result, against none (issue 27;
+# docs/performance.md#finished-rows): part 2 of bench.scale alone, ~15 min and
+# ~5 GB of disk while it runs.
+.PHONY: bench-finished
+
+bench-finished: venv-main
+	$(PYTHON_VENV) -m bench.scale --no-depth --no-workers --finished 10000000 $(SCALE_ARGS)
+
 # Chaos suite (tests/chaos/; see docs/reliability.md). Starts its own
 # throwaway PostgreSQL cluster (initdb/pg_ctl, a free port under /tmp),
 # restarts it on purpose and deletes it at the end. Short versions of the

@@ -1,7 +1,7 @@
 """What a claim costs as the queue grows, and as workers multiply: ``python -m bench.scale``.
 
-Two parts (issue 17, docs/performance.md "Scale"), against one database of
-its own, ``soniq_bench_<pid>_scale``, dropped at the end:
+Three parts (issues 17 and 27, docs/performance.md "Scale"), against
+databases of its own, ``soniq_bench_<pid>_scale*``, dropped at the end:
 
 1. **Depth.** For each depth N (10k, 100k, 1M): the table is bulk-loaded
    with N queued jobs, plus 100k jobs scheduled a day ahead and 100k
@@ -17,7 +17,14 @@ its own, ``soniq_bench_<pid>_scale``, dropped at the end:
    more jobs are queued ahead of the others and drained without a vacuum,
    leaving their dead tuples in the claim index, and the same is measured
    again. Target: the per-claim cost at 1M within 1.5× of 10k.
-2. **Workers.** P = 1, 2, 4, 8 ``soniq_worker --burst`` processes drain
+2. **Finished rows** (``--finished N``, ``make bench-finished``; issue 27):
+   100k queued jobs alone, and the same beside N finished rows kept for
+   their result TTL (``done``, with a result, their claim columns as a
+   completion leaves them), in two databases. Measured as in part 1: the
+   claim's plan, its cost per call (interleaved, server time), claim→complete
+   throughput, and each table's and index's size. Target: the per-claim
+   cost beside 10M finished rows within 1.2× of none.
+3. **Workers.** P = 1, 2, 4, 8 ``soniq_worker --burst`` processes drain
    one preloaded queue. Measured: the drain rate, CPU per job of the worker
    processes and of their PostgreSQL backends (/proc/<pid>/stat, from the
    first claim to the empty queue), and pg_stat_activity sampled every
@@ -85,6 +92,20 @@ INSERT INTO soniq_jobs (id, job_name, args, status, attempts, max_attempts, queu
 SELECT gen_random_uuid(), 'bench.noop', jsonb_build_object('h', g), 'queued', 0, 4, 'default',
        100, false, 'bench', %(t0)s::timestamptz - interval '1 hour' + g * interval '1 microsecond',
        now()
+  FROM generate_series(1, %(count)s) AS g
+"""
+
+#: Finished rows kept for their result TTL, created before the queued jobs (as the
+#: jobs a queue has run are), in batches of ``count``: done, with a small result, their
+#: claim columns as soniq_complete() leaves them.
+FINISHED_SQL = """
+INSERT INTO soniq_jobs (id, job_name, args, status, attempts, max_attempts, queue, priority,
+                        unique_job, producer_id, created_at, updated_at, claimed_at,
+                        claim_generation, claim_owner, claim_token, result, expires_at)
+SELECT gen_random_uuid(), 'bench.noop', jsonb_build_object('d', g), 'done', 1, 4, 'default',
+       100, false, 'bench', %(t0)s::timestamptz - interval '1 day' + g * interval '1 microsecond',
+       now(), now(), 1, 'bench-done', 'bench-done-' || %(offset)s || '-' || g,
+       jsonb_build_object('ok', true, 'rows', g), now() + interval '1 day'
   FROM generate_series(1, %(count)s) AS g
 """
 
@@ -305,7 +326,84 @@ def measure_depths(cfg, cases: list[dict]) -> None:
                   f"hit={summary['hit']} removed={summary['removed']}", flush=True)
 
 
-# Part 2: workers ----------------------------------------------------------------
+# Part 2: finished rows --------------------------------------------------------
+
+
+def load_finished(db: str, queued: int, finished: int, batch: int = 1_000_000) -> float:
+    """Truncate, load ``finished`` finished rows (in batches) and ``queued`` jobs, VACUUM
+    ANALYZE, CHECKPOINT; return seconds taken."""
+    started = time.perf_counter()
+    load(db, queued, 0, 0)
+    with connect(db) as conn:
+        for offset in range(0, finished, batch):
+            conn.execute(FINISHED_SQL, {"t0": "2026-01-01T00:00:00Z", "offset": offset,
+                                        "count": min(batch, finished - offset)})
+        if finished:
+            conn.execute("VACUUM ANALYZE soniq_jobs")
+            conn.execute("CHECKPOINT")
+    return time.perf_counter() - started
+
+
+def relation_sizes(db: str) -> dict[str, int]:
+    """Bytes of soniq_jobs and of each of its indexes."""
+    with connect(db) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, pg_relation_size(c.oid) FROM pg_class AS c "
+            " WHERE c.oid = 'soniq_jobs'::regclass OR c.oid IN ("
+            "   SELECT indexrelid FROM pg_index WHERE indrelid = 'soniq_jobs'::regclass) "
+            " ORDER BY 2 DESC").fetchall()
+    return {name: size for name, size in rows}
+
+
+def measure_finished(cfg, cases: list[dict]) -> None:
+    """Both cases loaded, then plans, interleaved per-claim costs, throughput, sizes."""
+    for case in cases:
+        case["load_s"] = load_finished(case["db"], cfg.finished_queued, case["finished"])
+        print(f"scale: {case['label']} loaded in {case['load_s']:.1f} s", flush=True)
+    plans = {c["db"]: claim_plan(c["db"]) for c in cases}
+    costs = claim_costs([c["db"] for c in cases], cfg.claims)
+    for case in cases:
+        rate = throughput(case["db"], cfg.connections, cfg.throughput_jobs)
+        plan, summary = plans[case["db"]]
+        case.update(plan=plan, summary=summary, cost=costs[case["db"]], rate=rate,
+                    sizes=relation_sizes(case["db"]))
+        print(f"scale:   {case['label']:<24} claim {case['cost']['median']:.3f} ms (server "
+              f"{case['cost']['server']:.3f}), {rate:,.0f} jobs/s, plan {summary['index']} "
+              f"hit={summary['hit']} read={summary['read']}", flush=True)
+
+
+def render_finished(cfg, cases: list[dict]) -> list[str]:
+    alone, beside = cases
+    out = [f"FINISHED ROWS (issue 27: {cfg.finished_queued:,} queued alone, and beside "
+           f"{beside['finished']:,} finished rows kept for their result; claim = soniq_claim() "
+           "alone, one connection, synchronous_commit off; throughput = claim+complete, "
+           f"{cfg.connections} connections, {cfg.throughput_jobs:,} jobs)"]
+    out.append(f"  {'case':<28} {'claim ms':>9} {'p90':>7} {'server ms':>9} {'jobs/s':>8}  "
+               "plan: index, buffers hit/read, ms; loaded in")
+    for case in cases:
+        c, s = case["cost"], case["summary"]
+        out.append(f"  {case['label']:<28} {c['median']:>9.3f} {c['p90']:>7.3f} "
+                   f"{c['server']:>9.3f} {case['rate']:>8,.0f}  {s['index']}, "
+                   f"{s['hit']}/{s['read']}, {s['ms']:.3f}; {case['load_s']:.0f} s")
+    out.append("  sizes (MB), alone → beside:")
+    for name, size in beside["sizes"].items():
+        out.append(f"    {name:<40} {alone['sizes'].get(name, 0) / 1e6:>9.1f} → {size / 1e6:>9.1f}")
+    ratio = beside["cost"]["server"] / alone["cost"]["server"]
+    client = beside["cost"]["median"] / alone["cost"]["median"]
+    out.append(f"  per-claim cost beside {beside['finished']:,} finished rows ÷ none (server time; "
+               f"client-timed median in brackets): {ratio:.2f}× ({client:.2f}×)  target ≤1.20×: "
+               f"{_verdict(ratio, 1.2)}")
+    rate = beside["rate"] / alone["rate"]
+    out.append(f"  claim+complete throughput beside ÷ none: {rate:.2f}×  target ≥0.83× "
+               f"(1 ÷ 1.2): {'met' if rate >= 1 / 1.2 else 'MISSED'}")
+    out.append("")
+    out.append(f"CLAIM PLAN BESIDE {beside['finished']:,} FINISHED ROWS (auto_explain inside "
+               "soniq_claim, after 8 calls)")
+    out.extend("  " + line for line in beside["plan"].splitlines())
+    return out
+
+
+# Part 3: workers ----------------------------------------------------------------
 
 
 def _cpu_ticks(pid: int) -> int | None:
@@ -583,8 +681,11 @@ def parse_args(argv):
                                                    "(default 1000; quick 300)")
     parser.add_argument("--throughput-jobs", type=int, help="jobs per throughput run (default "
                                                             "3000; quick 1000)")
-    parser.add_argument("--no-workers", action="store_true", help="part 1 only")
-    parser.add_argument("--no-depth", action="store_true", help="part 2 only")
+    parser.add_argument("--no-workers", action="store_true", help="no part 3")
+    parser.add_argument("--no-depth", action="store_true", help="no part 1")
+    parser.add_argument("--finished", type=int, default=0,
+                        help="part 2 with this many finished rows (make bench-finished: "
+                             "10000000; default 0: no part 2)")
     cfg = parser.parse_args(argv)
     quick = cfg.quick
     default_depths = "10000,100000" if quick else "10000,100000,1000000"
@@ -599,6 +700,7 @@ def parse_args(argv):
     cfg.throughput_jobs = cfg.throughput_jobs or (1000 if quick else 3000)
     cfg.worker_jobs = 2000 if quick else 10_000
     cfg.worker_concurrency = 2
+    cfg.finished_queued = 100_000
     if min(cfg.depths) <= cfg.claims + cfg.throughput_jobs:
         parser.error(f"every depth must exceed {cfg.claims + cfg.throughput_jobs} jobs")
     return cfg
@@ -635,6 +737,16 @@ def main(argv=None) -> int:
                 create_database(case["db"], template=db)
                 copies.append(case["db"])
             measure_depths(cfg, [base, *depths])
+        finished: list[dict] = []
+        if cfg.finished:
+            finished = [{"finished": 0, "label": f"{cfg.finished_queued:,} queued alone"},
+                        {"finished": cfg.finished,
+                         "label": f"beside {cfg.finished:,} finished"}]
+            for index, case in enumerate(finished):
+                case["db"] = f"{db}_f{index}"
+                create_database(case["db"], template=db)
+                copies.append(case["db"])
+            measure_finished(cfg, finished)
         workers = []
         if not cfg.no_workers:
             for processes in cfg.processes:
@@ -647,6 +759,8 @@ def main(argv=None) -> int:
         lines = [header()]
         if depths:
             lines += ["", *render_depths(cfg, base, depths)]
+        if finished:
+            lines += ["", *render_finished(cfg, finished)]
         if workers:
             lines += ["", *render_workers(cfg, workers)]
         print("\n".join(lines))
