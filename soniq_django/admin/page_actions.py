@@ -65,7 +65,7 @@ class PageActions:
         obj = self.get_object(request, object_id)
         context = {**(extra_context or {}),
                    "soniq_page_actions": self.offered_page_actions(request, obj)}
-        return super().change_view(  # type: ignore[misc,no-any-return]
+        return super().change_view(  # type: ignore[misc]
             request, object_id, form_url, extra_context=context)
 
     def page_action_view(self, request: HttpRequest, object_id: str,
