@@ -630,3 +630,30 @@ class JobAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} attempt {self.attempt} ({self.outcome})"
+
+
+class JobTrace(models.Model):
+    """``soniq_job_trace``: the trace context a job was enqueued under (docs/tracing.md).
+
+    One row for a job enqueued while an OpenTelemetry span was recording:
+    its W3C ``traceparent`` and ``tracestate``, written in the enqueue's own
+    statement or transaction. A job enqueued without one has no row, and
+    nothing here is read or written unless tracing is on. The row stays
+    while the job is in either job table (a dead letter keeps it, so that a
+    replay links to the same enqueue) and goes with it: the triggers of
+    sql/job_trace_v1.sql delete it when the job leaves both. Not part of
+    format 1; a producer in another language may write a row (or not).
+    """
+
+    job_id = models.UUIDField(primary_key=True)
+    #: W3C Trace Context's ``traceparent`` (55 characters in version 00).
+    traceparent = models.CharField(max_length=128)
+    #: Its ``tracestate``, when the producer's context had one (W3C: up to 512 characters).
+    tracestate = models.CharField(max_length=512, null=True, blank=True)
+
+    class Meta:
+        db_table = "soniq_job_trace"
+        verbose_name = "job trace context"
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.traceparent}"

@@ -29,6 +29,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
+from . import tracing
 from .conf import checked, get_settings
 from .errors import ConfigValidationError, ErrorCode
 from .producer.request import JobRequest, prepare, prepare_to_insert
@@ -368,7 +369,8 @@ class ConfiguredJob(Generic[P]):
         refuse_event_loop("enqueue_on_commit", "aenqueue")
         prepared = prepare(self.request(*args, **kwargs))
         alias = write_alias(self.options.using)
-        after_commit(lambda: insert_prepared(prepared, alias), alias)
+        # The insert runs after the commit, under the trace context current now (tracing.py).
+        after_commit(tracing.bound(lambda: insert_prepared(prepared, alias)), alias)
         return prepared.job_id
 
 

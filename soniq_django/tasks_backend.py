@@ -28,6 +28,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 from django.utils import timezone
 
+from . import tracing
 from .conf import checked, get_settings
 from .errors import ConfigValidationError, SettingsInvalid, SoniqError
 
@@ -217,7 +218,7 @@ class SoniqTaskBackend(BaseTaskBackend):
             task_enqueued.send(type(self), task_result=result)
 
         if self.enqueue_on_commit:
-            after_commit(insert, alias)
+            after_commit(tracing.bound(insert), alias)  # the trace context current now
         else:
             # backend.enqueue <- Task.enqueue <- the caller
             warn_if_uncoupled(alias, stacklevel=3)

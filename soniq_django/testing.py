@@ -236,9 +236,11 @@ class _Runner:
         from .worker.atomic import AtomicRunner, is_atomic
         from .worker.timeouts import limit_for
 
-        from . import signals
+        from . import signals, tracing
 
-        flight = self.flights.track(claimed)
+        traces = (tracing.carriers(self.alias, [claimed.claim_fence.job_id])
+                  if tracing.recording() else None)
+        flight = self.flights.track(claimed, traces)
         signals.started(flight, WORKER_ID, self.alias)  # finished: sent by self.writes
         limit = limit_for(claimed.job_name)
         try:

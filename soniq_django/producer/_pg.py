@@ -58,6 +58,17 @@ _ENQUEUE = (
 
 _ENQUEUE_MANY = "SELECT soniq_enqueue_many(%s::jsonb)"
 
+# An enqueue under a recording span (soniq_django/tracing.py): the same call, and the job's
+# trace context in soniq_job_trace, in one statement. A unique or dedup job whose queued
+# twin's id came back keeps the context it has (ON CONFLICT DO NOTHING). The CTE that calls
+# soniq_enqueue is read twice, so it runs once (a CTE with side effects always does).
+_ENQUEUE_TRACED = (
+    "WITH job AS (" + _ENQUEUE + " AS id), "
+    "trace AS (INSERT INTO soniq_job_trace (job_id, traceparent, tracestate) "
+    "SELECT job.id, %s::text, %s::text FROM job ON CONFLICT (job_id) DO NOTHING) "
+    "SELECT id FROM job"
+)
+
 # psycopg's default; any value works, prepare=True prepares at the first call.
 _PREPARE_THRESHOLD = 5
 
@@ -228,15 +239,23 @@ def _call(connection: Any, alias: str, sql: str, params: list[Any]) -> tuple[Any
     return cast("tuple[Any, ...]", row)
 
 
-def enqueue(job: PreparedJob, connection: Any, alias: str) -> uuid.UUID:
-    """Call ``soniq_enqueue`` for one validated job; return the id it gives."""
+def enqueue(job: PreparedJob, connection: Any, alias: str,
+            trace: tuple[str, str | None] | None = None) -> uuid.UUID:
+    """Call ``soniq_enqueue`` for one validated job; return the id it gives.
+
+    ``trace`` (``tracing.Carrier``): the job's trace context, written to
+    soniq_job_trace by the same statement.
+    """
     params = [
         job.job_name, job.args_json, job.queue, job.priority, job.scheduled_at,
         job.max_attempts, job.unique_job, job.dedup_key, job.producer_id,
         None if job.job_id is SERVER_MADE_ID else job.job_id,  # NULL: the server makes it
     ]
     job_id: uuid.UUID
-    (job_id,) = _call(connection, alias, _ENQUEUE, params)
+    if trace is None:
+        (job_id,) = _call(connection, alias, _ENQUEUE, params)
+    else:
+        (job_id,) = _call(connection, alias, _ENQUEUE_TRACED, [*params, *trace])
     return job_id
 
 

@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from .commit import warn_if_uncoupled
-from .. import signals
+from .. import signals, tracing
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
 from .request import (SERVER_MADE_ID, JobRequest, PreparedJob, coerce_job_id, prepare_all,
@@ -167,17 +167,35 @@ def insert_many_prepared(prepared: list[PreparedJob], alias: str) -> list[uuid.U
     """Insert validated jobs in one transaction (``bulk_enqueue`` after validation)."""
     connection = connections[alias]
     prepared = _due(prepared, connection)
+    if tracing.carrying():  # a sampled span is current: the jobs carry its context
+        names = {job.job_name for job in prepared}
+        queues = {job.queue for job in prepared}
+        ids = tracing.producing(
+            names.pop() if len(names) == 1 else None, queues.pop() if len(queues) == 1 else None,
+            len(prepared), lambda trace: _write_many(prepared, alias, connection, trace))
+    else:
+        ids = _write_many(prepared, alias, connection, None)
+    _enqueued(alias)
+    signals.enqueued(prepared, ids, alias, bulk=True)
+    return ids
+
+
+def _write_many(prepared: list[PreparedJob], alias: str, connection: Any,
+                trace: "tracing.Carrier | None") -> list[uuid.UUID]:
+    """Insert ``prepared`` (due times resolved); with ``trace``, its rows in soniq_job_trace
+    in the same transaction."""
+    if trace is not None:
+        with translating(alias), transaction.atomic(using=alias):
+            ids = _write_many(prepared, alias, connection, None)
+            tracing.keep(alias, ids, trace)
+        return ids
     if connection.vendor == "postgresql":
         from . import _copy, _pg  # here, not at the top: psycopg is needed on PostgreSQL alone
 
         copied = (_copy.enqueue_many(prepared, connection, alias)
                   if _copy.applies(prepared, connection) else None)
-        ids = _pg.enqueue_many(prepared, connection, alias) if copied is None else copied
-    else:
-        ids = _insert_many_portable(prepared, alias)
-    _enqueued(alias)
-    signals.enqueued(prepared, ids, alias, bulk=True)
-    return ids
+        return _pg.enqueue_many(prepared, connection, alias) if copied is None else copied
+    return _insert_many_portable(prepared, alias)
 
 
 def _insert_many_portable(prepared: list[PreparedJob], alias: str) -> list[uuid.UUID]:
@@ -208,18 +226,36 @@ def _insert(job: PreparedJob, alias: str, connection: Any) -> uuid.UUID:
     """``insert_prepared`` on ``connection`` (``connections[alias]``)."""
     if job.delay is not None:
         job = job.due_from(database_now(connection))
-    if connection.vendor == "postgresql":
-        job_id: uuid.UUID = (_pg_module or _import_pg()).enqueue(job, connection, alias)
+    if _carrying():  # a sampled span is current: the job carries its context
+        job_id = tracing.producing(job.job_name, job.queue, 1, lambda trace: [
+            _write(job, alias, connection, trace)])[0]
     else:
-        if job.job_id is SERVER_MADE_ID:
-            job = dataclasses.replace(job, job_id=uuid.uuid4())
-        with translating(alias):
-            job_id = _insert_portable(job, alias)
+        job_id = _write(job, alias, connection, None)
     _enqueued(alias)
     if signals.job_enqueued.receivers:
         signals.enqueued([job], [job_id], alias, bulk=False)
     return job_id
 
+
+def _write(job: PreparedJob, alias: str, connection: Any, trace: "tracing.Carrier | None"
+           ) -> uuid.UUID:
+    """Insert ``job`` (due time resolved); with ``trace``, its row in soniq_job_trace too: on
+    PostgreSQL in the same statement, elsewhere in the same transaction."""
+    if connection.vendor == "postgresql":
+        job_id: uuid.UUID = (_pg_module or _import_pg()).enqueue(job, connection, alias, trace)
+        return job_id
+    if job.job_id is SERVER_MADE_ID:
+        job = dataclasses.replace(job, job_id=uuid.uuid4())
+    with translating(alias):
+        if trace is None:
+            return _insert_portable(job, alias)
+        with transaction.atomic(using=alias):
+            job_id = _insert_portable(job, alias)
+            tracing.keep(alias, [job_id], trace)
+        return job_id
+
+
+_carrying = tracing.carrying
 
 # producer/_pg.py once imported: psycopg is needed on PostgreSQL alone, and an
 # import statement in _insert costs a lookup of the package per call.

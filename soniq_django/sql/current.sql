@@ -2543,3 +2543,38 @@ CREATE TRIGGER soniq_attempts_dead_letter_gone
     REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT
     EXECUTE FUNCTION {schema}.soniq_attempts_gone_v1();
+
+-- soniq_job_trace_gone_v1 (from job_trace_v1.sql) --
+CREATE FUNCTION {schema}.soniq_job_trace_gone_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF TG_TABLE_NAME = 'soniq_jobs' THEN
+        DELETE FROM {schema}.soniq_job_trace AS t
+         USING gone AS g
+         WHERE t.job_id = g.id
+           AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d WHERE d.id = g.id);
+    ELSE
+        DELETE FROM {schema}.soniq_job_trace AS t
+         USING gone AS g
+         WHERE t.job_id = g.id
+           AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j WHERE j.id = g.id);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- soniq_job_trace_job_gone (from job_trace_v1.sql) --
+CREATE TRIGGER soniq_job_trace_job_gone
+    AFTER DELETE ON {schema}.soniq_jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.soniq_job_trace_gone_v1();
+
+-- soniq_job_trace_dead_letter_gone (from job_trace_v1.sql) --
+CREATE TRIGGER soniq_job_trace_dead_letter_gone
+    AFTER DELETE ON {schema}.soniq_dead_letter_jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.soniq_job_trace_gone_v1();

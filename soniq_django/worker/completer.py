@@ -223,7 +223,7 @@ class InlineCompleter(Completer):
         try:
             answer = self._writes.round(batch, 0 if self._stopping.is_set() else 1)
             if answer.jobs:  # tracked before this one is forgotten: never idle between
-                following = self._flights.track(answer.jobs[0])
+                following = self._flights.track(answer.jobs[0], answer.traces)
         except Exception:
             logger.exception("worker error while running %s", flight.claimed.job_name)
         self._flights.finish(flight)

@@ -30,6 +30,9 @@ class JobContext:
     """Made on demand (``_cancel()``): most runs never hear of a cancel, nor wait for one."""
     _stop: bool = field(default=False, repr=False, compare=False)
     """The worker asked this run to stop (``_request_stop()``): set before the cancel event."""
+    _trace: "tuple[str, str | None] | None" = field(default=None, repr=False, compare=False)
+    """The trace context the job was enqueued under (``tracing.Carrier``), when the worker
+    traces and the job carries one: its run's span links to it (soniq_django/tracing.py)."""
 
     def _cancel(self) -> threading.Event:
         """The event a cancel sets (made the first time it is needed, by whichever thread)."""

@@ -6,11 +6,13 @@ import inspect
 import time
 import traceback
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from asgiref.sync import async_to_sync
 
+from .. import tracing
+from ..conf import get_settings
 from ..encoding import normalize_json
 from ..errors import JobCancelled, PermanentFailure, SoniqError
 from ..models import DeadLetterReason
@@ -122,15 +124,17 @@ _EXPIRED = _Expired()
 
 
 async def _run_async(handler: JobHandler[..., Any], args: dict[str, Any], context: JobContext,
-                     seconds: float | None) -> Any:
+                     seconds: float | None, span: Any = None) -> Any:
     """The coroutine's value, or ``_EXPIRED`` when it was cancelled after ``seconds``.
 
     A ``TimeoutError`` the handler raises itself (a socket's, a client's)
     is its own failure, not the job's timeout: only an expired scope is.
     The scope is the running loop's own timer, so on the worker's shared
     event loop it cancels this task alone, without blocking the loop.
+    ``span`` (tracing) is current while the handler runs.
     """
     token = bind(context)  # each task has its own context: bind inside it
+    active = None if span is None else tracing.activate(span)
     try:
         scope = asyncio.timeout(None if seconds is None else max(seconds, 0.0))
         try:
@@ -141,6 +145,8 @@ async def _run_async(handler: JobHandler[..., Any], args: dict[str, Any], contex
                 return _EXPIRED
             raise
     finally:
+        if active is not None:
+            tracing.deactivate(active)
         unbind(token)
 
 
@@ -168,27 +174,35 @@ def execute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | None, *
     (``started`` plus ``limit``; the whole limit from now when ``started`` is
     None) is cancelled → retry, as "timed out". A plain function cannot be
     stopped: the deadline thread times it out (deadlines.py).
+
+    With tracing on (soniq_django/tracing.py) a job that has a handler here
+    runs in a span of its own, current while the handler runs and ended
+    with the outcome as its final write will record it (``settled``).
     """
     handler, refused = _prepare(claimed)
+    span = _span(claimed, context, handler, refused)
     if refused is not None:
-        return refused
+        return _traced(span, claimed, refused)
     assert handler is not None
     seconds = _seconds(limit, started)
     try:
         if handler.is_async and atomic:
-            result = async_to_sync(_run_async)(handler, claimed.args, context, seconds)
+            result = async_to_sync(_run_async)(handler, claimed.args, context, seconds, span)
         elif handler.is_async:
             result = (run_async or asyncio.run)(
-                _run_async(handler, claimed.args, context, seconds))
+                _run_async(handler, claimed.args, context, seconds, span))
         else:
             token = bind(context)
+            active = None if span is None else tracing.activate(span)
             try:
                 result = handler.func(**claimed.args)
             finally:
+                if active is not None:
+                    tracing.deactivate(active)
                 unbind(token)
     except Exception as error:
-        return _failed(error, context)
-    return _returned(claimed, context, result, limit, atomic=atomic)
+        return _traced(span, claimed, _failed(error, context))
+    return _traced(span, claimed, _returned(claimed, context, result, limit, atomic=atomic))
 
 
 async def aexecute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | None, *,
@@ -199,14 +213,38 @@ async def aexecute(claimed: ClaimedJob, context: JobContext, limit: TimeLimit | 
     this task only, the loop's other tasks run on.
     """
     handler, refused = _prepare(claimed)
+    span = _span(claimed, context, handler, refused)
     if refused is not None:
-        return refused
+        return _traced(span, claimed, refused)
     assert handler is not None
     try:
-        result = await _run_async(handler, claimed.args, context, _seconds(limit, started))
+        result = await _run_async(handler, claimed.args, context, _seconds(limit, started),
+                                  span)
     except Exception as error:
-        return _failed(error, context)
-    return _returned(claimed, context, result, limit)
+        return _traced(span, claimed, _failed(error, context))
+    return _traced(span, claimed, _returned(claimed, context, result, limit))
+
+
+def _span(claimed: ClaimedJob, context: JobContext, handler: JobHandler[..., Any] | None,
+          refused: Outcome | None) -> Any:
+    """The run's tracing span (started, not yet current); None when the worker does not
+    trace, or when no handler here knows the job (it did not run: unknown.py decides)."""
+    if not tracing.recording() or (
+            handler is None and (refused is None or refused.kind is OutcomeKind.UNKNOWN)):
+        return None
+    return tracing.job_span(claimed.claim_fence.job_id, claimed.job_name, claimed.queue,
+                            claimed.attempts, context._trace)
+
+
+def _traced(span: Any, claimed: ClaimedJob, outcome: Outcome) -> Outcome:
+    """``outcome``, once the run's span (if any) is ended with it as its write will record it."""
+    if span is not None:
+        final = settled(claimed, outcome)
+        kind = OutcomeKind.DEFERRED if final.kind is OutcomeKind.STOPPED else final.kind
+        tracing.finish(span, kind.value,
+                       dead_letter_reason=None if final.reason is None else str(final.reason),
+                       exception=final.exception, error=final.error)
+    return outcome
 
 
 def _seconds(limit: TimeLimit | None, started: float | None) -> float | None:
@@ -258,3 +296,28 @@ def _returned(claimed: ClaimedJob, context: JobContext, result: Any, limit: Time
                        error=f"{claimed.job_name} returned a value that is not JSON "
                              f"({error.reason})",
                        reason=DeadLetterReason.PERMANENT_FAILURE)
+
+
+def settled(claimed: ClaimedJob, outcome: Outcome) -> Outcome:
+    """``outcome`` as its applied final write left the job: the one story the log, the
+    ``job_finished`` signal, ``soniq_django.testing`` and the run's span tell.
+
+    A failure with no attempts left was dead-lettered by ``fail_owned``: it is
+    DEAD, as ``max_retries_exceeded``, with no retry delay. Any other outcome
+    is itself.
+    """
+    if outcome.kind is OutcomeKind.RETRY and claimed.attempts >= attempt_limit(claimed):
+        return replace(outcome, kind=OutcomeKind.DEAD, delay=None,
+                       reason=DeadLetterReason.MAX_RETRIES_EXCEEDED)
+    return outcome
+
+
+def attempt_limit(claimed: ClaimedJob) -> int:
+    """The attempts the job has: its row's ``max_attempts``, else its handler's or the setting."""
+    return claimed.max_attempts or default_max_attempts(claimed.job_name)
+
+
+def default_max_attempts(job_name: str) -> int:
+    """What a job with ``max_attempts`` NULL gets: its handler's retries plus one, or the setting."""
+    handler = get_handler(job_name)
+    return handler.max_attempts if handler else get_settings().DEFAULT_MAX_ATTEMPTS

@@ -2,6 +2,7 @@
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..owned.types import ClaimedJob
@@ -66,15 +67,23 @@ class Flights:
         self._emptied = threading.Condition(self._lock)
         self._by_claim: dict[tuple[str, int], InFlight] = {}
 
-    def track(self, claimed: ClaimedJob) -> InFlight:
-        return self.track_many([claimed])[0]
+    def track(self, claimed: ClaimedJob,
+              traces: "Mapping[str, tuple[str, str | None]] | None" = None) -> InFlight:
+        return self.track_many([claimed], traces)[0]
 
-    def track_many(self, claimed: list[ClaimedJob]) -> list[InFlight]:
-        """Track every job a round claimed, under one acquisition of the lock."""
+    def track_many(self, claimed: list[ClaimedJob],
+                   traces: "Mapping[str, tuple[str, str | None]] | None" = None
+                   ) -> list[InFlight]:
+        """Track every job a round claimed, under one acquisition of the lock.
+
+        ``traces``: the trace contexts the jobs carry, by job id (``Answer.traces``).
+        """
         flights = [InFlight(job, JobContext(  # the fence holds the id as text already
             job_id=job.claim_fence.job_id, job_name=job.job_name, queue=job.queue,
             attempts=job.attempts, max_attempts=job.max_attempts,
-            generation=job.claim_fence.generation)) for job in claimed]
+            generation=job.claim_fence.generation,
+            _trace=None if traces is None else traces.get(job.claim_fence.job_id)))
+            for job in claimed]
         if flights:
             with self._lock:
                 for flight in flights:

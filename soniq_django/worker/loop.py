@@ -428,7 +428,7 @@ class Worker:
         self.slots.take(len(answer.jobs))
         on_the_loop = []
         on_threads = []
-        for flight in self.flights.track_many(answer.jobs):  # one lock for the round's jobs
+        for flight in self.flights.track_many(answer.jobs, answer.traces):  # one lock for all
             if self.concurrency > 1 and _runs_on_the_loop(flight.claimed.job_name):
                 on_the_loop.append(flight)
             else:

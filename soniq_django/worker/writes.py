@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
-from .. import signals
+from .. import signals, tracing
 from ..models import DeadLetterReason, Job
 from ..owned import OwnedJobSource
 from ..owned._store import LOCK_NOT_AVAILABLE, guarded, retry_backoff
@@ -40,7 +40,9 @@ from . import unknown
 from .bounds import lock_wait
 from .capacity import Budget
 from .connection import CallersConnection, SharedConnection
-from .execution import Outcome, OutcomeKind
+from .execution import Outcome, OutcomeKind, settled
+from .execution import attempt_limit as _attempt_limit
+from .execution import default_max_attempts as _default_max_attempts
 from .flight import InFlight
 
 logger = logging.getLogger("soniq_django.worker")
@@ -128,6 +130,9 @@ class Answer:
 
     Known, not unknown: nothing was written. Not an empty queue either.
     """
+    traces: "dict[str, tracing.Carrier] | None" = None
+    """The trace contexts the claimed jobs carry, by job id; None when the worker does not
+    trace (soniq_django/tracing.py): then nothing was read."""
 
     @property
     def found_nothing(self) -> bool:
@@ -195,7 +200,13 @@ class Writes:
                 logger.debug("claimed %s %s (attempt %d)", job.job_name, job.job_id, job.attempts)
             if not jobs and not unknown and not held_back:
                 logger.debug("claimed nothing: no job is due")
-        return Answer(jobs, asked, unknown, held_back)
+        traces = self._traces(jobs) if jobs and tracing.recording() else None
+        return Answer(jobs, asked, unknown, held_back, traces)
+
+    def _traces(self, jobs: list[ClaimedJob]) -> "dict[str, tracing.Carrier]":
+        """The trace contexts ``jobs`` carry (one query, a turn of its own; tracing on)."""
+        with self.shared.turn():
+            return tracing.carriers(self.using, [job.claim_fence.job_id for job in jobs])
 
     def _call(self, completions: list[tuple[QueueClaimFence, Any]], tokens: list[str]
               ) -> tuple[Sequence[bool | None], list[ClaimedJob], bool, bool]:
@@ -548,20 +559,6 @@ class Writes:
         return state is not None and state.cancel_requested
 
 
-def settled(claimed: ClaimedJob, outcome: Outcome) -> Outcome:
-    """``outcome`` as its applied final write left the job: the one story the log, the
-    ``job_finished`` signal and ``soniq_django.testing`` tell.
-
-    A failure with no attempts left was dead-lettered by ``fail_owned``: it is
-    DEAD, as ``max_retries_exceeded``, with no retry delay. Any other outcome
-    is itself.
-    """
-    if outcome.kind is OutcomeKind.RETRY and claimed.attempts >= _attempt_limit(claimed):
-        return replace(outcome, kind=OutcomeKind.DEAD, delay=None,
-                       reason=DeadLetterReason.MAX_RETRIES_EXCEEDED)
-    return outcome
-
-
 #: The longest retry delay the claim protocol accepts (a year; RETRY_MAX_SECONDS is checked too).
 YEAR = 31536000.0
 
@@ -611,14 +608,3 @@ def _why(outcome: Outcome) -> str:
         text = "no error text"
     text = " ".join(text.split())
     return text if len(text) <= MAX_LOGGED_ERROR else text[:MAX_LOGGED_ERROR - 3] + "..."
-
-
-def _attempt_limit(claimed: ClaimedJob) -> int:
-    """The attempts the job has: its row's ``max_attempts``, else its handler's or the setting."""
-    return claimed.max_attempts or _default_max_attempts(claimed.job_name)
-
-
-def _default_max_attempts(job_name: str) -> int:
-    """What a job with ``max_attempts`` NULL gets: its handler's retries plus one, or the setting."""
-    handler = get_handler(job_name)
-    return handler.max_attempts if handler else get_settings().DEFAULT_MAX_ATTEMPTS
