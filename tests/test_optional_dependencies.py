@@ -1,10 +1,10 @@
 """A SQLite project needs none of the extras: no psycopg, no django-environ, no backport,
-no prometheus_client.
+no prometheus_client, no OpenTelemetry.
 
 ``pip install soniq-django`` brings Django and croniter only (docs/install.md).
-The subprocess below makes ``import psycopg`` (and psycopg2, django-environ
-and the django-tasks backport) fail, as in a virtualenv without them, then
-imports every module of the package (soniq_django.metrics refuses with
+The subprocess below makes ``import psycopg`` (and psycopg2, django-environ,
+the django-tasks backport, prometheus_client and opentelemetry) fail, as in a
+virtualenv without them, then imports every module of the package (soniq_django.metrics refuses with
 ExtraNotInstalled, an ImportError naming its extra), migrates a SQLite database, enqueues a
 job and runs it with ``soniq_worker --burst``.
 
@@ -56,7 +56,7 @@ RUN = """
 import sys
 
 BLOCKED = ("psycopg", "psycopg2", "psycopg_binary", "psycopg_c", "environ", "django_tasks",
-           "prometheus_client")
+           "prometheus_client", "opentelemetry")
 for name in BLOCKED:
     sys.modules[name] = None  # import fails: "import of psycopg halted"
 

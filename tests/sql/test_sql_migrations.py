@@ -180,6 +180,8 @@ _ADDED_BY_0019 = ("soniq_reap_lapsed_v3",)
 _REPLACED_BY_0019 = {"soniq_claim_many": "claim_protocol_v8.sql"}
 # 0020 also adds triggers (attempt history) and a table; these are its functions.
 _ADDED_BY_0020 = ("soniq_attempt_ended_v1", "soniq_attempts_gone_v1")
+# 0021 adds the trigger function that takes a job's trace context with it (tested below).
+_ADDED_BY_0021 = ("soniq_job_trace_gone_v1",)
 _REPLACED_BY_0020 = {"soniq_claim_many": "claim_protocol_v9.sql"}
 
 
@@ -250,7 +252,8 @@ def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     # 0016 (version 7's batched bodies), 0017 (soniq_enqueue v4) and 0018 (claim
     # protocol v8; all tested below).
     by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many",
-               "soniq_enqueue", *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020}
+               "soniq_enqueue", *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
+               *_ADDED_BY_0021}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -303,7 +306,8 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v2
         assert set(after) == set(before) - {"soniq_queue_budget_v1", *_ADDED_BY_0018,
-                                            *_ADDED_BY_0019, *_ADDED_BY_0020}
+                                            *_ADDED_BY_0019, *_ADDED_BY_0020,
+               *_ADDED_BY_0021}
         # 0017 reversed too: version 3's soniq_enqueue.
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         assert fetch("SELECT to_regclass('soniq_queue_settings'), "
@@ -347,10 +351,12 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
         # soniq_enqueue: version 3's again (0017 reversed too).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_ADDED_BY_0018,
-                   *_REPLACED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020)
+                   *_REPLACED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
+                   *_ADDED_BY_0021)
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
-        assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020) & set(after)
+        assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
+                       + _ADDED_BY_0021) & set(after)
         assert _claim_indexes() == {"soniq_jobs_claim_idx", "soniq_jobs_claim_any_idx"}
         # Version 5's claim works again, a due scheduled job and all.
         fetch("SELECT soniq_enqueue('back.to_v5', run_at => now() - interval '1 second')")
@@ -385,7 +391,8 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
         # 0017 and 0018 reversed too (tested below).
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018,
-                   *_ADDED_BY_0019, *_ADDED_BY_0020}
+                   *_ADDED_BY_0019, *_ADDED_BY_0020,
+               *_ADDED_BY_0021}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
@@ -421,7 +428,8 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
     call_command("soniq_grant", producer, stdout=io.StringIO())
     # Going back to 0016 reverses 0018 and 0019 too (tested below).
     changed = {"soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018, *_ADDED_BY_0019,
-               *_ADDED_BY_0020}
+               *_ADDED_BY_0020,
+               *_ADDED_BY_0021}
     try:
         call_command("migrate", "soniq_django", "0016", verbosity=0)
         after = _soniq_functions()
@@ -464,8 +472,10 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
         call_command("migrate", "soniq_django", "0017", verbosity=0)
         after = _soniq_functions()
         assert {name: after[name] for name in restored} == restored
-        assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020) & set(after)
-        changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020}
+        assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
+                       + _ADDED_BY_0021) & set(after)
+        changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
+               *_ADDED_BY_0021}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert "soniq_jobs_claim_queue_now_idx" not in _claim_indexes()
@@ -518,8 +528,10 @@ def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9
         call_command("migrate", "soniq_django", "0018", verbosity=0)
         after = _soniq_functions()
         assert {name: after[name] for name in restored} == restored
-        assert not set(_ADDED_BY_0019 + _ADDED_BY_0020) & set(after)
-        changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019, *_ADDED_BY_0020}
+        assert not set(_ADDED_BY_0019 + _ADDED_BY_0020
+                       + _ADDED_BY_0021) & set(after)
+        changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019, *_ADDED_BY_0020,
+               *_ADDED_BY_0021}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8 works again: a lapsed job is settled, a queued one claimed.
@@ -564,8 +576,9 @@ def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back()
         call_command("migrate", "soniq_django", "0019", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v9
-        assert not set(_ADDED_BY_0020) & set(after)
-        changed = {*_REPLACED_BY_0020, *_ADDED_BY_0020}
+        assert not set(_ADDED_BY_0020 + _ADDED_BY_0021) & set(after)
+        changed = {*_REPLACED_BY_0020, *_ADDED_BY_0020,
+               *_ADDED_BY_0021}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert attempt_triggers() == []
@@ -596,3 +609,32 @@ def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back()
     assert fetch("SELECT outcome, dead_letter_reason, error FROM soniq_job_attempts "
                  "WHERE job_id = %s::uuid", [job_id]) == [("dead", "max_retries_exceeded",
                                                           "again")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0021_drops_the_trace_contexts_and_reapplying_gives_them_back():
+    added = {name: _file_source("job_trace_v1.sql", name) for name in _ADDED_BY_0021}
+    before = _soniq_functions()
+    assert {name: before[name] for name in added} == added
+    triggers = ["soniq_job_trace_dead_letter_gone", "soniq_job_trace_job_gone"]
+
+    def trace_triggers():
+        return sorted(name for (name,) in fetch(
+            "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal "
+            "AND tgname LIKE 'soniq_job_trace%%'"))
+
+    assert trace_triggers() == triggers
+    try:
+        call_command("migrate", "soniq_django", "0020", verbosity=0)
+        after = _soniq_functions()
+        assert not set(_ADDED_BY_0021) & set(after)
+        assert {n: b for n, b in after.items() if n not in added} == {
+            n: b for n, b in before.items() if n not in added}
+        assert trace_triggers() == []
+        assert fetch("SELECT to_regclass('soniq_job_trace')") == [(None,)]
+        # Jobs come and go as before, with no trace context to take along.
+        [(job_id,)] = fetch("SELECT soniq_enqueue('back.to_0020')::text")
+        fetch("DELETE FROM soniq_jobs WHERE id = %s::uuid", [job_id])
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before and trace_triggers() == triggers

@@ -17,7 +17,7 @@ from django.utils import timezone
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
-from soniq_django import aenqueue, bulk_enqueue, enqueue, job
+from soniq_django import aenqueue, bulk_enqueue, enqueue
 from soniq_django.housekeeping import purge_dead_letters, purge_expired
 from soniq_django.models import DeadLetterJob, Job, JobTrace
 from soniq_django.producer import _copy
@@ -25,44 +25,11 @@ from soniq_django.producer.request import JobRequest
 from soniq_django.replay import replay_dead_letters
 from soniq_django.testing import run_jobs
 from tests.support.workers import run_burst
+from tests.tracing.handlers import seen, traced_ok
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fast")]
 
 BOTH_PATHS = pytest.mark.parametrize("concurrency", [1, 3])
-
-#: What each handler below saw as its current span: (trace id, span id), by job name.
-seen: dict[str, tuple[int, int]] = {}
-
-
-def _here(name: str) -> None:
-    context = trace.get_current_span().get_span_context()
-    seen[name] = (context.trace_id, context.span_id)
-    with trace.get_tracer("tests.tracing").start_as_current_span(f"inside {name}"):
-        pass
-
-
-@job(name="tracing.ok")
-def traced_ok(n: int = 0) -> int:
-    _here("tracing.ok")
-    return n
-
-
-@job(name="tracing.async_ok")
-async def traced_async_ok(n: int = 0) -> int:
-    await asyncio.sleep(0)
-    _here("tracing.async_ok")
-    return n
-
-
-@job(name="tracing.fails", retries=1)
-def traced_fails() -> None:
-    raise ValueError("tracing boom")
-
-
-@job(name="tracing.atomic", atomic=True)
-def traced_atomic() -> None:
-    _here("tracing.atomic")
-
 
 def _carried(job_id):
     row = JobTrace.objects.get(job_id=job_id)
