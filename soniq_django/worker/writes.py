@@ -30,11 +30,11 @@ from typing import Any, NamedTuple
 from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
 from .. import signals, tracing
-from ..models import DeadLetterReason, Job
+from ..models import Job
 from ..owned import OwnedJobSource
 from ..owned._store import LOCK_NOT_AVAILABLE, guarded, retry_backoff
 from ..owned.types import ClaimedJob, QueueClaimFence
-from ..registry import WHERE_HANDLERS_COME_FROM, get_handler
+from ..registry import WHERE_HANDLERS_COME_FROM
 from ..throughput import ThroughputCounter
 from . import unknown
 from .bounds import lock_wait

@@ -307,7 +307,7 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
         assert after["soniq_claim_many"] == v2
         assert set(after) == set(before) - {"soniq_queue_budget_v1", *_ADDED_BY_0018,
                                             *_ADDED_BY_0019, *_ADDED_BY_0020,
-               *_ADDED_BY_0021}
+                                            *_ADDED_BY_0021}
         # 0017 reversed too: version 3's soniq_enqueue.
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         assert fetch("SELECT to_regclass('soniq_queue_settings'), "
@@ -392,7 +392,7 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018,
                    *_ADDED_BY_0019, *_ADDED_BY_0020,
-               *_ADDED_BY_0021}
+                   *_ADDED_BY_0021}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
@@ -475,7 +475,7 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
         assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
                        + _ADDED_BY_0021) & set(after)
         changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
-               *_ADDED_BY_0021}
+                   *_ADDED_BY_0021}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert "soniq_jobs_claim_queue_now_idx" not in _claim_indexes()
@@ -531,7 +531,7 @@ def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9
         assert not set(_ADDED_BY_0019 + _ADDED_BY_0020
                        + _ADDED_BY_0021) & set(after)
         changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019, *_ADDED_BY_0020,
-               *_ADDED_BY_0021}
+                   *_ADDED_BY_0021}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8 works again: a lapsed job is settled, a queued one claimed.
@@ -578,7 +578,7 @@ def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back()
         assert after["soniq_claim_many"] == v9
         assert not set(_ADDED_BY_0020 + _ADDED_BY_0021) & set(after)
         changed = {*_REPLACED_BY_0020, *_ADDED_BY_0020,
-               *_ADDED_BY_0021}
+                   *_ADDED_BY_0021}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert attempt_triggers() == []

@@ -7,7 +7,6 @@ soniq_job_trace holds the producer span's context, and the handler's span
 starts a trace of its own linked to it (decision 0041).
 """
 
-import asyncio
 import datetime as dt
 
 import pytest
