@@ -172,8 +172,10 @@ def test_only_django_and_croniter_are_required_and_the_rest_are_extras(built):
             required.append(name)
     assert sorted(required) == ["croniter", "django"]
     assert set(metadata.get_all("Provides-Extra")) == {
-        "postgres", "tasks", "environ", "prometheus", "test"}
-    assert (extras["postgres"], extras["tasks"], extras["environ"], extras["prometheus"]) == (
-        ["psycopg"], ["django-tasks"], ["django-environ"], ["prometheus_client"])
+        "postgres", "tasks", "environ", "prometheus", "opentelemetry", "test"}
+    assert (extras["postgres"], extras["tasks"], extras["environ"], extras["prometheus"],
+            extras["opentelemetry"]) == (
+        ["psycopg"], ["django-tasks"], ["django-environ"], ["prometheus_client"],
+        ["opentelemetry-api"])
     # The test extra is the test tools; the suite's other needs are the extras above.
     assert not {"psycopg", "django-tasks", "django-environ"} & set(extras["test"])

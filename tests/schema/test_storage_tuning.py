@@ -19,7 +19,10 @@ LATER_OBJECTS = {"soniq_queue_holds", "soniq_jobs_claim_queue_now_idx",
                  # 0020_attempts: the table, its index and triggers, and claimed_at.
                  "soniq_job_attempts", "soniq_job_attempts_job_idx", "soniq_attempt_ended",
                  "soniq_attempt_given_back", "soniq_attempt_dead", "soniq_attempts_job_gone",
-                 "soniq_attempts_dead_letter_gone", "claimed_at"}
+                 "soniq_attempts_dead_letter_gone", "claimed_at",
+                 # 0021_job_trace: the table and the triggers that purge it.
+                 "soniq_job_trace", "soniq_job_trace_job_gone",
+                 "soniq_job_trace_dead_letter_gone"}
 #: The column 0020 adds to soniq_jobs, as SQLite's table definition ends with it.
 _LATER_SQLITE_COLUMN = ', "claimed_at" datetime NULL'
 
