@@ -1,15 +1,17 @@
 """Admins for ``soniq_jobs`` and ``soniq_dead_letter_jobs``: read-only lists, actions."""
 
-import re
 from collections import Counter
 from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION
+from django.contrib.admin.views.main import SEARCH_VAR
 from django.contrib.auth import get_permission_codename
 from django.db import router
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -22,24 +24,72 @@ from .access import may_view
 from .base import OnlyListedColumns, ReadOnlyAdmin, log_changed, log_rows, write_alias
 from .matching import AllMatching, Batch, MatchingOperation
 from .page_actions import PageAction, PageActions
+from .scale import EstimatedValuesFilter, EstimatingPaginator, ExactPaginator
+from . import scale
 from .timeline import dead_letter_events, error_summary, job_events, job_url, render_timeline
 from .timeline import worker_link
-from .display import VisibleValuesFilter, parse_uuid, plural, pre, pretty_json, sentence, visible
-from .display import when
+from .display import plural, pre, pretty_json, sentence, visible, when
 
-_SHORT_ID = re.compile(rf"[0-9a-f]{{{operations.SHORT_ID_LENGTH}}}")
+
+class _RowsChangeList(OnlyListedColumns):
+    """The listed columns only; ``result_estimated`` says whether the count is an estimate."""
+
+    result_estimated = False
+    dates_from_ends = False
+    """Whether the date drill-down lists the periods between the table's ends (reads no row)."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        self.result_estimated = bool(getattr(self.paginator, "estimated", False))
+        bound = getattr(request, "_soniq_search_window", None)
+        self.dates_from_ends = self.result_estimated or (
+            bound is not None and bound.since is not None)
 
 
 class _JobRowAdmin(ReadOnlyAdmin):
-    """What the job and dead-letter admins share: read-only rows, id search, pretty fields."""
+    """What the job and dead-letter admins share: read-only rows, id search, pretty fields.
+
+    At a million rows (docs/admin.md, "How the pages stay cheap on big
+    tables"): counts are the planner's estimates where counting would read
+    the whole table, the queue and job name filters list the values ANALYZE
+    saw, and a search reads an id's range of the primary key, or at most the
+    ``scale.SEARCH_WINDOW`` newest rows by ``search_window_field``.
+    """
 
     list_columns: tuple[str, ...] = ()
     list_per_page = 50
     show_full_result_count = False  # no COUNT(*) over the whole table on every filter
-    search_help_text = "A job id (whole, or its first 8 characters) or part of a job name."
+    search_help_text = ("A job id (whole, or its first 8 or more characters), key=value "
+                        "pairs inside its args, or part of a job name.")
+    search_window_field = ""
+    """An indexed timestamp: a search reads the newest rows by it (scale.SEARCH_WINDOW)."""
+    search_noun = "rows"
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[OnlyListedColumns]:
-        return OnlyListedColumns
+        return _RowsChangeList
+
+    def get_paginator(self, request: HttpRequest, queryset: QuerySet, per_page: int,
+                      orphans: int = 0, allow_empty_first_page: bool = True
+                      ) -> EstimatingPaginator:
+        # A search's rows are bounded (an id's range, or the search window):
+        # they are counted.
+        searching = bool(request.GET.get(SEARCH_VAR, "").strip())
+        kind = ExactPaginator if searching else EstimatingPaginator
+        return kind(queryset, per_page, orphans, allow_empty_first_page)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None
+                        ) -> HttpResponseBase:
+        response = super().changelist_view(request, extra_context)
+        if isinstance(response, TemplateResponse) and response.context_data is not None:
+            changelist = response.context_data.get("cl")
+            notes = []
+            if getattr(changelist, "result_estimated", False):
+                notes.append(scale.ESTIMATE_NOTE)
+            bound = getattr(request, "_soniq_search_window", None)
+            if bound is not None and bound.since is not None:
+                notes.append(scale.window_note(bound, self.search_noun))
+            response.context_data["soniq_notes"] = notes
+        return response
 
     def _has_model_permission(self, request: HttpRequest, action: str) -> bool:
         codename = get_permission_codename(action, self.opts)
@@ -47,14 +97,32 @@ class _JobRowAdmin(ReadOnlyAdmin):
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str
                            ) -> tuple[QuerySet, bool]:
-        job_id = parse_uuid(search_term)
-        if job_id is not None:
-            return queryset.filter(id=job_id), False
-        results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
-        term = search_term.strip().lower()
-        if _SHORT_ID.fullmatch(term):
-            results |= queryset.filter(id__startswith=term)
-        return results, may_have_duplicates
+        """An id or its start (a range of the primary key); else, in the search window,
+        ``key=value`` pairs inside args, or part of a name (``search_fields``)."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        by_id = scale.id_filter(term)
+        if by_id is not None:
+            return queryset.filter(by_id), False
+        bound = scale.window(self._window_root(request), self.search_window_field)
+        request._soniq_search_window = bound  # type: ignore[attr-defined]  # for the note
+        queryset = scale.within(queryset, bound)
+        pairs = scale.args_pairs(term)
+        if pairs is not None:
+            return scale.args_match(queryset, pairs), False
+        return super().get_search_results(request, queryset, search_term)
+
+    def _window_root(self, request: HttpRequest) -> QuerySet:
+        """The rows the search window counts back from: the list's date drill-down only.
+
+        The list's other filters narrow the window's rows, never move the
+        window: counting back through one queue's rows could read the table.
+        """
+        field = self.date_hierarchy
+        dates = {name: value for name, value in request.GET.items()
+                 if name in {f"{field}__year", f"{field}__month", f"{field}__day"}}
+        return self.get_queryset(request).filter(**dates)
 
     @admin.display(description="id", ordering="id")
     def short_id(self, obj: Job | DeadLetterJob) -> str:
@@ -194,10 +262,13 @@ class JobAdmin(PageActions, AllMatching, _JobRowAdmin):
                     "max_attempts", "priority", "scheduled_at", "updated_at")
     list_display = ("short_id", "job_name", "queue_name", "status_shown", "attempts_of_max",
                     "priority", "scheduled", "updated")
-    list_filter = ("status", ("queue", VisibleValuesFilter), ("job_name", VisibleValuesFilter))
+    list_filter = ("status", ("queue", EstimatedValuesFilter),
+                   ("job_name", EstimatedValuesFilter))
     search_fields = ("job_name", "dedup_key")
-    search_help_text = ("A job id (whole, or its first 8 characters), or part of a job name "
-                        "or dedup key.")
+    search_help_text = ("A job id (whole, or its first 8 or more characters), key=value pairs "
+                        "inside its args (customer=42), or part of a job name or dedup key.")
+    search_window_field = "created_at"
+    search_noun = "jobs"
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
     actions = ("cancel_selected", "retry_selected_now", "delete_selected_finished")
@@ -346,9 +417,11 @@ class DeadLetterJobAdmin(PageActions, AllMatching, _JobRowAdmin):
                     "resurrection_count", "moved_to_dead_letter_at", "last_error")
     list_display = ("short_id", "job_name", "queue_name", "dead_letter_reason", "error_shown",
                     "attempts_of_max", "replays", "moved")
-    list_filter = ("dead_letter_reason", ("queue", VisibleValuesFilter),
-                   ("job_name", VisibleValuesFilter))
+    list_filter = ("dead_letter_reason", ("queue", EstimatedValuesFilter),
+                   ("job_name", EstimatedValuesFilter))
     search_fields = ("job_name",)
+    search_window_field = "moved_to_dead_letter_at"
+    search_noun = "dead letters"
     date_hierarchy = "moved_to_dead_letter_at"
     ordering = ("-moved_to_dead_letter_at",)
     actions = ("replay_selected",)
