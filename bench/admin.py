@@ -50,7 +50,7 @@ WORKERS = ("11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-2222
            "33333333-3333-4333-8333-333333333333", "44444444-4444-4444-8444-444444444444")
 
 #: One job per g; its state by g % 1000 (see the module's docstring), its queue
-#: by (g * 7) % 50 in QUEUES, its job name by g % 12, created over three days.
+#: by (g * 7 + g / 1000) % 50 in QUEUES, its job name by g % 12, created over three days.
 JOBS_SQL = """
 INSERT INTO soniq_jobs (id, job_name, args, args_hash, status, attempts, max_attempts, queue,
                         priority, unique_job, dedup_key, scheduled_at, expires_at, last_error,
@@ -63,7 +63,7 @@ SELECT gen_random_uuid(), names[1 + g %% 12],
                           'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || g %% 5000,
                                                                         'qty', 1 + g %% 3)),
                           'locale', CASE WHEN g %% 5 = 0 THEN 'de' ELSE 'en' END),
-       md5(g::text), state, attempts, 4, queues[1 + (g * 7) %% 50],
+       md5(g::text), state, attempts, 4, queues[1 + (g * 7 + g / 1000) %% 50],
        CASE WHEN g %% 10 = 0 THEN 50 ELSE 100 END, false,
        CASE WHEN g %% 20 = 0 THEN 'order-' || g END,
        CASE WHEN kind IN ('later', 'retry') THEN now() + (g %% 3600) * interval '1 second'

@@ -1,10 +1,19 @@
 """What the queues look like now, as plain data: for the admin dashboard and ``soniq_status``.
 
-``snapshot()`` reads the queues in a fixed number of queries (eight, however
-many jobs there are, and one for the database's clock on PostgreSQL) and
-returns frozen values; ``chart()`` turns the last
+``snapshot()`` reads the queues in a fixed number of queries (nine, however
+many jobs there are, and one for the database's clock on PostgreSQL; with
+``estimate``, one more for the plan, and five more on a big table: the
+statistics and the live counts) and returns frozen values; ``chart()`` turns the last
 hour's throughput into the geometry of an SVG bar chart, so the template
 only draws. Nothing here writes.
+
+With ``estimate=True`` (the dashboard) on a table too big to count cheaply
+(``estimates.cheap``), the finished jobs (``done``, ``cancelled``) are not
+counted: their numbers per queue are estimates from the table's statistics
+(``Snapshot.estimated`` names them), and only the queued and running jobs
+are counted, through their partial indexes. The oldest due job's wait reads
+the queued jobs' index and the first ``DUE_SCHEDULED_READ`` scheduled jobs
+to fall due, never the finished rows.
 """
 
 import datetime as dt
@@ -14,9 +23,10 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Count, Max, Min, Q
-from django.db.models.functions import Coalesce, Greatest, Now
+from django.db.models.functions import Now
 from django.utils import timezone
 
+from . import estimates
 from .conf import get_settings
 from .models import DeadLetterJob, Job, JobStatus, TaskRegistration, Worker, WorkerState
 from .replay import still_dead
@@ -32,6 +42,9 @@ LABELS = {
     DEAD_LETTER: "Dead letter", "failed": "Failed", "dead_lettered": "Dead-lettered",
 }
 WINDOW_MINUTES = 60
+FINISHED = (JobStatus.DONE, JobStatus.CANCELLED)
+DUE_SCHEDULED_READ = 1_000
+"""Scheduled jobs that fell due read for the oldest wait (the first ones to fall due)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,7 @@ class Snapshot:
     live_window: dt.timedelta
     throughput: tuple[MinuteCount, ...]  # WINDOW_MINUTES minutes, oldest first
     tasks: tuple[RegisteredTask, ...]  # by job name
+    estimated: frozenset[str] = frozenset()  # statuses whose counts are estimates
 
 
 def duration_text(span: dt.timedelta) -> str:
@@ -166,14 +180,16 @@ def database_now(using: str) -> dt.datetime:
     return now
 
 
-def snapshot(using: str = DEFAULT_DB_ALIAS, now: dt.datetime | None = None) -> Snapshot:
+def snapshot(using: str = DEFAULT_DB_ALIAS, now: dt.datetime | None = None, *,
+             estimate: bool = False) -> Snapshot:
     """Read the dashboard's numbers from database ``using``; returns a Snapshot.
 
     ``now`` (default: the database's clock, one query more on PostgreSQL)
-    is when ages and the live window are counted from.
+    is when ages and the live window are counted from. ``estimate``: the
+    finished jobs' counts may be estimates (see the module's docstring).
     """
     now = now or database_now(using)
-    counts = _counts(using)
+    counts, estimated = _counts(using, estimate)
     waiting = _oldest_due(using, now)
     queues = tuple(
         QueueRow(
@@ -188,34 +204,79 @@ def snapshot(using: str = DEFAULT_DB_ALIAS, now: dt.datetime | None = None) -> S
         (status, sum(per_queue.get(status, 0) for per_queue in counts.values()))
         for status in STATUS_COLUMNS
     )
-    reasons = (
-        DeadLetterJob.objects.using(using).filter(still_dead()).values_list("dead_letter_reason")
-        .annotate(n=Count("id")).order_by("-n", "dead_letter_reason")
-    )
+    by_reason: Counter[str] = Counter()
+    for (_, reason), n in _dead_letters(using).items():
+        by_reason[reason] += n
+    reasons = sorted(by_reason.items(), key=lambda item: (-item[1], item[0]))
     window = live_window()
     live, silent = _workers(using, now, window)
     return Snapshot(
         now=now, queues=queues, totals=totals, dead_letters_by_reason=tuple(reasons),
         live_workers=live, silent_workers=silent, live_window=window,
-        throughput=_throughput(using, now), tasks=_tasks(using, live),
+        throughput=_throughput(using, now), tasks=_tasks(using, live), estimated=estimated,
     )
 
 
-def _counts(using: str) -> dict[str, dict[str, int]]:
-    """{queue: {status: count}}, dead letters included (two GROUP BY queries).
+def _counts(using: str, estimate: bool = False
+            ) -> tuple[dict[str, dict[str, int]], frozenset[str]]:
+    """({queue: {status: count}}, the statuses estimated), dead letters included.
 
+    Exact: two GROUP BY queries. Estimated (``estimate``, and the exact
+    count would cost more than ``estimates.COST_LIMIT``): the queued and the
+    running jobs counted through their partial indexes, the finished ones
+    from the statistics (``_finished_estimates``).
     A replayed job counts once, in its status in ``soniq_jobs``: its dead-letter
     row counts again only when it fails again (``replay.still_dead``).
     """
     counts: dict[str, dict[str, int]] = {}
-    rows = Job.objects.using(using).values_list("queue", "status").annotate(n=Count("id"))
-    for queue, status, n in rows.order_by():
-        counts.setdefault(queue, {})[status] = n
-    dead = DeadLetterJob.objects.using(using).filter(still_dead()).values_list(
-        "queue").annotate(n=Count("id"))
-    for queue, n in dead.order_by():
-        counts.setdefault(queue, {})[DEAD_LETTER] = n
-    return counts
+    jobs = Job.objects.using(using)
+    rows = jobs.values_list("queue", "status").annotate(n=Count("id")).order_by()
+    estimated: frozenset[str] = frozenset()
+    finished = _finished_estimates(using) if estimate and not estimates.cheap(rows) else None
+    if finished is None:
+        for queue, status, n in rows:
+            counts.setdefault(queue, {})[status] = n
+    else:
+        for status in (JobStatus.QUEUED, JobStatus.PROCESSING):
+            # COUNT(*): the queued jobs' claim index alone answers (index-only).
+            live = jobs.filter(status=status).values_list("queue").annotate(n=Count("*"))
+            for queue, n in live.order_by():
+                counts.setdefault(queue, {})[status] = n
+        for queue, (rows_of_queue, shares) in finished.items():
+            left = rows_of_queue - sum(counts.get(queue, {}).values())
+            for status, share in shares.items():
+                if round(left * share) > 0:
+                    counts.setdefault(queue, {})[status] = round(left * share)
+        estimated = frozenset(FINISHED)
+    for (queue, _), n in _dead_letters(using).items():
+        cells = counts.setdefault(queue, {})
+        cells[DEAD_LETTER] = cells.get(DEAD_LETTER, 0) + n
+    return counts, estimated
+
+
+def _finished_estimates(using: str) -> dict[str, tuple[float, dict[str, float]]] | None:
+    """{queue: (its estimated rows, {finished status: its share of the finished rows})}.
+
+    From the statistics: the table's rows times each queue's share (ANALYZE's
+    most common values), and the finished statuses in their overall ratio.
+    None without statistics (never analyzed, or not PostgreSQL).
+    """
+    rows = estimates.table_rows(using, Job)
+    queues = estimates.frequencies(using, Job, "queue")
+    statuses = estimates.frequencies(using, Job, "status")
+    if rows is None or queues is None or statuses is None:
+        return None
+    finished = sum(statuses.get(status, 0.0) for status in FINISHED)
+    shares = {status: statuses.get(status, 0.0) / finished if finished else 0.0
+              for status in FINISHED}
+    return {queue: (rows * share, shares) for queue, share in queues.items()}
+
+
+def _dead_letters(using: str) -> dict[tuple[str, str], int]:
+    """{(queue, reason): dead letters} of those dead now (one GROUP BY query)."""
+    rows = DeadLetterJob.objects.using(using).filter(still_dead()).values_list(
+        "queue", "dead_letter_reason").annotate(n=Count("id")).order_by()
+    return {(queue, reason): n for queue, reason, n in rows}
 
 
 def _oldest_due(using: str, now: dt.datetime) -> dict[str, dt.datetime]:
@@ -225,14 +286,23 @@ def _oldest_due(using: str, now: dt.datetime) -> dict[str, dt.datetime]:
     yet, so it is left out; a due job has waited since it became due
     (``scheduled_at``) or was enqueued, whichever is later.
     """
-    due = Job.objects.using(using).filter(
-        Q(scheduled_at__isnull=True) | Q(scheduled_at__lte=now), status=JobStatus.QUEUED
-    )
-    # Both arguments of GREATEST are non-null: SQLite's max() would return
-    # NULL for a NULL argument where PostgreSQL's GREATEST skips it.
-    became_due = Greatest(Coalesce("scheduled_at", "created_at"), "created_at")
-    rows = due.values_list("queue").annotate(since=Min(became_due))
-    return dict(rows.order_by())
+    queued = Job.objects.using(using).filter(status=JobStatus.QUEUED)
+    # The jobs never scheduled: the oldest per queue from the index of their
+    # claim order (soniq_jobs_claim_queue_now_idx, index-only).
+    found: dict[str, dt.datetime] = dict(
+        queued.filter(scheduled_at__isnull=True).values_list("queue")
+        .annotate(since=Min("created_at")).order_by())
+    # The scheduled ones that fell due, in the order they fell due
+    # (soniq_jobs_claim_due_idx), the first DUE_SCHEDULED_READ of them: a
+    # backlog of them is never read whole. Each became due at its run_at, or
+    # when it was enqueued if that was later.
+    due = queued.filter(scheduled_at__isnull=False, scheduled_at__lte=now).order_by(
+        "scheduled_at").values_list("queue", "scheduled_at", "created_at")
+    for queue, scheduled_at, created_at in due[:DUE_SCHEDULED_READ]:
+        became_due = max(scheduled_at, created_at)
+        if queue not in found or became_due < found[queue]:
+            found[queue] = became_due
+    return found
 
 
 def _workers(using: str, now: dt.datetime, window: dt.timedelta

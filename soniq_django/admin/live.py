@@ -49,6 +49,10 @@ QUEUED_PARTS = (("due", "Due now", "Queued jobs that may run now"),
 """The queued column, split: (key, heading, what it counts)."""
 _QUEUED_KEYS = frozenset(key for key, _, _ in QUEUED_PARTS)
 
+ESTIMATE_NOTE = ("Numbers marked ≈ are estimates from the table's statistics: counting the "
+                 "finished jobs would read the whole table. Queued and running jobs are "
+                 "counted.")
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -57,6 +61,7 @@ class Cell:
     key: str
     count: int
     url: str | None
+    estimated: bool = False  # the count is an estimate from the table's statistics
 
 
 @dataclass(frozen=True)
@@ -103,10 +108,11 @@ class _Links:
         return f"{self.jobs}?{urlencode({'queue': queue, 'status__exact': status})}"
 
 
-def _cells(counts: dict[str, int], keys: list[str], links: _Links | None, queue: str
-           ) -> tuple[Cell, ...]:
+def _cells(counts: dict[str, int], keys: list[str], links: _Links | None, queue: str,
+           estimated: frozenset[str] = frozenset()) -> tuple[Cell, ...]:
     return tuple(Cell(key, counts.get(key, 0),
-                      links.of(queue, key) if links and counts.get(key) else None)
+                      links.of(queue, key) if links and counts.get(key) else None,
+                      key in estimated)
                  for key in keys)
 
 
@@ -128,7 +134,8 @@ def queues(request: HttpRequest, snapshot: overview.Snapshot, found: waits.Waits
         setting = QueueSetting(queue=name, paused=wait.limits.paused) \
             if wait.limits.has_row else None
         result.append(DashboardQueue(
-            name=name, row=row, waits=wait, cells=_cells(counts, keys, links, name),
+            name=name, row=row, waits=wait,
+            cells=_cells(counts, keys, links, name, snapshot.estimated),
             paused=wait.limits.paused,
             paused_by=wait.limits.paused_by if access.queue_settings else None,
             paused_at=wait.limits.paused_at if access.queue_settings else None,
@@ -141,7 +148,8 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite) -> dict[str, 
     """The figures every dashboard template reads (without the admin site's context)."""
     access = dashboard_access(request, site)
     using = router.db_for_read(Job)
-    snapshot = overview.snapshot(using)
+    # Estimated where counting would read the whole table (the finished jobs).
+    snapshot = overview.snapshot(using, estimate=True)
     counts = {row.queue: dict(row.cells) for row in snapshot.queues}
     found = waits.read(using, snapshot.now,
                        {name: cells.get(JobStatus.QUEUED, 0) for name, cells in counts.items()},
@@ -156,7 +164,8 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite) -> dict[str, 
         "waits": found,
         "access": access,
         "queues": queues(request, snapshot, found, access, links),
-        "totals": _cells(totals, keys, None, ""),
+        "totals": _cells(totals, keys, None, "", snapshot.estimated),
+        "estimate_note": ESTIMATE_NOTE if snapshot.estimated else "",
         "chart": overview.chart(snapshot.throughput),
         "columns": columns(access),
         "legend": [(kind, overview.LABELS[kind]) for kind in overview.CHART_KINDS],
@@ -203,6 +212,7 @@ def figures(context: dict[str, Any]) -> dict[str, Any]:
         "slots": found.slots,
         "slots_in_use": found.slots_in_use,
         "finished_last_hour": sum(minute.total for minute in snapshot.throughput),
+        "estimated": sorted(snapshot.estimated),
     }
     if access.dead_letters:
         result["dead_letters_by_reason"] = dict(snapshot.dead_letters_by_reason)

@@ -69,7 +69,8 @@ def test_live_endpoint_returns_the_figures_and_the_module_bodies(admin_client):
     assert figures["queued_totals"] == {"due": 2, "scheduled": 0, "retrying": 0}
     assert set(figures) == {"queues", "totals", "queued_totals", "dead_letters_by_reason",
                             "live_workers", "silent_workers", "slots", "slots_in_use",
-                            "finished_last_hour"}
+                            "finished_last_hour", "estimated"}
+    assert figures["estimated"] == []  # a small table: every number counted
     assert list(data["modules"]) == [module_id for module_id, _ in live.MODULES]
     queues = data["modules"]["soniq-queues"]
     assert 'data-queue="idle" class="paused"' in queues and "Resume" in queues
