@@ -165,9 +165,9 @@ class Window:
 
 def window(root: QuerySet, field: str) -> Window:
     """The SEARCH_WINDOW newest rows of ``root`` by ``field`` (an indexed timestamp)."""
-    since = (root.order_by(f"-{field}").values_list(field, flat=True)
-             [SEARCH_WINDOW - 1:SEARCH_WINDOW].first())
-    return Window(field, since)
+    edge = list(root.order_by(f"-{field}").values_list(field, flat=True)
+                [SEARCH_WINDOW - 1:SEARCH_WINDOW + 1])
+    return Window(field, edge[0] if len(edge) > 1 else None)  # None: no row beyond it
 
 
 def within(queryset: QuerySet, bound: Window) -> QuerySet:
