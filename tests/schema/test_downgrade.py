@@ -40,6 +40,9 @@ V6_CLAIM_INDEXES = {"soniq_jobs_claim_now_idx", "soniq_jobs_claim_scheduled_idx"
 #: Claim protocol v8's index (migration 0018): never part of format 1.
 V8_CLAIM_INDEXES = {"soniq_jobs_claim_queue_now_idx"}
 
+#: The admin's newest-first index (migration 0021): never part of format 1.
+ADMIN_INDEXES = {"soniq_jobs_created_idx"}
+
 
 def format1_objects(model):
     """The index and constraint names ``model`` declares, less those migration 0003 owns,
@@ -48,7 +51,7 @@ def format1_objects(model):
     declared |= {constraint.name for constraint in model._meta.constraints}
     if declared & V6_CLAIM_INDEXES:
         declared = declared - V6_CLAIM_INDEXES | {"soniq_jobs_claim_any_idx"}
-    return declared - OWNED_OBJECTS - V8_CLAIM_INDEXES
+    return declared - OWNED_OBJECTS - V8_CLAIM_INDEXES - ADMIN_INDEXES
 
 
 def downgrade():

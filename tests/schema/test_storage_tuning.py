@@ -22,7 +22,9 @@ LATER_OBJECTS = {"soniq_queue_holds", "soniq_jobs_claim_queue_now_idx",
                  "soniq_attempts_dead_letter_gone", "claimed_at",
                  # 0021_job_trace: the table and the triggers that purge it.
                  "soniq_job_trace", "soniq_job_trace_job_gone",
-                 "soniq_job_trace_dead_letter_gone"}
+                 "soniq_job_trace_dead_letter_gone",
+                 # 0022_jobs_created_idx: the admin's newest-first index.
+                 "soniq_jobs_created_idx"}
 #: The column 0020 adds to soniq_jobs, as SQLite's table definition ends with it.
 _LATER_SQLITE_COLUMN = ', "claimed_at" datetime NULL'
 
