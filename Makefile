@@ -78,6 +78,18 @@ bench-scale-quick: venv-main
 bench-finished: venv-main
 	$(PYTHON_VENV) -m bench.scale --no-depth --no-workers --finished 10000000 $(SCALE_ARGS)
 
+# The admin at a million rows (issue 28; docs/performance.md#the-admin-at-a-million-rows):
+# one database soniq_bench_<pid>_admin with 1,000,000 jobs in mixed states and
+# 100,000 dead letters; every admin page an operator uses requested in-process
+# through Django's test client, median and max per page against 300 ms, and the
+# SQL queries each one runs (~2 min, ~700 MB of disk while it runs). ADMIN_ARGS
+# passes options to `python -m bench.admin` (--jobs, --dead, --repeat, --sql, --keep).
+ADMIN_ARGS ?=
+.PHONY: bench-admin
+
+bench-admin: venv-main
+	$(PYTHON_VENV) -m bench.admin $(ADMIN_ARGS)
+
 # Chaos suite (tests/chaos/; see docs/reliability.md). Starts its own
 # throwaway PostgreSQL cluster (initdb/pg_ctl, a free port under /tmp),
 # restarts it on purpose and deletes it at the end. Short versions of the
