@@ -49,7 +49,7 @@ class Count:
 
 def estimating(using: str) -> bool:
     """Whether database ``using`` can estimate (PostgreSQL), so counts may be estimates there."""
-    return connections[using].vendor == "postgresql"
+    return bool(connections[using].vendor == "postgresql")
 
 
 def plan(queryset: QuerySet) -> Plan | None:
@@ -135,4 +135,4 @@ def _stats(using: str, model: type[Model], column: str) -> tuple[Any, ...] | Non
 
 
 def _table(using: str, model: type[Model]) -> str:
-    return connections[using].ops.quote_name(model._meta.db_table)
+    return str(connections[using].ops.quote_name(model._meta.db_table))

@@ -107,7 +107,7 @@ class _JobRowAdmin(ReadOnlyAdmin):
         if by_id is not None:
             return queryset.filter(by_id), False
         bound = scale.window(self._window_root(request), self.search_window_field)
-        request._soniq_search_window = bound  # type: ignore[attr-defined]  # for the note
+        request._soniq_search_window = bound  # for the note
         queryset = scale.within(queryset, bound)
         pairs = scale.args_pairs(term)
         if pairs is not None:

@@ -96,16 +96,19 @@ class EstimatedValuesFilter(VisibleValuesFilter):
     URL), and the chosen value.
     """
 
+    lookup_choices: Any  # Django's: a lazy SELECT DISTINCT; here, maybe the values' list
+
     def __init__(self, field: Any, request: Any, params: Any, model: Any, model_admin: Any,
                  field_path: str) -> None:
         super().__init__(field, request, params, model, model_admin, field_path)
-        if estimates.cheap(self.lookup_choices):
+        distinct: Any = self.lookup_choices
+        if estimates.cheap(distinct):
             return
-        seen = estimates.common_values(self.lookup_choices.db, model, field.column)
+        seen = estimates.common_values(distinct.db, model, field.column)
         if seen is None:
             return
         chosen = [value for value in self.lookup_val or () if value not in seen]
-        self.lookup_choices = sorted([*seen, *chosen])  # type: ignore[assignment]
+        self.lookup_choices = sorted([*seen, *chosen])
 
 
 # -- search ---------------------------------------------------------------------------
