@@ -255,7 +255,7 @@ class Job(models.Model):
                 name="soniq_jobs_lease_idx",
             ),
             # The admin's newest-first list, its date drill-down and its
-            # search window read this, not the table (migration 0021,
+            # search window read this, not the table (migration 0022,
             # decision 0040): one entry per row version, whatever its state.
             models.Index(fields=["created_at"], name="soniq_jobs_created_idx"),
         ]

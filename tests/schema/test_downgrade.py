@@ -40,7 +40,7 @@ V6_CLAIM_INDEXES = {"soniq_jobs_claim_now_idx", "soniq_jobs_claim_scheduled_idx"
 #: Claim protocol v8's index (migration 0018): never part of format 1.
 V8_CLAIM_INDEXES = {"soniq_jobs_claim_queue_now_idx"}
 
-#: The admin's newest-first index (migration 0021): never part of format 1.
+#: The admin's newest-first index (migration 0022): never part of format 1.
 ADMIN_INDEXES = {"soniq_jobs_created_idx"}
 
 

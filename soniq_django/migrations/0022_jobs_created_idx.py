@@ -13,7 +13,7 @@ A plain CREATE INDEX, which holds off writes to soniq_jobs while it runs
 (about a second per million rows here). On a big, busy table build it
 first with ``CREATE INDEX CONCURRENTLY soniq_jobs_created_idx ON soniq_jobs
 (created_at)``, then record this migration with ``manage.py migrate
-soniq_django 0021 --fake`` (after 0020 ran).
+soniq_django 0022 --fake`` (after 0021 ran).
 """
 
 from django.db import migrations, models
@@ -22,7 +22,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('soniq_django', '0020_attempts'),
+        ('soniq_django', '0021_job_trace'),
     ]
 
     operations = [
