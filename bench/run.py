@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import drain_race, raw
+from bench import drain_race, raw, wal
 from bench.common import (
     connect,
     create_database,
@@ -469,6 +469,9 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
     if cfg.only == "drain":  # the drain race alone
         drain_race.measure(cfg, systems, raw_db, res, fresh_raw, drain, run_workers)
         return
+    if cfg.only == "wal":  # WAL bytes per job alone (bench/wal.py)
+        wal.measure(cfg, systems, raw_db, res, run_workers)
+        return
     if cfg.only == "atomic":  # the ceiling, then the plain and atomic write drains
         for conc in cfg.concurrency:
             fresh_raw(cfg.drain_jobs)
@@ -541,6 +544,9 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
             fresh_raw(cfg.drain_jobs)
             res.add(f"raw.drain.{conns}", raw.raw_drain(raw_db, conns, cfg.window)["rate"])
         res.add(f"soniq.drain.2x{conc}", drain(soniq, cfg, conc, 2)["rate"])
+
+    # WAL bytes per job over a job's life (deterministic enough on a busy machine).
+    wal.measure(cfg, systems, raw_db, res, run_workers)
 
     # Latency on an idle worker (the peers' in the first repetition only).
     for system in [soniq, *(peers if cfg.peer_latency and rep == 0 else [])]:
@@ -679,6 +685,7 @@ def render(cfg, res: Results, header: str) -> str:
                 ratio=ratio(atomic, f"raw.drain.{conc}", f"raw@{conc}")[1],
                 target=f"price: {price}" if price else "")
     drain_race.render(cfg, res, lines, row, verdict)
+    wal.render(cfg, res, lines, row)
     if cfg.only:
         return "\n".join(lines)
     row("latency enqueue→start p50 (idle worker)", "soniq.latency.p50", unit="ms",
@@ -751,11 +758,20 @@ def parse_args(argv):
     parser.add_argument("--soniq-rev", metavar="REV",
                         help="measure soniq_django as committed at REV (e.g. HEAD) instead of "
                              "the working tree")
-    parser.add_argument("--only", choices=["atomic", "drain"],
+    parser.add_argument("--only", choices=["atomic", "drain", "wal"],
                         help="measure only these rows and their ceiling (drain: the drain "
                              "race, bench/drain_race.py, with pgqueuer unless --no-peers; "
                              "atomic: plain and "
-                             "atomic jobs with a one-row write; no peers, latency or RSS)")
+                             "atomic jobs with a one-row write; no peers, latency or RSS; "
+                             "wal: WAL bytes per job, bench/wal.py, with pgqueuer unless "
+                             "--no-peers)")
+    parser.add_argument("--wal-jobs", type=int,
+                        help="jobs per phase of the WAL rows (default 2000; quick 500)")
+    parser.add_argument("--wal-concurrency", type=int, default=8,
+                        help="the WAL rows' drain: worker concurrency, pgqueuer batch size, "
+                             "raw connections (default 8)")
+    parser.add_argument("--wal-explain", action="store_true",
+                        help="also list the WAL of each soniq phase by relation and record")
     parser.add_argument("--profile", type=int, metavar="CONCURRENCY",
                         help="instead of the table: drain once under py-spy and print hotspots")
     cfg = parser.parse_args(argv)
@@ -780,6 +796,7 @@ def parse_args(argv):
     cfg.idle_warmup = 3.0
     cfg.producers = 8
     cfg.profile_jobs = explicit_drain or 1000
+    cfg.wal_jobs = cfg.wal_jobs or (500 if quick else 2000)
     cfg.drain_timeout = 1800 if cfg.full_drain else 300
     return cfg
 
@@ -817,7 +834,7 @@ def _header(cfg) -> str:
 def main(argv=None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     if not PEERS_PY.exists() and not cfg.no_peers and cfg.profile is None and (
-            cfg.only in (None, "drain")):
+            cfg.only in (None, "drain", "wal")):
         print("bench: bench/.venv-peers is missing; run `make bench` (it creates it) or "
               "pass --no-peers", file=sys.stderr)
         return 2
@@ -836,7 +853,7 @@ def main(argv=None) -> int:
         _check_snapshot_is_imported(systems["soniq"])
     if cfg.no_peers or cfg.profile is not None or cfg.only == "atomic":
         systems = {"soniq": systems["soniq"]}
-    elif cfg.only == "drain":  # the race's one peer
+    elif cfg.only in ("drain", "wal"):  # the race's (and the WAL rows') one peer
         systems = {name: systems[name] for name in ("soniq", "pgqueuer")}
     raw_db = f"soniq_bench_{pid}_raw"
     created: list[str] = []

@@ -77,6 +77,11 @@ async def produce(action: str, count: int) -> None:
             await queries.enqueue(["noop"] * len(numbers), [_payload(i) for i in numbers],
                                   [0] * len(numbers))
         emit(rate=count / (time.perf_counter() - started))
+    elif action == "aggregate":
+        # What its worker runs every 30 s by default (log_aggregation_interval): fold the
+        # new pgqueuer_log rows into pgqueuer_statistics (bench/wal.py counts its WAL).
+        await queries.aggregate_logs()
+        emit(ok=True)
     elif action == "latency":
         gap = float(os.environ.get("BENCH_LATENCY_GAP", "0.02"))
         await queries.enqueue("noop", _payload(-1))
