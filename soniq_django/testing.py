@@ -224,7 +224,7 @@ class _Runner:
     def claim(self) -> "ClaimedJob | None":
         """The next due job, claimed with a fresh nonce; None when none is due."""
         claimed = self.source.claim_many_owned(
-            WORKER_ID, claim_tokens=[secrets.token_hex(16)], queues=self.queues,
+            WORKER_ID, claim_tokens=[secrets.token_urlsafe(16)], queues=self.queues,
             pid=os.getpid())
         return claimed[0] if claimed else None
 
