@@ -35,6 +35,7 @@ uses; on a quiet server the two agree to within the checkpointer's few records. 
 ``--wal-explain`` the records of each soniq phase are listed by relation and kind.
 """
 
+import os
 import re
 import time
 from collections import defaultdict
@@ -82,6 +83,22 @@ class WalMeter:
             except Exception:  # not installed, or not superuser: the LSN difference only
                 self.inspect = False
         self.pattern = rf"rel \d+/{self.oid}/(\d+)"
+        # A temporary physical replication slot keeps the WAL from being recycled until
+        # it is read: other sessions' checkpoints would otherwise remove it mid-phase.
+        # It belongs to this connection and goes with it (close(), or the process's end).
+        self.keeper = None
+        if self.inspect:
+            try:
+                self.keeper = connect(dbname)
+                self.keeper.execute("SELECT pg_create_physical_replication_slot(%s, true, true)",
+                                    [f"soniq_bench_wal_{os.getpid()}"])
+            except Exception:  # no free slot: read the WAL as soon as possible anyway
+                self.close()
+
+    def close(self) -> None:
+        if self.keeper is not None:
+            self.keeper.close()
+            self.keeper = None
 
     @staticmethod
     def _lsn(conn) -> str:
@@ -101,10 +118,16 @@ class WalMeter:
             if not self.inspect:
                 return found
             self._wait_flushed(conn, end)
-            row = conn.execute(
-                _RECORDS.format(select="coalesce(sum(end_lsn - start_lsn), 0), "
-                                       "coalesce(sum(fpi_length), 0)", group=""),
-                {"begin": self.begin, "end": end, "pattern": self.pattern}).fetchone()
+            try:
+                row = conn.execute(
+                    _RECORDS.format(select="coalesce(sum(end_lsn - start_lsn), 0), "
+                                           "coalesce(sum(fpi_length), 0)", group=""),
+                    {"begin": self.begin, "end": end, "pattern": self.pattern}).fetchone()
+            except Exception as error:  # e.g. a checkpoint elsewhere recycled the segment
+                print(f"bench: WAL of {self.dbname} not readable ({error}); "
+                      "this phase counts in the LSN rows only", flush=True)
+                found["unreadable"] = True
+                return found
             found.update(attributed=int(row[0]), fpi=int(row[1]))
         return found
 
@@ -141,14 +164,18 @@ class WalMeter:
                       key=lambda item: -item[5])
 
 
-def _measure(meter: WalMeter, body, count) -> dict:
+def _measure(meter: WalMeter, body, count, explain: bool = False) -> dict:
     """Run ``body()`` between a checkpointed start and the stop; ``count()`` says how
-    many jobs the phase handled. Returns the meter's figures and ``jobs``."""
+    many jobs the phase handled. Returns the meter's figures and ``jobs`` (and, with
+    ``explain``, the records by relation, read at once: the next phase's checkpoint
+    may recycle the WAL)."""
     quiesce(meter.dbname)
     meter.start()
     body()
     found = meter.stop()
     found["jobs"] = count()
+    if explain and meter.inspect:
+        found["records"] = meter.explain(found)
     return found
 
 
@@ -198,10 +225,18 @@ def _drain_to_end(system, cfg, concurrency: int, run_workers) -> None:
 
 def measure_system(name: str, cfg, systems, raw_db: str, run_workers) -> dict[str, dict]:
     """Every phase of one system: {phase: meter figures with jobs}."""
+    meter = WalMeter(raw_db if name == "raw" else systems[name].db)
+    try:
+        return _phases(name, meter, cfg, systems, raw_db, run_workers)
+    finally:
+        meter.close()
+
+
+def _phases(name: str, meter: WalMeter, cfg, systems, raw_db: str, run_workers
+            ) -> dict[str, dict]:
     jobs, conc = cfg.wal_jobs, cfg.wal_concurrency
     found: dict[str, dict] = {}
     if name == "raw":
-        meter = WalMeter(raw_db)
         table = "SELECT count(*) FROM raw_jobs"
         raw.reset_raw(raw_db)
         found["bulk"] = _measure(meter, lambda: raw.copy_rows(raw_db, jobs),
@@ -215,31 +250,29 @@ def measure_system(name: str, cfg, systems, raw_db: str, run_workers) -> dict[st
         found["purge"] = _measure(meter, lambda: _raw_purge(raw_db), lambda: done)
         return found
     system = systems[name]
-    meter = WalMeter(system.db)
+    explain = cfg.wal_explain and name == "soniq"
     all_jobs = "SELECT count(*) FROM " + ("soniq_jobs" if name == "soniq" else "pgqueuer")
     system.reset()
     found["bulk"] = _measure(meter, lambda: system.action("bulk", jobs),
-                             lambda: _count(system.db, all_jobs))
+                             lambda: _count(system.db, all_jobs), explain)
     system.reset()
     if name == "soniq":
         found["enqueue"] = _measure(
             meter, lambda: raw.insert_loop(system.db, jobs, raw.SONIQ_ENQUEUE),
-            lambda: _count(system.db, all_jobs))
+            lambda: _count(system.db, all_jobs), explain)
     else:
         found["enqueue"] = _measure(meter, lambda: system.action("enqueue", jobs),
                                     lambda: _count(system.db, all_jobs))
     queued = found["enqueue"]["jobs"]
     found["drain"] = _measure(meter, lambda: _drain_to_end(system, cfg, conc, run_workers),
-                              lambda: system.sql(system.done_sql))
+                              lambda: system.sql(system.done_sql), explain)
     if found["drain"]["jobs"] != queued:
         raise RuntimeError(f"{name}: {found['drain']['jobs']} of {queued} jobs done")
     if name == "soniq":
         found["purge"] = _measure(meter, _soniq_purge,
-                                  lambda: queued - _count(system.db, all_jobs))
+                                  lambda: queued - _count(system.db, all_jobs), explain)
     else:
         found["purge"] = _measure(meter, lambda: system.action("aggregate"), lambda: queued)
-    if cfg.wal_explain and name == "soniq":
-        found["explain"] = {phase: meter.explain(found[phase]) for phase in PHASES}
     return found
 
 
@@ -259,14 +292,15 @@ def measure(cfg, systems, raw_db: str, res, run_workers) -> None:
         found = measure_system(name, cfg, systems, raw_db, run_workers)
         for phase in PHASES:
             lsn, attributed, fpi = per_job(found[phase])
-            res.add(f"wal.{name}.{phase}", attributed if attributed is not None else lsn)
+            if not found[phase].get("unreadable"):  # never the noisier LSN in its place
+                res.add(f"wal.{name}.{phase}", attributed if attributed is not None else lsn)
             res.add(f"wal.{name}.{phase}.lsn", lsn)
             if fpi is not None:
                 res.add(f"wal.{name}.{phase}.fpi", fpi)
-        if "explain" in found:
-            res.notes.setdefault("wal.explain", []).append(found["explain"])
-            for phase, rows in found["explain"].items():
-                print(format_explain(phase, rows, found[phase]["jobs"]), flush=True)
+        for phase in PHASES:
+            if "records" in found[phase]:
+                print(format_explain(phase, found[phase]["records"], found[phase]["jobs"]),
+                      flush=True)
 
 
 def format_explain(phase: str, rows: list[tuple], jobs: int) -> str:
