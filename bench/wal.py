@@ -356,6 +356,10 @@ def render(cfg, res, lines: list[str], row) -> None:
                       if value is not None)
     lines.append(f"  whole life per job (enqueue + drain + purge/aggregation): {parts}")
     soniq, pgq = totals["soniq"], totals["pgqueuer"]
+    before = res.median("wal.pgqueuer.purge")
+    if soniq is not None and pgq and before is not None:
+        lines.append(f"  pgqueuer before its log aggregation: {pgq - before:,.0f} B "
+                     f"(soniq ÷ that: {soniq / (pgq - before):.2f})")
     if soniq is not None and pgq:
         ratio = soniq / pgq
         verdict = "PASS" if ratio <= RATIO_GOAL else "MISS"
