@@ -166,11 +166,10 @@ class Job(models.Model):
         db_table = "soniq_jobs"
         verbose_name = "job"
         constraints = [
-            # What stops a second queued copy of a unique job (format 1). Unique jobs
-            # only, as Soniq's own index: a plain job writes no entry (migration 0022).
+            # What stops a second queued copy of a unique job (format 1).
             models.UniqueConstraint(
                 fields=["job_name", "args_hash"],
-                condition=Q(status="queued") & Q(unique_job=True),
+                condition=Q(status="queued"),
                 name="soniq_jobs_unique_queued",
             ),
             # Dedup keys are one namespace across job names and queues.

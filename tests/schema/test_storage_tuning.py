@@ -27,26 +27,12 @@ LATER_OBJECTS = {"soniq_queue_holds", "soniq_jobs_claim_queue_now_idx",
                  "soniq_jobs_created_idx"}
 #: The column 0020 adds to soniq_jobs, as SQLite's table definition ends with it.
 _LATER_SQLITE_COLUMN = ', "claimed_at" datetime NULL'
-#: 0022's condition of soniq_jobs_unique_queued, as each database prints it, and 0015's.
-_LATER_CONDITIONS = (
-    ("WHERE ((status = 'queued'::text) AND unique_job)", "WHERE (status = 'queued'::text)"),
-    ('WHERE ("status" = \'queued\' AND "unique_job")', 'WHERE "status" = \'queued\''),
-)
-
-
-def _as_before(part):
-    if not isinstance(part, str):
-        return part
-    part = part.replace(_LATER_SQLITE_COLUMN, "")
-    for later, before in _LATER_CONDITIONS:
-        part = part.replace(later, before)
-    return part
 
 
 def without_later_tables(shape: list) -> list:
-    """``shape`` (schema_snapshot's) less the objects of later migrations, and their tables',
-    and with the definitions later migrations changed as they were."""
-    return [tuple(_as_before(part) for part in entry)
+    """``shape`` (schema_snapshot's) less the objects of later migrations, and their tables'."""
+    return [tuple(part.replace(_LATER_SQLITE_COLUMN, "") if isinstance(part, str) else part
+                  for part in entry)
             for entry in shape if not LATER_OBJECTS & {entry[1], entry[2]}]
 
 
