@@ -72,6 +72,8 @@ WINDOW = 5  # minutes
 #: Pinned-horizon targets (issue 27; docs/performance.md#a-pinned-horizon).
 PIN_CLAIM = 3.0  # claim p99 during the pin / before it
 PIN_SIZE = 1.2  # soniq_jobs size at the end / before the pin
+#: The text report lists the soniq indexes that reach this size (and every table).
+RELATION_SHOWN = 64 * 1024
 #: How often the claim probe times a claim.
 PROBE_SECONDS = 0.25
 PROBE_CLAIM = ("SELECT job_id::text, generation, token, queue "
@@ -89,7 +91,7 @@ def soak_cluster():
     class SoakCluster(Cluster):
         def start(self) -> None:
             options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} "
-                       "-c log_autovacuum_min_duration=0")
+                       "-c log_autovacuum_min_duration=0 -c log_checkpoints=on")
             result = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-w",
                                "-t", "120", "-o", options, "start")
             self._check("pg_ctl start", result)
@@ -303,6 +305,7 @@ class ClaimProbe:
 
         self.url = url
         self.durations: list[float] = []
+        self.trace: list[tuple[float, float]] = []  # (wall clock at the start, ms) of each
         self.errors = 0
         self.completed = 0
         self._lock = threading.Lock()
@@ -321,7 +324,7 @@ class ClaimProbe:
         with psycopg.connect(self.url, autocommit=True) as conn:
             while not self._stop.wait(PROBE_SECONDS):
                 try:
-                    began = time.perf_counter()
+                    wall, began = time.time(), time.perf_counter()
                     claimed = conn.execute(PROBE_CLAIM, [secrets.token_hex(16)],
                                            prepare=True).fetchall()
                     took = (time.perf_counter() - began) * 1000
@@ -333,6 +336,7 @@ class ClaimProbe:
                     continue
                 with self._lock:
                     self.durations.append(took)
+                    self.trace.append((wall, took))
                     self.completed += len(claimed)
 
     def take(self) -> tuple[list[float], int]:
@@ -380,11 +384,40 @@ SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes
  WHERE relname = 'soniq_jobs' ORDER BY indexrelname
 """
 COUNT_SQL = "SELECT count(*) FILTER (WHERE status = 'queued'), count(*) FROM soniq_jobs"
+#: Every soniq table and index of the schema: (name, table, bytes, live, dead); live and dead
+#: tuples for tables only. A table's bytes are its main fork plus its TOAST table.
+RELATIONS_SQL = r"""
+SELECT c.relname, coalesce(t.relname, c.relname),
+       pg_relation_size(c.oid) + CASE WHEN c.reltoastrelid <> 0
+                                      THEN pg_total_relation_size(c.reltoastrelid) ELSE 0 END,
+       s.n_live_tup, s.n_dead_tup
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = current_schema()
+  LEFT JOIN pg_index i ON i.indexrelid = c.oid
+  LEFT JOIN pg_class t ON t.oid = i.indrelid
+  LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+ WHERE c.relkind IN ('r', 'i') AND coalesce(t.relname, c.relname) LIKE 'soniq\_%'
+ ORDER BY 2, c.relkind DESC, 1
+"""
+#: The server's write-ahead log, checkpoints and buffer reads since the statistics reset:
+#: what a minute's row differences (issue 27: the slow minutes under a pin).
+SERVER_SQL = """
+SELECT w.wal_records, w.wal_fpi, w.wal_bytes::bigint,
+       b.checkpoints_timed + b.checkpoints_req, b.buffers_checkpoint, b.buffers_backend,
+       d.blks_read, d.blks_hit
+  FROM pg_stat_wal w, pg_stat_bgwriter b, pg_stat_database d
+ WHERE d.datname = current_database()
+"""
+SERVER_KEYS = ("wal_records", "wal_fpi", "wal_bytes", "checkpoints", "buffers_checkpoint",
+               "buffers_backend", "blks_read", "blks_hit")
 
 
 def snapshot(conn, run: Run, postmaster: int) -> dict:
     snap = dict(zip(TABLE_KEYS, conn.execute(TABLE_SQL).fetchone()))
     snap["indexes"] = dict(conn.execute(INDEX_SQL).fetchall())
+    snap["relations"] = {name: (table, size, live, dead)
+                         for name, table, size, live, dead in conn.execute(RELATIONS_SQL)}
+    snap.update(zip(SERVER_KEYS, conn.execute(SERVER_SQL).fetchone()))
     snap["queued"], snap["rows"] = conn.execute(COUNT_SQL).fetchone()
     snap.update(at=time.time(), worker_cpu=run.worker_cpu(), server_cpu=server_cpu(postmaster),
                 producer_cpu=run.producer_cpu(), produced=run.produced(),
@@ -428,9 +461,28 @@ def minute_row(minute: int, before: dict, after: dict, stamps: list,
     }
     for name, size in after["indexes"].items():
         row[f"idx_{name}_kb"] = size // 1024
+    row.update(server_row(before, after, started))
+    row["_relations"] = after["relations"]
     row["_latencies"] = latencies
     row["_claims"] = claims
     return row
+
+
+def server_row(before: dict, after: dict, jobs: int) -> dict:
+    """The minute's write-ahead log, checkpoints and buffer reads (pg_stat_wal, _bgwriter,
+    _database differences)."""
+    diff = {key: after[key] - before[key] for key in SERVER_KEYS}
+    reads = diff["blks_read"] + diff["blks_hit"]
+    return {
+        "wal_mb": diff["wal_bytes"] / 2**20,
+        "wal_bytes_per_job": diff["wal_bytes"] / jobs if jobs else float("nan"),
+        "wal_fpi": diff["wal_fpi"],
+        "checkpoints": diff["checkpoints"],
+        "buffers_checkpoint": diff["buffers_checkpoint"],
+        "buffers_backend": diff["buffers_backend"],
+        "blks_read": diff["blks_read"],
+        "hit_pct": 100.0 * diff["blks_hit"] / reads if reads else float("nan"),
+    }
 
 
 def cpu_per_job(seconds: float, jobs: int) -> float:
@@ -594,7 +646,9 @@ COLUMNS = [  # (header, key, format)
     ("heapMB", "heap_mb", "{:>6.1f}"), ("idxMB", "index_mb", "{:>6.1f}"),
     ("live", "live", "{:>7d}"), ("dead", "dead", "{:>7d}"), ("del/min", "deleted", "{:>7d}"),
     ("HOT%", "hot_pct", "{:>5.1f}"), ("av", "autovacuums", "{:>2d}"),
-    ("aa", "autoanalyzes", "{:>2d}"), ("load", "load", "{:>4.1f}"),
+    ("aa", "autoanalyzes", "{:>2d}"), ("walMB", "wal_mb", "{:>5.1f}"),
+    ("fpi", "wal_fpi", "{:>6d}"), ("ck", "checkpoints", "{:>2d}"), ("hit%", "hit_pct", "{:>5.1f}"),
+    ("load", "load", "{:>4.1f}"),
 ]
 #: Added to the table when the run has a claim probe (--pin-minutes).
 PIN_COLUMNS = [("pin", "pinned", "{:>3d}"), ("cl50ms", "claim_p50_ms", "{:>6.2f}"),
@@ -622,6 +676,61 @@ def write_csv(rows: list[dict], path: Path) -> None:
         for row in rows:
             writer.writerow({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in row.items()
                              if not k.startswith("_")})
+
+
+def write_relations_csv(rows: list[dict], path: Path) -> None:
+    """One line per minute and soniq relation: its size (kB) and, for a table, live and dead
+    tuples."""
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["minute", "relation", "table", "kind", "size_kb", "live", "dead"])
+        for row in rows:
+            for name, (table, size, live, dead) in row["_relations"].items():
+                kind = "table" if name == table else "index"
+                writer.writerow([row["minute"], name, table, kind, size // 1024,
+                                 "" if live is None else live, "" if dead is None else dead])
+
+
+def relations_report(rows: list[dict], ref: dict, label: str) -> list[str]:
+    """Every soniq table that has a page and every index of at least RELATION_SHOWN bytes at
+    some minute, biggest first:
+    its size at ``ref`` (the last minute before the pin, or the first), at its peak and at the
+    end, and a table's dead tuples at the same three."""
+    end = rows[-1]
+    later = [r for r in rows if r["minute"] >= ref["minute"]]
+    names = {name for r in later for name in r["_relations"]}
+
+    def size(row, name):
+        return row["_relations"].get(name, (None, 0, None, None))[1]
+
+    def dead(row, name):
+        value = row["_relations"].get(name, (None, 0, None, None))[3]
+        return "" if value is None else f"{value:,}"
+
+    peaks = {name: max(later, key=lambda r: size(r, name)) for name in names}
+    tables = {table for r in later for table, _, _, _ in r["_relations"].values()}
+    shown = sorted((n for n in names if size(peaks[n], n) >= RELATION_SHOWN
+                    or (n in tables and size(peaks[n], n) > 0)),
+                   key=lambda n: -size(peaks[n], n))
+    mb = 2**20
+    out = [f"{'relation (MB; dead tuples of a table)':<44} {label:>8} {'peak':>8} {'at':>3} "
+           f"{'end':>8} {'end/ref':>7} {'dead ' + label:>12} {'dead peak':>10} {'dead end':>10}"]
+    for name in shown:
+        peak = peaks[name]
+        ratio = size(end, name) / size(ref, name) if size(ref, name) else math.nan
+        out.append(f"{name:<44} {size(ref, name) / mb:>8.2f} {size(peak, name) / mb:>8.2f} "
+                   f"{peak['minute']:>3d} {size(end, name) / mb:>8.2f} {ratio:>7.2f} "
+                   f"{dead(ref, name):>12} {dead(peak, name):>10} {dead(end, name):>10}")
+
+    def jobs_total(row):
+        return sum(size for table, size, _, _ in row["_relations"].values()
+                   if table == "soniq_jobs") / mb
+
+    top = max(later, key=jobs_total)
+    out.append(f"{'soniq_jobs + its indexes':<44} {jobs_total(ref):>8.2f} {jobs_total(top):>8.2f} "
+               f"{top['minute']:>3d} {jobs_total(end):>8.2f} "
+               f"{jobs_total(end) / jobs_total(ref) if jobs_total(ref) else math.nan:>7.2f}")
+    return out
 
 
 def plot(csv_path: Path, png: Path, title: str) -> None:
@@ -784,8 +893,17 @@ def soak(opts) -> int:
                                            else verdicts(rows, rate)):
         missed += verdict == "MISSED"
         say(f"{figure:<60} {value:<28} {target:<24} {verdict}")
+    say()
+    first_pinned = next((r for r in rows if r["pinned"]), None)
+    if first_pinned is not None and first_pinned["minute"] > 1:
+        ref, label = rows[first_pinned["minute"] - 2], "pre-pin"
+    else:
+        ref, label = rows[0], "min 1"
+    for line in relations_report(rows, ref, label):
+        say(line)
     csv_path = opts.out / f"{name}.csv"
     write_csv(rows, csv_path)
+    write_relations_csv(rows, opts.out / f"{name}-relations.csv")
     (opts.out / f"{name}.txt").write_text("\n".join(report_lines) + "\n")
     png = opts.plot or opts.out / f"{name}.png"
     if PLOT_PY.exists():
@@ -857,6 +975,9 @@ def soak_minutes(run: Run, conn, cluster, opts, rate: float) -> list[dict]:
             pin.release()
         if probe is not None:
             probe.stop()
+            with open(run.log_dir / "claims.csv", "w") as handle:
+                handle.write("at,ms\n")
+                handle.writelines(f"{at:.3f},{ms:.3f}\n" for at, ms in probe.trace)
     run.stop_producer()
     return rows
 
