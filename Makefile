@@ -137,7 +137,9 @@ SOAK_ARGS ?=
 # minutes (30 in all); one worker process at concurrency 8. PIN_ARGS passes options.
 #   make bench-pin          the full run (~31 min)
 #   make bench-pin PIN_ARGS="--pin-start 2 --pin-minutes 3 --pin-after 2"   a short one
-.PHONY: soak soak-quick bench-pin
+# bench-pin-standby: the same, the snapshot held on a streaming standby of the run's
+# cluster with hot_standby_feedback = on (bench/pinning.py); same PIN_ARGS.
+.PHONY: soak soak-quick bench-pin bench-pin-standby
 
 soak: venv-main
 	@bash bench/plot-venv.sh
@@ -146,6 +148,10 @@ soak: venv-main
 bench-pin: venv-main
 	@bash bench/plot-venv.sh
 	$(PYTHON_VENV) -m bench.soak --pin-minutes 15 --workers 1 --concurrency 8 $(PIN_ARGS)
+
+bench-pin-standby: venv-main
+	@bash bench/plot-venv.sh
+	$(PYTHON_VENV) -m bench.soak --pin-minutes 15 --workers 1 --concurrency 8 --pin-via standby $(PIN_ARGS)
 
 soak-quick: venv-main
 	@bash bench/plot-venv.sh

@@ -6,7 +6,7 @@
 The run owns its PostgreSQL: a throwaway cluster (initdb/pg_ctl under /tmp on
 a free port, tests/chaos/cluster.py) with the server's *stock* settings --
 autovacuum on, fsync on, shared_buffers 128MB -- except that autovacuum runs
-are logged. So the figures are those of a default server, whatever the
+and checkpoints are logged. So the figures are those of a default server, whatever the
 machine's shared one is set to (here autovacuum is off globally).
 
 1. **Maximum.** Unless ``--rate`` is given, P worker processes
@@ -25,10 +25,17 @@ machine's shared one is set to (here autovacuum is off globally).
    before its enqueue call), worker and server CPU per job (/proc: the worker
    processes; the postmaster with its children, live and reaped),
    ``soniq_jobs`` heap, index and total size, live and dead tuples, rows
-   deleted, the HOT share of updates, autovacuum/autoanalyze runs.
+   deleted, the HOT share of updates, autovacuum/autoanalyze runs, the WAL
+   written (MB, full-page images), checkpoints started and the share of
+   buffer reads found in shared_buffers. Every soniq table and index gets
+   its size (and a table its live and dead tuples) each minute in a second
+   CSV, ``<name>-relations.csv``.
 4. **Verdicts** at the end (see ``verdicts``), the table as text and CSV under
-   bench/results/ (or ``--out``), and a plot (matplotlib, from bench/.venv-plot,
-   which bench/plot-venv.sh makes; never a project dependency).
+   bench/results/ (or ``--out``), the biggest soniq relations at the
+   reference minute (the last before the pin, else the first), at their peak
+   and at the end (``relations_report``), and a plot (matplotlib, from
+   bench/.venv-plot, which bench/plot-venv.sh makes; never a project
+   dependency).
 
 **A pinned horizon** (``--pin-minutes P``, ``make bench-pin``; issue 27):
 after ``--pin-start`` minutes of the soak, a session opens a ``REPEATABLE
@@ -36,11 +43,16 @@ READ`` transaction, reads ``soniq_jobs`` once (its snapshot is taken then)
 and holds it open for P minutes, as an analytics query, a ``pg_dump`` or an
 idle-in-transaction session would: vacuum removes nothing newer than that
 snapshot meanwhile. The soak goes on ``--pin-after`` minutes after the
-release. A claim probe times ``soniq_claim_many`` every ``PROBE_SECONDS``
-on a session of its own (the call the workers make, claiming one job of
-every queue; it completes what it claims); each minute's row gets the
-probe's claim time p50/p99, and the verdicts compare the pin with the
-minutes before it (``pin_verdicts``).
+release. With ``--pin-via standby`` (``make bench-pin-standby``) the
+transaction runs on a streaming standby with ``hot_standby_feedback = on``
+instead (bench/pinning.py). Either way each row carries the age of the
+primary's oldest xmin (``hznK``, thousands of transactions) and the
+verdicts check that it was held. A claim probe times ``soniq_claim_many``
+every ``PROBE_SECONDS`` on a session of its own (the call the workers
+make, claiming one job of every queue; it completes what it claims); each
+minute's row gets the probe's claim time p50/p99, the verdicts compare the
+pin with the minutes before it (``pin_verdicts``), and every probe's start
+time and duration go to ``claims.csv`` in the log directory.
 
 Only the standard library at import time: ``--plot-only`` runs in the plot venv.
 """
@@ -56,6 +68,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.pinning import ClaimProbe, Pin, horizon, standby_of, wait_for_horizon
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT_PY = ROOT / ".venv" / "bin" / "python"
@@ -74,11 +88,6 @@ PIN_CLAIM = 3.0  # claim p99 during the pin / before it
 PIN_SIZE = 1.2  # soniq_jobs size at the end / before the pin
 #: The text report lists the soniq indexes that reach this size (and every table).
 RELATION_SHOWN = 64 * 1024
-#: How often the claim probe times a claim.
-PROBE_SECONDS = 0.25
-PROBE_CLAIM = ("SELECT job_id::text, generation, token, queue "
-               "FROM soniq_claim_many('soak-claim-probe', ARRAY[%s], NULL, 30, 120)")
-PROBE_COMPLETE = "SELECT soniq_complete(%s, 'soak-claim-probe', %s, %s, %s, NULL, 120)"
 
 
 # The server -------------------------------------------------------------------
@@ -287,88 +296,6 @@ def report(out: Path, sent: int) -> None:
     part.replace(out)
 
 
-# The pinned horizon ----------------------------------------------------------------
-
-
-class ClaimProbe:
-    """Times ``soniq_claim_many`` every PROBE_SECONDS on a connection of its own.
-
-    Each probe claims one job of every queue, as a worker's claim does, on a
-    session that claims all the time, as a worker's does (version 9 keeps
-    where its claims stopped in the session), then completes it, untimed.
-    ``take()`` returns the durations (ms) since the last call; ``completed``
-    counts the jobs it ran, which the minute's rate adds to the handlers'.
-    """
-
-    def __init__(self, url: str):
-        import threading
-
-        self.url = url
-        self.durations: list[float] = []
-        self.trace: list[tuple[float, float]] = []  # (wall clock at the start, ms) of each
-        self.errors = 0
-        self.completed = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="claim-probe", daemon=True)
-
-    def start(self) -> "ClaimProbe":
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        import secrets
-
-        import psycopg
-
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            while not self._stop.wait(PROBE_SECONDS):
-                try:
-                    wall, began = time.time(), time.perf_counter()
-                    claimed = conn.execute(PROBE_CLAIM, [secrets.token_hex(16)],
-                                           prepare=True).fetchall()
-                    took = (time.perf_counter() - began) * 1000
-                    for job_id, generation, token, queue in claimed:
-                        conn.execute(PROBE_COMPLETE, [job_id, generation, token, queue],
-                                     prepare=True)
-                except psycopg.Error:
-                    self.errors += 1
-                    continue
-                with self._lock:
-                    self.durations.append(took)
-                    self.trace.append((wall, took))
-                    self.completed += len(claimed)
-
-    def take(self) -> tuple[list[float], int]:
-        """The claim times (ms) and the jobs completed since the last call."""
-        with self._lock:
-            found, self.durations = self.durations, []
-            completed, self.completed = self.completed, 0
-        return found, completed
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-
-class Pin:
-    """A session holding one snapshot: ``REPEATABLE READ``, ``soniq_jobs`` read once, then idle
-    in its transaction until ``release()`` (the xmin horizon stays where it was)."""
-
-    def __init__(self, url: str):
-        import psycopg
-
-        self.conn = psycopg.connect(url, autocommit=True)
-        self.conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        self.conn.execute("SELECT count(*) FROM soniq_jobs").fetchone()
-        self.xmin = self.conn.execute("SELECT backend_xmin::text FROM pg_stat_activity "
-                                      "WHERE pid = pg_backend_pid()").fetchone()[0]
-
-    def release(self) -> None:
-        self.conn.execute("ROLLBACK")
-        self.conn.close()
-
-
 # Measurements ------------------------------------------------------------------
 
 TABLE_SQL = """
@@ -418,6 +345,8 @@ def snapshot(conn, run: Run, postmaster: int) -> dict:
     snap["relations"] = {name: (table, size, live, dead)
                          for name, table, size, live, dead in conn.execute(RELATIONS_SQL)}
     snap.update(zip(SERVER_KEYS, conn.execute(SERVER_SQL).fetchone()))
+    held = horizon(conn)
+    snap["horizon_holder"], snap["horizon_age"] = (held[0], held[2]) if held else ("", 0)
     snap["queued"], snap["rows"] = conn.execute(COUNT_SQL).fetchone()
     snap.update(at=time.time(), worker_cpu=run.worker_cpu(), server_cpu=server_cpu(postmaster),
                 producer_cpu=run.producer_cpu(), produced=run.produced(),
@@ -458,6 +387,10 @@ def minute_row(minute: int, before: dict, after: dict, stamps: list,
         "claim_p50_ms": percentile(claims, 0.50),
         "claim_p99_ms": percentile(claims, 0.99),
         "pinned": int(pinned),
+        "pin_lost": 0,
+        "horizon_age": after["horizon_age"],
+        "horizon_k": after["horizon_age"] / 1000,
+        "horizon_holder": after["horizon_holder"],
     }
     for name, size in after["indexes"].items():
         row[f"idx_{name}_kb"] = size // 1024
@@ -615,6 +548,13 @@ def pin_verdicts(rows: list[dict], rate: float) -> list[tuple[str, str, str, str
         out.append((f"claim {name} ms, before -> during the pin", f"{a:.2f} -> {b:.2f} "
                     f"({ratio:.2f}x)", target, verdict))
     worst = max(r["claim_p99_ms"] for r in during)
+    lost = [r["minute"] for r in during if r["pin_lost"]]
+    ages = [r["horizon_age"] for r in during]
+    grew = all(b > a for a, b in zip(ages, ages[1:]))
+    out.append(("the primary's horizon held through the pin: oldest xmin age at its end",
+                f"{ages[-1]:,} ({during[-1]['horizon_holder']})" if not lost
+                else f"lost in minute {lost[0]}", "held, growing every minute",
+                "met" if grew and not lost else "MISSED"))
     out.append(("claim p99 ms, worst pinned minute", f"{worst:.2f}", "(shown)", "-"))
     enq = sum(r["enqueued_per_s"] for r in during)
     done = sum(r["started_per_s"] for r in during)
@@ -651,7 +591,8 @@ COLUMNS = [  # (header, key, format)
     ("load", "load", "{:>4.1f}"),
 ]
 #: Added to the table when the run has a claim probe (--pin-minutes).
-PIN_COLUMNS = [("pin", "pinned", "{:>3d}"), ("cl50ms", "claim_p50_ms", "{:>6.2f}"),
+PIN_COLUMNS = [("pin", "pinned", "{:>3d}"), ("hznK", "horizon_k", "{:>5.0f}"),
+               ("cl50ms", "claim_p50_ms", "{:>6.2f}"),
                ("cl99ms", "claim_p99_ms", "{:>7.2f}")]
 
 
@@ -807,6 +748,10 @@ def parse_args(argv):
                         help="minutes of soak before the pin (5)")
     parser.add_argument("--pin-after", type=int, default=10, metavar="A",
                         help="minutes of soak after the pin's release (10)")
+    parser.add_argument("--pin-via", choices=("session", "standby"), default="session",
+                        help="who holds the snapshot: a session on the server (session), or "
+                             "one on a streaming standby with hot_standby_feedback = on "
+                             "(standby); bench/pinning.py")
     parser.add_argument("--source", type=Path,
                         help="a directory whose soniq_django package the run uses instead of "
                              "this tree's (e.g. `git archive main soniq_django | tar -x -C DIR`)")
@@ -837,7 +782,9 @@ def header(opts, rate: float, maximum: float | None) -> str:
             f"{opts.concurrency}; RESULT_TTL {opts.result_ttl:.0f} s; "
             + (f"{opts.preload_done:,} finished rows preloaded; " if opts.preload_done else "")
             + (f"a REPEATABLE READ snapshot held from minute {opts.pin_start} for "
-               f"{opts.pin_minutes} min; " if opts.pin_minutes else "")
+               f"{opts.pin_minutes} min"
+               + (" on a streaming standby with hot_standby_feedback = on; "
+                  if opts.pin_via == "standby" else "; ") if opts.pin_minutes else "")
             + "private PostgreSQL "
             f"cluster, stock settings (autovacuum on); {os.cpu_count()} CPUs shared with "
             f"whatever else runs")
@@ -877,7 +824,15 @@ def soak(opts) -> int:
                 rate = opts.rate or maximum * opts.fraction
                 if opts.preload_done:
                     preload_done(conn, opts.preload_done)
-                rows = soak_minutes(run, conn, cluster, opts, rate)
+                standby = (standby_of(cluster, DB, log_dir / "standby.log")
+                           if opts.pin_minutes and opts.pin_via == "standby" else None)
+                if standby is None:
+                    rows = soak_minutes(run, conn, cluster, opts, rate)
+                else:
+                    with standby:
+                        print(f"standby: streaming from the primary on port {standby.port}, "
+                              "hot_standby_feedback = on", flush=True)
+                        rows = soak_minutes(run, conn, cluster, opts, rate, standby)
             shutil_copy(cluster.log_path, log_dir / "server.log")
         finally:
             run.close()
@@ -938,7 +893,7 @@ def preload_done(conn, count: int) -> None:
     conn.execute("SELECT pg_stat_reset()")
 
 
-def soak_minutes(run: Run, conn, cluster, opts, rate: float) -> list[dict]:
+def soak_minutes(run: Run, conn, cluster, opts, rate: float, standby=None) -> list[dict]:
     postmaster = postmaster_pid(cluster)
     run.start_workers("soak")
     time.sleep(3)
@@ -958,14 +913,19 @@ def soak_minutes(run: Run, conn, cluster, opts, rate: float) -> list[dict]:
             end = started + 60 * minute
             time.sleep(max(0.0, end - time.time()))
             row, before = _minute(run, conn, postmaster, minute, before, probe, pinned)
+            if pin is not None and not pin.held():
+                row["pin_lost"] = 1
+                print(f"pin: LOST in minute {minute} ({pin.lost})", flush=True)
             print(format_row(row, pinning), flush=True)
             if not pinning and WINDOW + 1 < minute <= opts.minutes - WINDOW:
                 row["_latencies"] = []  # only the first and last windows' are needed
             rows.append(row)
             if pinning and minute == opts.pin_start:
-                pin = Pin(cluster.url(DB))
-                print(f"pin: a REPEATABLE READ snapshot (xmin {pin.xmin}) held for "
-                      f"{opts.pin_minutes} min", flush=True)
+                pin = Pin((standby or cluster).url(DB))
+                where = "on the standby" if standby else "on the primary"
+                print(f"pin: a REPEATABLE READ snapshot {where} (xmin {pin.xmin}) held for "
+                      f"{opts.pin_minutes} min; the primary's horizon is held by "
+                      f"{wait_for_horizon(conn, pin.xmin)}", flush=True)
             elif pin is not None and minute >= pin_ends:
                 pin.release()
                 pin = None
