@@ -93,14 +93,25 @@ RELATION_SHOWN = 64 * 1024
 # The server -------------------------------------------------------------------
 
 
-def soak_cluster():
+#: ``--diagnose``: every statement's time and buffers (pg_stat_statements, nested ones too)
+#: and the plan of every one slower than 25 ms in the server log (auto_explain, row counts
+#: and buffers, no timing); issue 27's slow minutes under a pin.
+DIAGNOSE_OPTIONS = (
+    "-c shared_preload_libraries=pg_stat_statements,auto_explain "
+    "-c pg_stat_statements.track=all -c auto_explain.log_min_duration=25 "
+    "-c auto_explain.log_nested_statements=on -c auto_explain.log_analyze=on "
+    "-c auto_explain.log_timing=off -c auto_explain.log_buffers=on")
+
+
+def soak_cluster(diagnose: bool = False):
     """A private cluster with stock settings (tests/chaos's, without its fsync=off)."""
     from tests.chaos.cluster import Cluster
 
     class SoakCluster(Cluster):
         def start(self) -> None:
             options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} "
-                       "-c log_autovacuum_min_duration=0 -c log_checkpoints=on")
+                       "-c log_autovacuum_min_duration=0 -c log_checkpoints=on"
+                       + (" " + DIAGNOSE_OPTIONS if diagnose else ""))
             result = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log_path), "-w",
                                "-t", "120", "-o", options, "start")
             self._check("pg_ctl start", result)
@@ -752,6 +763,10 @@ def parse_args(argv):
                         help="who holds the snapshot: a session on the server (session), or "
                              "one on a streaming standby with hot_standby_feedback = on "
                              "(standby); bench/pinning.py")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="pg_stat_statements and auto_explain (> 25 ms) on the cluster: "
+                             "statements.csv (each minute's top statements) and the slow "
+                             "plans in the server log, both in the log directory")
     parser.add_argument("--source", type=Path,
                         help="a directory whose soniq_django package the run uses instead of "
                              "this tree's (e.g. `git archive main soniq_django | tar -x -C DIR`)")
@@ -809,11 +824,13 @@ def soak(opts) -> int:
         report_lines.append(text)
 
     log_dir = Path(tempfile.mkdtemp(prefix=f"soniq-soak-{os.getpid()}-", dir="/tmp"))
-    with soak_cluster() as cluster:
+    with soak_cluster(opts.diagnose) as cluster:
         run = Run(cluster, opts, log_dir)
         try:
             run.migrate()
             with psycopg.connect(cluster.url(DB), autocommit=True) as conn:
+                if opts.diagnose:
+                    conn.execute("CREATE EXTENSION pg_stat_statements")
                 version = conn.execute("SHOW server_version").fetchone()[0]
                 autovac = conn.execute("SHOW autovacuum").fetchone()[0]
                 print(f"cluster: PostgreSQL {version}, autovacuum={autovac}, logs in {log_dir}",
@@ -905,6 +922,7 @@ def soak_minutes(run: Run, conn, cluster, opts, rate: float, standby=None) -> li
     pin_ends = opts.pin_start + opts.pin_minutes
     print(header_line(pinning), flush=True)
     before = snapshot(conn, run, postmaster)
+    statements = top_statements(conn, 0, None, run.log_dir) if opts.diagnose else None
     started = before["at"]
     rows = []
     try:
@@ -913,6 +931,8 @@ def soak_minutes(run: Run, conn, cluster, opts, rate: float, standby=None) -> li
             end = started + 60 * minute
             time.sleep(max(0.0, end - time.time()))
             row, before = _minute(run, conn, postmaster, minute, before, probe, pinned)
+            if opts.diagnose:
+                statements = top_statements(conn, minute, statements, run.log_dir)
             if pin is not None and not pin.held():
                 row["pin_lost"] = 1
                 print(f"pin: LOST in minute {minute} ({pin.lost})", flush=True)
@@ -940,6 +960,36 @@ def soak_minutes(run: Run, conn, cluster, opts, rate: float, standby=None) -> li
                 handle.writelines(f"{at:.3f},{ms:.3f}\n" for at, ms in probe.trace)
     run.stop_producer()
     return rows
+
+
+STATEMENTS_SQL = """
+SELECT queryid, left(regexp_replace(query, '\\s+', ' ', 'g'), 90), calls, total_exec_time,
+       shared_blks_hit + shared_blks_read, wal_fpi
+  FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+def top_statements(conn, minute: int, before: dict | None, log_dir: Path) -> dict:
+    """Append the minute's ten most time-consuming statements to statements.csv (``--diagnose``):
+    calls, ms per call, buffers per call, full-page images; returns the counters now."""
+    now = {qid: rest for qid, *rest in conn.execute(STATEMENTS_SQL)}
+    if before is not None:
+        diffs = []
+        for qid, (text, calls, ms, blocks, fpi) in now.items():
+            b = before.get(qid, (text, 0, 0.0, 0, 0))
+            if calls > b[1]:
+                diffs.append((ms - b[2], calls - b[1], blocks - b[3], fpi - b[4], text))
+        path = log_dir / "statements.csv"
+        new = not path.exists()
+        with open(path, "a", newline="") as handle:
+            writer = csv.writer(handle)
+            if new:
+                writer.writerow(["minute", "total_ms", "calls", "ms_per_call", "blocks_per_call",
+                                 "fpi", "statement"])
+            for ms, calls, blocks, fpi, text in sorted(diffs, reverse=True)[:10]:
+                writer.writerow([minute, f"{ms:.0f}", calls, f"{ms / calls:.3f}",
+                                 f"{blocks / calls:.1f}", fpi, text])
+    return now
 
 
 def _minute(run: Run, conn, postmaster: int, minute: int, before: dict,
