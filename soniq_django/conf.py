@@ -76,6 +76,9 @@ class Settings:
     """How long the queue-level figures of one read are served again (0: read at each scrape)."""
     METRICS_MAX_QUEUES: int = 100
     """The most queue label values a series has; the other queues are summed as "__other__"."""
+    REBUILD_INDEXES_AFTER_PIN: bool = True
+    """PostgreSQL: workers rebuild the soniq_jobs indexes a pinned horizon left bloated
+    (index_rebuild.py, decision 0037)."""
 
     configured: frozenset[str] = frozenset()
     """Every key the project set, known or not (the checks name the unknown ones)."""
@@ -167,6 +170,9 @@ def _value_problem(config: Settings, key: str) -> Problem | None:
                         "It counts the first attempt too.")
     if key == "JOB_TIMEOUT_SECONDS" and value is not None and not (_number(value) and value > 0):
         return _problem(key, "SONIQ['JOB_TIMEOUT_SECONDS'] must be None or a positive number.")
+    if key == "REBUILD_INDEXES_AFTER_PIN" and type(value) is not bool:
+        return _problem(key, "SONIQ['REBUILD_INDEXES_AFTER_PIN'] must be True or False.",
+                        "The default is True.")
     if key == "PREPARED_STATEMENTS" and value is not None and type(value) is not bool:
         return _problem(key, "SONIQ['PREPARED_STATEMENTS'] must be None, True or False.",
                         "None (the default) prepares them only on a connection straight to the "

@@ -39,7 +39,8 @@ def test_unknown_keys_are_named_with_the_known_ones_as_hint():
      {"IMPORTS": ["shop.tasks", 3]}, {"IMPORTS": [""]}, {"IMPORTS": None},
      {"UNKNOWN_JOB_GRACE_SECONDS": -1}, {"UNKNOWN_JOB_GRACE_SECONDS": "600"},
      {"MAX_PAYLOAD_BYTES": 0}, {"MAX_PAYLOAD_BYTES": "1MB"}, {"MAX_PAYLOAD_BYTES": True},
-     {"MAX_PAYLOAD_BYTES": 1.5e6}],
+     {"MAX_PAYLOAD_BYTES": 1.5e6}, {"REBUILD_INDEXES_AFTER_PIN": None},
+     {"REBUILD_INDEXES_AFTER_PIN": 1}],
 )
 def test_bad_values(config):
     with override_settings(SONIQ=config):
@@ -49,6 +50,12 @@ def test_bad_values(config):
 @pytest.mark.parametrize("value", [None, 1, 2**40])
 def test_max_payload_bytes_takes_none_or_a_positive_whole_number(value):
     with override_settings(SONIQ={"MAX_PAYLOAD_BYTES": value}):
+        assert "soniq.E003" not in ids(check_settings())
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_rebuild_indexes_after_pin_takes_a_bool(value):
+    with override_settings(SONIQ={"REBUILD_INDEXES_AFTER_PIN": value}):
         assert "soniq.E003" not in ids(check_settings())
 
 

@@ -40,6 +40,7 @@ from . import registration
 from .bounds import beat_interval, patience, renewal_wait
 from .connection import SharedConnection, keep_healthy
 from .flight import Flights, InFlight
+from .rebuilds import Rebuilds
 
 logger = logging.getLogger("soniq_django.worker")
 
@@ -80,6 +81,7 @@ class Heartbeat:
         self._next_purge = 0.0
         self._purge_after: dt.datetime | None = None  # database time: see housekeep()
         self._next_full_purge = 0.0
+        self.rebuilds = Rebuilds(shared, source.using)
         self._aside = False  # the last beat went on a connection of its own (a slow call held ours)
 
     def run(self) -> None:
@@ -237,6 +239,8 @@ class Heartbeat:
                 break
         if total:
             logger.info("housekeeping: purged %d expired job rows", total)
+        # After a pinned horizon: rebuild the indexes it left bloated (decision 0037).
+        self.rebuilds.look(max(0.0, deadline - time.monotonic()))
 
     def renew(self, flights: list[InFlight], deadline: float) -> None:
         """Renew every lease and read every cancel request: in one call, else one by one.
