@@ -1603,7 +1603,7 @@ BEGIN
 END
 $fn$;
 
--- soniq_complete_many (from claim_protocol_v8.sql) --
+-- soniq_complete_many (from claim_protocol_v11.sql) --
 CREATE OR REPLACE FUNCTION {schema}.soniq_complete_many(
     job_ids text[], worker_id text, generations bigint[], claim_tokens text[], queues text[],
     results jsonb[], result_ttl_seconds double precision DEFAULT 300
@@ -1706,10 +1706,10 @@ BEGIN
                    expires_at = v_now + pg_catalog.make_interval(secs => p_ttl),
                    updated_at = v_now
              WHERE j.id = r.id
-               AND j.claim_token = p_tokens[v_i]
-               AND j.claim_generation = p_generations[v_i]
-               AND j.status = 'processing' AND j.lease_expires_at > v_now
-               AND NOT j.cancel_requested;
+               AND (j.claim_token = p_tokens[v_i]
+                    AND j.claim_generation = p_generations[v_i]
+                    AND j.status = 'processing' AND j.lease_expires_at > v_now
+                    AND NOT j.cancel_requested) IS TRUE;
             v_done[v_i] := FOUND;
         END LOOP;
     ELSE

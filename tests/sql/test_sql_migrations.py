@@ -141,9 +141,9 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
     assert v1 != v2 and "soniq_complete_many" in v2
     new = ("soniq_claim_many", "soniq_complete_many")
     assert _function_source("soniq_complete") == v2
-    # The batched functions have version 8's (0018) and version 10's (0020) bodies (tested below).
+    # The batched functions have version 11's (0023) and version 10's (0020) bodies (tested below).
     assert _function_source("soniq_complete_many") == _file_source(
-        "claim_protocol_v8.sql", "soniq_complete_many")
+        "claim_protocol_v11.sql", "soniq_complete_many")
     assert _function_source("soniq_claim_many") == _file_source(
         "claim_protocol_v10.sql", "soniq_claim_many")
     try:
@@ -183,6 +183,8 @@ _ADDED_BY_0020 = ("soniq_attempt_ended_v1", "soniq_attempts_gone_v1")
 # 0021 adds the trigger function that takes a job's trace context with it (tested below).
 _ADDED_BY_0021 = ("soniq_job_trace_gone_v1",)
 _REPLACED_BY_0020 = {"soniq_claim_many": "claim_protocol_v9.sql"}
+#: What migration 0023 (claim protocol v11) replaces (function: released file).
+_REPLACED_BY_0023 = {"soniq_complete_many": "claim_protocol_v8.sql"}
 
 
 #: What migration 0011 changes: (file that released the body it replaces, function).
@@ -379,11 +381,11 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
           for name in ("soniq_claim_many", "soniq_complete_many")}
     assert v7["soniq_claim_many"] != v6 and v7["soniq_complete_many"] != v2
     before = _soniq_functions()
-    # Version 8's completion since 0018 and version 9's claim since 0019 (tested below),
+    # Version 11's completion since 0023 and version 10's claim since 0020 (tested below),
     # which going back to 0015 reverses.
     assert {name: before[name] for name in v7} == {
         "soniq_claim_many": _file_source("claim_protocol_v10.sql", "soniq_claim_many"),
-        "soniq_complete_many": _file_source("claim_protocol_v8.sql", "soniq_complete_many")}
+        "soniq_complete_many": _file_source("claim_protocol_v11.sql", "soniq_complete_many")}
     try:
         call_command("migrate", "soniq_django", "0015", verbosity=0)
         after = _soniq_functions()
@@ -459,9 +461,11 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
                 for name, released in _REPLACED_BY_0018.items()}
     assert all(v8[name] != restored[name] for name in restored)
     before = _soniq_functions()
-    # Version 9's claim since 0019 (tested below), which going back to 0017 reverses.
-    assert {name: before[name] for name in v8 if name not in _REPLACED_BY_0019} == {
-        name: body for name, body in v8.items() if name not in _REPLACED_BY_0019}
+    # Version 9's claim since 0019 and version 11's completion since 0023 (tested below),
+    # which going back to 0017 reverses.
+    later = {*_REPLACED_BY_0019, *_REPLACED_BY_0023}
+    assert {name: before[name] for name in v8 if name not in later} == {
+        name: body for name, body in v8.items() if name not in later}
     # Version 8 replaced nothing else: version 1's budget and reaper stay as they were.
     assert before["soniq_queue_budget_v1"] == _file_source(
         "claim_protocol_v5.sql", "soniq_queue_budget_v1")
@@ -475,7 +479,7 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
         assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
                        + _ADDED_BY_0021) & set(after)
         changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021}
+                   *_ADDED_BY_0021, *_REPLACED_BY_0023}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert "soniq_jobs_claim_queue_now_idx" not in _claim_indexes()
@@ -531,7 +535,7 @@ def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9
         assert not set(_ADDED_BY_0019 + _ADDED_BY_0020
                        + _ADDED_BY_0021) & set(after)
         changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021}
+                   *_ADDED_BY_0021, *_REPLACED_BY_0023}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8 works again: a lapsed job is settled, a queued one claimed.
@@ -578,7 +582,7 @@ def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back()
         assert after["soniq_claim_many"] == v9
         assert not set(_ADDED_BY_0020 + _ADDED_BY_0021) & set(after)
         changed = {*_REPLACED_BY_0020, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021}
+                   *_ADDED_BY_0021, *_REPLACED_BY_0023}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert attempt_triggers() == []
@@ -628,8 +632,9 @@ def test_reversing_0021_drops_the_trace_contexts_and_reapplying_gives_them_back(
         call_command("migrate", "soniq_django", "0020", verbosity=0)
         after = _soniq_functions()
         assert not set(_ADDED_BY_0021) & set(after)
-        assert {n: b for n, b in after.items() if n not in added} == {
-            n: b for n, b in before.items() if n not in added}
+        changed = {*added, *_REPLACED_BY_0023}
+        assert {n: b for n, b in after.items() if n not in changed} == {
+            n: b for n, b in before.items() if n not in changed}
         assert trace_triggers() == []
         assert fetch("SELECT to_regclass('soniq_job_trace')") == [(None,)]
         # Jobs come and go as before, with no trace context to take along.
@@ -638,3 +643,37 @@ def test_reversing_0021_drops_the_trace_contexts_and_reapplying_gives_them_back(
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
     assert _soniq_functions() == before and trace_triggers() == triggers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_version_11():
+    v11 = _file_source("claim_protocol_v11.sql", "soniq_complete_many")
+    v8 = _file_source("claim_protocol_v8.sql", "soniq_complete_many")
+    # One change: the batch of one's fence, written as one IS TRUE (decision 0037).
+    assert v11 != v8 and " ".join(v11.replace("(j.claim_token = p_tokens", "j.claim_token = p_tokens").replace(
+        "NOT j.cancel_requested) IS TRUE;", "NOT j.cancel_requested;").split()) == " ".join(
+        v8.split())
+    before = _soniq_functions()
+    assert before["soniq_complete_many"] == v11
+    try:
+        call_command("migrate", "soniq_django", "0022", verbosity=0)
+        after = _soniq_functions()
+        assert after["soniq_complete_many"] == v8
+        assert {n: b for n, b in after.items() if n not in _REPLACED_BY_0023} == {
+            n: b for n, b in before.items() if n not in _REPLACED_BY_0023}
+        # Version 8's completion works again.
+        fetch("SELECT soniq_enqueue('back.to_v10')")
+        [(job_id, generation)] = fetch(
+            "SELECT job_id::text, generation FROM soniq_claim_many('w', ARRAY['nonce-v10'])")
+        assert fetch("SELECT soniq_complete(%s, 'w', %s, 'nonce-v10', 'default')",
+                     [job_id, generation]) == [(True,)]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before
+    fetch("SELECT soniq_enqueue('again.v11')")
+    [(job_id, generation)] = fetch(
+        "SELECT job_id::text, generation FROM soniq_claim_many('w', ARRAY['nonce-v11'])")
+    assert fetch("SELECT soniq_complete(%s, 'w', %s, 'nonce-v11', 'default')",
+                 [job_id, generation]) == [(True,)]
+    assert fetch("SELECT soniq_complete(%s, 'w', %s, 'nonce-v11', 'default')",
+                 [job_id, generation]) == [(False,)]

@@ -233,3 +233,36 @@ def test_claims_that_find_nothing_under_a_pinned_horizon_read_little(pinned):
         names, read = claim_reading(worker)
         assert names == ["pinned.next"]
         assert read["soniq_jobs_claim_now_idx"] < FEW, read
+
+
+def test_a_completion_under_a_pinned_horizon_finds_its_row_by_primary_key(pinned):
+    """Version 11: a batch of one is written by primary key. Versions 2 to 10 let the
+    planner take soniq_jobs_lease_idx (lease_expires_at > now), where a held snapshot keeps
+    the processing version of every job finished since: a completion walked them all."""
+    with raw() as worker, worker.cursor() as cursor:
+        cursor.executemany("SELECT soniq_enqueue('pinned.job', jsonb_build_object('n', %s::int))",
+                           [(n,) for n in range(PINNED_JOBS)])
+        done = 0
+        while done < PINNED_JOBS:  # leases of 60 s: still ahead when the last one is written
+            claimed = worker.execute(
+                "SELECT job_id::text, generation, token, queue "
+                "FROM soniq_claim_many('w', %s::text[], NULL, 60)", [nonces(200)]).fetchall()
+            worker.execute("SELECT soniq_complete_many(%s::text[], 'w', %s::bigint[], %s::text[], "
+                           "%s::text[], array_fill(NULL::jsonb, ARRAY[%s]))",
+                           [*[list(column) for column in zip(*claimed)], len(claimed)])
+            done += len(claimed)
+        enqueue(worker, 1, name="pinned.after")
+        [(job_id, generation, token, queue)] = worker.execute(
+            "SELECT job_id::text, generation, token, queue "
+            "FROM soniq_claim_many('w', %s::text[], NULL, 60)", [nonces(1)]).fetchall()
+        with worker.transaction():
+            before = dict(worker.execute(READ).fetchall())
+            [(completed,)] = worker.execute(
+                "SELECT soniq_complete(%s, 'w', %s, %s, %s, '{\"ok\": true}'::jsonb)",
+                [job_id, generation, token, queue]).fetchall()
+            after = dict(worker.execute(READ).fetchall())
+        assert completed is True
+        read = after["soniq_jobs_lease_idx"] - before["soniq_jobs_lease_idx"]
+        assert read < FEW, read
+        assert worker.execute("SELECT status, result FROM soniq_jobs WHERE id = %s",
+                              [job_id]).fetchone() == ("done", {"ok": True})
