@@ -11,9 +11,10 @@ of empty ones (docs/performance.md#a-pinned-horizon has the measurements).
 
 So a worker watches the horizon (``HorizonWatch.look``: once a minute, in
 its housekeeping turn, one catalog query). A snapshot older than its
-previous look still held means a pin is on; the first look that finds none
-after that means the pin is over, and the worker runs ``rebuild_bloated``
-in a thread of its own, on a connection of its own:
+previous look still held means a pin is on; SETTLE_LOOKS looks in a row
+that find none after that mean the pin is over and vacuum has had its turn,
+and the worker runs ``rebuild_bloated`` in a thread of its own, on a
+connection of its own:
 
 1. a session advisory lock keyed on ``soniq_jobs`` (``pg_try_advisory_lock``):
    at most one rebuild at a time across workers; when another holds it,
@@ -60,6 +61,8 @@ MIN_EXCESS_SHARE = 0.05
 LOCK_TIMEOUT = "2s"
 #: The longest one rebuild may take.
 STATEMENT_TIMEOUT = "10min"
+#: Looks in a row (a minute apart in a worker) that find the horizon free before a rebuild.
+SETTLE_LOOKS = 3
 #: The advisory lock's key: soniq_jobs' oid, shifted, and this.
 ADVISORY_KEY = 27
 ADVISORY_SQL = "(%s::regclass::oid::bigint << 8) | " + str(ADVISORY_KEY)
@@ -117,18 +120,21 @@ SELECT c.oid::regclass::text
 
 
 class HorizonWatch:
-    """Tells, one look at a time, when a pinned horizon has just been released.
+    """Tells, one look at a time, when a pinned horizon was released long enough ago.
 
-    ``look(cursor)`` returns True at the first look that finds the horizon
-    free after one or more looks found it held by a snapshot older than the
-    look before them; until a rebuild reports back (``done()``), every look
-    that finds it free returns True again (another worker may hold the
-    lock).
+    ``look(cursor)`` returns True at the SETTLE_LOOKS-th look in a row that
+    finds the horizon free after one or more looks found it held by a
+    snapshot older than the look before them: by then vacuum has removed
+    what the pin kept and given the heap's empty tail back, so a rebuild
+    reads a table of its usual size, and the drain has caught up. Until a
+    rebuild reports back (``done()``), every later look returns True again
+    (another worker may hold the lock).
     """
 
     def __init__(self) -> None:
         self.mark: str | None = None
         self.pinned = False
+        self.free = 0  # looks in a row that found the horizon free since a pin
         self.due = False
 
     def look(self, cursor: Any) -> bool:
@@ -136,10 +142,12 @@ class HorizonWatch:
         next_xid, held = cursor.fetchone()
         self.mark = str(int(next_xid) % 2**32)
         if held:
-            self.pinned, self.due = True, False
+            self.pinned, self.free, self.due = True, 0, False
             return False
         if self.pinned:
-            self.pinned, self.due = False, True
+            self.free += 1
+            if self.free >= SETTLE_LOOKS:
+                self.pinned, self.due = False, True
         return self.due
 
     def done(self) -> None:

@@ -1,4 +1,7 @@
 -- Reverse of claim_protocol_v11.sql. Nothing to drop: version 11 only replaced
--- the body of soniq_complete_many. Migration 0023 puts version 8's body back,
--- read from claim_protocol_v8.sql (same signature, so grants on it are kept).
-SELECT 1;
+-- the body of soniq_complete_many, which migration 0023 puts back from
+-- claim_protocol_v8.sql (same signature, so grants on it are kept), and set
+-- enable_sort on soniq_claim_many, reset here.
+ALTER FUNCTION {schema}.soniq_claim_many(text, text[], text[], double precision,
+                                         double precision, integer)
+    RESET enable_sort;

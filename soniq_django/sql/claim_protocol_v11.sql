@@ -1,5 +1,6 @@
 -- soniq_django claim protocol, version 11 (PostgreSQL only): a completion
--- finds its row by primary key, also under a pinned horizon.
+-- finds its row by primary key, and a claim scans in claim order, also under
+-- a pinned horizon.
 --
 -- Versions 1 to 10 stay as they are; this file gives soniq_complete_many a
 -- new body (same name, signature, answers, errors and grants), and
@@ -24,6 +25,21 @@
 -- 300 jobs/s; docs/performance.md#a-pinned-horizon). The fence, the row
 -- lock and the answers are version 10's; the predicate is the same
 -- predicate, evaluated on the row found.
+--
+-- And soniq_claim_many runs with enable_sort = off (a setting of the
+-- function, as its search_path; its body is version 10's). Its scans in
+-- claim order -- from the start, or from where the last claim began --
+-- read soniq_jobs_claim_now_idx in (priority, created_at) order and stop
+-- after the jobs they take. Under a pinned horizon the planner came to
+-- prefer reading all of soniq_jobs_unique_queued (any partial index of
+-- queued jobs yields them; its statistics say it holds a handful of rows)
+-- and sorting what it found: that index keeps the queued version of every
+-- job since the pin, and each claim read all of them (8,950 buffers for
+-- each of the two scans of a hinted claim, 40-180 ms, five to six minutes
+-- into every pin at 300 jobs/s: the drain fell behind;
+-- bench/soak.py --diagnose, auto_explain). Without a sort to hide behind,
+-- the only plan that returns them in claim order is the ordered index
+-- scan; sorts with no other plan (the merge of the scans) stay as they are.
 
 -- soniq_complete_many (version 11 body; same signature) --
 CREATE OR REPLACE FUNCTION {schema}.soniq_complete_many(
@@ -211,3 +227,8 @@ BEGIN
     RETURN v_done;
 END
 $fn$;
+
+-- soniq_claim_many: no sort where an index gives the claim order --
+ALTER FUNCTION {schema}.soniq_claim_many(text, text[], text[], double precision,
+                                         double precision, integer)
+    SET enable_sort = off;

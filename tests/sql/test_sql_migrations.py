@@ -655,10 +655,17 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
         v8.split())
     before = _soniq_functions()
     assert before["soniq_complete_many"] == v11
+
+    def claim_settings():
+        return fetch("SELECT proconfig FROM pg_proc WHERE proname = 'soniq_claim_many' "
+                     "AND pronamespace = current_schema()::regnamespace")[0][0]
+
+    assert claim_settings() == ["search_path=pg_catalog, pg_temp", "enable_sort=off"]
     try:
         call_command("migrate", "soniq_django", "0022", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_complete_many"] == v8
+        assert claim_settings() == ["search_path=pg_catalog, pg_temp"]
         assert {n: b for n, b in after.items() if n not in _REPLACED_BY_0023} == {
             n: b for n, b in before.items() if n not in _REPLACED_BY_0023}
         # Version 8's completion works again.
@@ -670,6 +677,7 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
     assert _soniq_functions() == before
+    assert claim_settings() == ["search_path=pg_catalog, pg_temp", "enable_sort=off"]
     fetch("SELECT soniq_enqueue('again.v11')")
     [(job_id, generation)] = fetch(
         "SELECT job_id::text, generation FROM soniq_claim_many('w', ARRAY['nonce-v11'])")
