@@ -317,7 +317,7 @@ def test_version_2_functions_are_pinned_definers_no_one_else_may_call():
         "ORDER BY 1")
     # Claim protocol v11: claims plan without sorts where an index gives the claim order.
     assert rows == [(name, True, ["search_path=pg_catalog, pg_temp"]
-                     + (["enable_sort=off"] if name == "soniq_claim_many" else []), False)
+                     + (["enable_sort=off", "jit=off"] if name == "soniq_claim_many" else []), False)
                     for name in ("soniq_claim_many", "soniq_complete", "soniq_complete_many")]
 
 

@@ -660,7 +660,7 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
         return fetch("SELECT proconfig FROM pg_proc WHERE proname = 'soniq_claim_many' "
                      "AND pronamespace = current_schema()::regnamespace")[0][0]
 
-    assert claim_settings() == ["search_path=pg_catalog, pg_temp", "enable_sort=off"]
+    assert claim_settings() == ["search_path=pg_catalog, pg_temp", "enable_sort=off", "jit=off"]
     try:
         call_command("migrate", "soniq_django", "0022", verbosity=0)
         after = _soniq_functions()
@@ -677,7 +677,7 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
     assert _soniq_functions() == before
-    assert claim_settings() == ["search_path=pg_catalog, pg_temp", "enable_sort=off"]
+    assert claim_settings() == ["search_path=pg_catalog, pg_temp", "enable_sort=off", "jit=off"]
     fetch("SELECT soniq_enqueue('again.v11')")
     [(job_id, generation)] = fetch(
         "SELECT job_id::text, generation FROM soniq_claim_many('w', ARRAY['nonce-v11'])")
