@@ -26,7 +26,10 @@ connection of its own:
    heap is rebuilt, the most bloated first, one at a time, by ``REINDEX
    INDEX CONCURRENTLY`` (never inside a transaction: writes go on), each
    bounded by ``LOCK_TIMEOUT`` for any lock and ``STATEMENT_TIMEOUT`` in all.
-   A failed one is dropped as in 2 and ends the run.
+   A failed one is dropped as in 2 and ends the run. A run that rebuilt
+   something is followed by another at the worker's next look (vacuum may
+   have given more of the heap back since); one that finds nothing, or
+   fails, ends the watch until the next pin.
 
 What an index needs is estimated from the catalog: ``reltuples`` x (the
 index tuple's header, the average widths of its columns' values from

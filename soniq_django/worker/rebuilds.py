@@ -80,7 +80,10 @@ class Rebuilds:
             connections[self.using].close()
         if result.busy:
             return  # another worker rebuilds: this one looks again later
-        self.watch.done()
+        if not result.rebuilt or result.failed:
+            self.watch.done()
+        # else a pass that rebuilt something is followed by another at the next look: vacuum
+        # may have given more of the heap back since, which lowers the bar for the others.
         for name, before, after in result.rebuilt:
             logger.info("rebuilt index %s after a pinned horizon: %.1f MB -> %.1f MB",
                         name, before / 2**20, after / 2**20)
