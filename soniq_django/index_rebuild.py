@@ -27,9 +27,10 @@ connection of its own:
    INDEX CONCURRENTLY`` (never inside a transaction: writes go on), each
    bounded by ``LOCK_TIMEOUT`` for any lock and ``STATEMENT_TIMEOUT`` in all.
    A failed one is dropped as in 2 and ends the run. A run that rebuilt
-   something is followed by another at the worker's next look (vacuum may
-   have given more of the heap back since); one that finds nothing, or
-   fails, ends the watch until the next pin.
+   something is followed by one more at the worker's next look (vacuum may
+   have given more of the heap back since), which leaves the indexes the
+   first rebuilt alone: at most MAX_PASSES runs after a pin, so an index
+   that grows back to its steady size is never rebuilt over and over.
 
 What an index needs is estimated from the catalog: ``reltuples`` x (the
 index tuple's header, the average widths of its columns' values from
@@ -66,6 +67,8 @@ LOCK_TIMEOUT = "2s"
 STATEMENT_TIMEOUT = "10min"
 #: Looks in a row (a minute apart in a worker) that find the horizon free before a rebuild.
 SETTLE_LOOKS = 3
+#: Rebuild runs after one pin: the first, and one more once the heap has shrunk.
+MAX_PASSES = 2
 #: The advisory lock's key: soniq_jobs' oid, shifted, and this.
 ADVISORY_KEY = 27
 ADVISORY_SQL = "(%s::regclass::oid::bigint << 8) | " + str(ADVISORY_KEY)
@@ -195,9 +198,11 @@ class Rebuilt:
     failed: str | None = None
 
 
-def rebuild_bloated(using: str = DEFAULT_DB_ALIAS) -> Rebuilt:
+def rebuild_bloated(using: str = DEFAULT_DB_ALIAS, *, skip: frozenset[str] = frozenset()
+                    ) -> Rebuilt:
     """Rebuild the bloated indexes of soniq_jobs, on this thread's own connection to ``using``.
 
+    ``skip`` names indexes left alone (those an earlier pass after the same pin rebuilt).
     Autocommit only (REINDEX CONCURRENTLY cannot run in a transaction): raises
     RuntimeError inside ``atomic()``. Returns what was done (``Rebuilt``);
     a database error ends the run and is reported in it, never raised.
@@ -217,6 +222,8 @@ def rebuild_bloated(using: str = DEFAULT_DB_ALIAS) -> Rebuilt:
         try:
             dropped += _drop_leftovers(cursor, table)
             for index in bloated(cursor, table):
+                if index.name in skip:
+                    continue
                 cursor.execute(f"REINDEX INDEX CONCURRENTLY {index.name}")
                 cursor.execute("SELECT pg_catalog.pg_relation_size(%s::regclass)", [index.name])
                 rebuilt.append((index.name, index.size, int(cursor.fetchone()[0])))

@@ -20,7 +20,7 @@ from django.db import connections
 
 from .. import pooling
 from ..conf import get_settings
-from ..index_rebuild import HorizonWatch, rebuild_bloated
+from ..index_rebuild import MAX_PASSES, HorizonWatch, rebuild_bloated
 from .connection import SharedConnection, own_connection
 
 logger = logging.getLogger("soniq_django.worker")
@@ -41,6 +41,8 @@ class Rebuilds:
         self.off = connections[using].vendor != "postgresql"
         self._next_look = 0.0
         self._thread: threading.Thread | None = None
+        self._passes = 0  # rebuild runs since the last pin ended
+        self._rebuilt: frozenset[str] = frozenset()  # what they rebuilt
 
     def look(self, patience: float) -> None:
         """Look at the horizon if it is time (a turn waited for at most ``patience`` s);
@@ -71,7 +73,7 @@ class Rebuilds:
         """The rebuild thread: ``rebuild_bloated`` on this thread's own connection, closed after."""
         try:
             own_connection(self.using)
-            result = rebuild_bloated(self.using)
+            result = rebuild_bloated(self.using, skip=self._rebuilt)
         except Exception:  # a connection that failed: the next look tries again
             logger.warning("could not rebuild the soniq_jobs indexes after a pinned horizon; "
                            "trying again at the next look", exc_info=True)
@@ -80,10 +82,13 @@ class Rebuilds:
             connections[self.using].close()
         if result.busy:
             return  # another worker rebuilds: this one looks again later
-        if not result.rebuilt or result.failed:
+        self._passes += 1
+        self._rebuilt |= {name for name, _, _ in result.rebuilt}
+        if not result.rebuilt or result.failed or self._passes >= MAX_PASSES:
             self.watch.done()
-        # else a pass that rebuilt something is followed by another at the next look: vacuum
-        # may have given more of the heap back since, which lowers the bar for the others.
+            self._passes, self._rebuilt = 0, frozenset()
+        # else one more pass at the next look: vacuum may have given more of the heap back
+        # since, which lowers the bar for the indexes this one left.
         for name, before, after in result.rebuilt:
             logger.info("rebuilt index %s after a pinned horizon: %.1f MB -> %.1f MB",
                         name, before / 2**20, after / 2**20)
