@@ -74,14 +74,18 @@ ADVISORY_KEY = 27
 ADVISORY_SQL = "(%s::regclass::oid::bigint << 8) | " + str(ADVISORY_KEY)
 
 #: The next transaction id, and whether a snapshot older than ``mark`` (a 32-bit transaction
-#: id from the previous look, or NULL) holds the horizon: a session's (of any database: a
-#: conservative reading), a replication slot's (a standby's hot_standby_feedback), a
-#: prepared transaction's. Every role may read these columns.
+#: id from the previous look, or NULL) holds the horizon of soniq_jobs: a session's in this
+#: database, or one of no database (a walsender's: a standby's hot_standby_feedback without a
+#: slot), as vacuum reckons it (a session in another database holds only the shared
+#: catalogs), a replication slot's, a prepared transaction's. Every role may read these.
 HORIZON_SQL = """
 SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text,
        %(mark)s::text IS NOT NULL AND EXISTS (
            SELECT FROM (SELECT backend_xmin AS x FROM pg_catalog.pg_stat_activity
                          WHERE pid <> pg_catalog.pg_backend_pid()
+                           AND (datid IS NULL OR datid = (
+                                SELECT oid FROM pg_catalog.pg_database
+                                 WHERE datname = pg_catalog.current_database()))
                         UNION ALL
                         SELECT xmin FROM pg_catalog.pg_replication_slots
                         UNION ALL

@@ -206,6 +206,24 @@ def test_the_watch_tells_when_a_pin_older_than_its_last_look_ends():
 
 @pytest.mark.postgresql_only
 @pytest.mark.django_db(transaction=True)
+def test_a_snapshot_in_another_database_is_no_pin():
+    """Vacuum of soniq_jobs does not wait for a session of another database (only the shared
+    catalogs do), so neither does the watch: a report on the cluster's other database, or the
+    other test runs on one server, never make workers rebuild."""
+    watch = HorizonWatch()
+    with raw(dbname="postgres") as elsewhere, raw() as busy, connection.cursor() as cursor:
+        watch.look(cursor)
+        elsewhere.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        elsewhere.execute("SELECT count(*) FROM pg_catalog.pg_class")
+        busy.execute("SELECT pg_current_xact_id()")
+        watch.look(cursor)
+        busy.execute("SELECT pg_current_xact_id()")
+        assert watch.look(cursor) is False and not watch.pinned
+        elsewhere.execute("ROLLBACK")
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db(transaction=True)
 def test_a_short_transaction_is_no_pin():
     watch = HorizonWatch()
     with raw() as other, connection.cursor() as cursor:
