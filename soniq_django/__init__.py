@@ -16,10 +16,11 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers (the package shi
     from .producer.api import bulk_enqueue, enqueue, get_job
     from .producer.request import JobRequest
     from .registry import job
+    from .waiting import await_job, wait_for_job
 
 __all__ = [
     "JobRequest", "abulk_enqueue", "aenqueue", "aget_job", "args_hash", "bulk_enqueue", "enqueue", "get_job",
-    "job", "pause_queue", "periodic", "resume_queue",
+    "job", "pause_queue", "periodic", "resume_queue", "await_job", "wait_for_job",
 ]
 
 _HOMES = {
@@ -35,6 +36,8 @@ _HOMES = {
     "pause_queue": "soniq_django.flow",
     "periodic": "soniq_django.periodic_jobs",
     "resume_queue": "soniq_django.flow",
+    "await_job": "soniq_django.waiting",
+    "wait_for_job": "soniq_django.waiting",
 }
 
 

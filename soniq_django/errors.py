@@ -16,6 +16,7 @@ and people read ``reason``.
     ├── SchemaAdmissionError    SCHEMA_REFUSED (also an ImproperlyConfigured)
     ├── TablesShapeError        SCHEMA_REFUSED
     ├── DowngradeRefused        QUEUE_SUBMISSION_CONFLICT
+    ├── WaitTimeout             WAIT_TIMEOUT (wait_for_job: the job is not finished yet)
     ├── PermanentFailure        PERMANENT_FAILURE (raised by a job handler)
     └── JobCancelled            JOB_CANCELLED (raised inside a job handler)
 
@@ -85,6 +86,9 @@ class ErrorCode(enum.StrEnum):
     SETTINGS_INVALID = "SETTINGS_INVALID"
     """A ``SONIQ`` setting the call needs has a value the system checks reject; the reason
     names the key, the value's type and the check id (``manage.py check`` says the same)."""
+    WAIT_TIMEOUT = "WAIT_TIMEOUT"
+    """``wait_for_job``/``await_job``: the job had not finished when the timeout ran out;
+    the error's ``job`` is the job as last read (None: not found), the reason its status."""
     EXTRA_NOT_INSTALLED = "EXTRA_NOT_INSTALLED"
     """A module of soniq_django needs an optional package that is not installed; the reason
     names the package and the ``pip install soniq-django[extra]`` that brings it."""
@@ -125,6 +129,18 @@ class RunRolledBack(SoniqError):
     def __init__(self, outcome: Any):
         super().__init__(ErrorCode.JOB_FAILED, "the atomic run's transaction was rolled back")
         self.outcome = outcome
+
+
+class WaitTimeout(SoniqError):
+    """``wait_for_job``'s timeout ran out before the job finished (code WAIT_TIMEOUT).
+
+    ``job`` is the job as last read -- its status and progress -- or None when
+    no job has this id (unknown, not committed yet, or purged).
+    """
+
+    def __init__(self, reason: str, job: Any = None):
+        super().__init__(ErrorCode.WAIT_TIMEOUT, reason)
+        self.job = job
 
 
 class ConfigValidationError(SoniqError):

@@ -661,3 +661,31 @@ class JobTrace(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} {self.traceparent}"
+
+
+class JobProgress(models.Model):
+    """``soniq_job_progress``: the last progress a job's handler reported (docs/workflows.md).
+
+    One row for a job whose handler called ``current_job().set_progress()``
+    (at most about one write a second, the last value always written),
+    written by ``soniq_set_progress`` under the claim's fence (on SQLite by
+    its twin in owned/_store.py): a lapsed claim writes nothing. Kept after
+    the job finished, while the job is in either job table; the triggers of
+    sql/job_progress_v1.sql delete it when the job leaves both. Not part of
+    format 1.
+    """
+
+    job_id = models.UUIDField(primary_key=True)
+    done = models.BigIntegerField()
+    total = models.BigIntegerField(null=True, blank=True)
+    note = models.TextField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "soniq_job_progress"
+        verbose_name = "job progress"
+        verbose_name_plural = "job progress"
+
+    def __str__(self) -> str:
+        of = "" if self.total is None else f"/{self.total}"
+        return f"{self.job_id} {self.done}{of}"

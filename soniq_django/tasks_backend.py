@@ -248,6 +248,41 @@ class SoniqTaskBackend(BaseTaskBackend):
             )
         return self._result(info, row, task)
 
+    def wait_for_result(self, result_id: str, *, timeout: float) -> TaskResult:
+        """Wait until the task's job is finished (``soniq_django.wait_for_job``); its result.
+
+        The ``TaskResult`` is built from the ``JobInfo`` the wait returned,
+        as ``get_result`` builds it from ``get_job``'s: same statuses, errors
+        and return value, so a ``refresh()`` on the same database afterwards
+        reads the same. Past ``timeout``: ``WaitTimeout`` (code
+        WAIT_TIMEOUT). ``TaskResultDoesNotExist`` as ``get_result`` says.
+        """
+        from .waiting import wait_for_job
+
+        try:
+            info = wait_for_job(result_id, timeout=timeout, using=self.database)
+        except ConfigValidationError:
+            raise TaskResultDoesNotExist("a task result id is a job id (a UUID)") from None
+        return self._finished(info)
+
+    async def await_result(self, result_id: str, *, timeout: float) -> TaskResult:
+        """Async twin of ``wait_for_result``."""
+        from .waiting import await_job
+
+        try:
+            waiting = await_job(result_id, timeout=timeout, using=self.database)
+        except ConfigValidationError:
+            raise TaskResultDoesNotExist("a task result id is a job id (a UUID)") from None
+        info = await waiting
+        return await sync_to_async(self._finished)(info)
+
+    def _finished(self, info: Any) -> TaskResult:
+        task = find_task(info.job_name)
+        row = _stored_row(info.id, self.database) if task is not None else None
+        if row is None or task is None:
+            raise TaskResultDoesNotExist("the job is not a Django task")
+        return self._result(info, row, task)
+
     def _result(self, info: Any, row: dict[str, Any], task: Task) -> TaskResult:
         stored = row["args"] if isinstance(row["args"], dict) else {}
         status = _STATUSES[info.status]

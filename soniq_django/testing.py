@@ -213,8 +213,12 @@ class _Runner:
 
         self.alias = alias
         self.queues = options.queues
+        from .worker.progress import ProgressWriter
+
         self.source = OwnedJobSource(alias)
-        self.flights = Flights()
+        # Progress is kept until the run ends, then its last value written on the caller's
+        # connection (an async handler runs on a loop in this thread: no query there).
+        self.flights = Flights(ProgressWriter(self.source, self.source, background=False))
         # Counts kept in memory and never flushed: a test's run is not throughput.
         self.writes = Writes(source=self.source, shared=CallersConnection(alias),
                              worker_id=WORKER_ID, queues=self.queues,
@@ -255,6 +259,8 @@ class _Runner:
                 # have, so the job is dead-lettered at once, as job_not_found.
                 outcome = Outcome(OutcomeKind.DEAD, error=outcome.error,
                                   reason=DeadLetterReason.JOB_NOT_FOUND)
+            if not outcome.written:
+                self.flights.progress.flush(flight.context, here=True)  # type: ignore[union-attr]
             # What the final write recorded, as job_finished says it (a failure
             # with no attempts left: dead, max_retries_exceeded): one story.
             if outcome.written:

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import ngettext
 
-from .. import operations, replay
+from .. import operations, progress, replay
 from ..errors import SoniqError
 from ..models import DeadLetterJob, Job, JobStatus
 from .access import may_view
@@ -278,7 +278,8 @@ class JobAdmin(PageActions, AllMatching, _JobRowAdmin):
                            "attempts_of_max", "scheduled_at", "created_at", "updated_at",
                            "expires_at", "dead_letter_link")}),
         ("Timeline", {"fields": ("timeline",)}),
-        ("Arguments and outcome", {"fields": ("args_pretty", "result_pretty", "last_error_pre")}),
+        ("Arguments and outcome", {"fields": ("args_pretty", "progress_shown", "result_pretty",
+                                              "last_error_pre")}),
         ("Producer and deduplication", {"fields": ("producer_id", "unique_job", "args_hash",
                                                    "dedup_key")}),
         ("Claim", {"fields": ("worker_shown", "claim_owner", "claim_generation", "claimed_at",
@@ -328,6 +329,10 @@ class JobAdmin(PageActions, AllMatching, _JobRowAdmin):
     @admin.display(description="result")
     def result_pretty(self, obj: Job) -> str:
         return pretty_json(obj.result)
+
+    @admin.display(description="progress")
+    def progress_shown(self, obj: Job) -> str:
+        return progress_text(obj.id, self._using(obj))
 
     @admin.display(description="dead letter")
     def dead_letter_link(self, obj: Job) -> str:
@@ -431,7 +436,8 @@ class DeadLetterJobAdmin(PageActions, AllMatching, _JobRowAdmin):
                            "attempts_of_max", "original_created_at", "moved_to_dead_letter_at",
                            "resurrection_count", "last_resurrection_at", "job_link")}),
         ("Timeline", {"fields": ("timeline",)}),
-        ("Arguments and error", {"fields": ("args_pretty", "tags_pretty", "last_error_pre")}),
+        ("Arguments and error", {"fields": ("args_pretty", "progress_shown", "tags_pretty",
+                                            "last_error_pre")}),
         ("Owned submission", {"fields": ("fence_required", "submission_id",
                                          "submission_fingerprint"), "classes": ("collapse",)}),
     )
@@ -448,6 +454,10 @@ class DeadLetterJobAdmin(PageActions, AllMatching, _JobRowAdmin):
     @admin.display(description="dead-lettered", ordering="moved_to_dead_letter_at")
     def moved(self, obj: DeadLetterJob) -> str:
         return when(obj.moved_to_dead_letter_at)
+
+    @admin.display(description="progress")
+    def progress_shown(self, obj: DeadLetterJob) -> str:
+        return progress_text(obj.id, obj._state.db or router.db_for_read(Job))
 
     @admin.display(description="tags")
     def tags_pretty(self, obj: DeadLetterJob) -> str:
@@ -483,3 +493,16 @@ class DeadLetterJobAdmin(PageActions, AllMatching, _JobRowAdmin):
             return
         log_changed(request, Job, using, batch.changed, f"{REPLAYED}.")
         self.message_user(request, *_replay_summary(batch.counts))
+
+
+def progress_text(job_id: Any, using: str) -> str:
+    """The progress a job's handler last reported, as a line: "40 of 200 (20%) – note, at …"."""
+    found = progress.read(job_id, using)
+    if found is None:
+        return "-"
+    done, total = found["done"], found["total"]
+    text = f"{done}" if total is None else f"{done} of {total}"
+    if total:
+        text += f" ({min(100, done * 100 // total)}%)"
+    note = format_html(" - {}", visible(found["note"])) if found["note"] else ""
+    return format_html("{}{}, reported {}", text, note, when(found["updated_at"]))

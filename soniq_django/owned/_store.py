@@ -373,6 +373,11 @@ class PostgresClaims:
     def set_pid(self, f: QueueClaimFence, pid: int) -> bool:
         return self._boolean("soniq_set_pid", f, [pid])
 
+    def set_progress(self, f: QueueClaimFence, done: int, total: int | None,
+                     note: str | None, lock_wait: float | None = None) -> bool:
+        """soniq_set_progress: the job's progress, under the claim's full fence."""
+        return self._boolean("soniq_set_progress", f, [done, total, note], lock_wait)
+
     def get_state(self, f: QueueClaimFence, lock_wait: float | None = None
                   ) -> tuple[bool, int | None] | None:
         rows = self._rows("SELECT * FROM soniq_get_state(%s, %s, %s, %s, %s)", self._fence(f),
@@ -937,6 +942,19 @@ class SqliteClaims:
             if row is None or row.cancel_requested:
                 return False
             return self._update_owned(row, now, pid=pid)
+
+    def set_progress(self, f: QueueClaimFence, done: int, total: int | None,
+                     note: str | None, lock_wait: float | None = None) -> bool:
+        """soniq_set_progress's twin: written only while the fence holds (the write lock held)."""
+        from ..models import JobProgress
+
+        with self._locked() as now:
+            if self._owned_row(f, now) is None:
+                return False
+            JobProgress.objects.using(self.alias).update_or_create(
+                job_id=uuid.UUID(f.job_id),
+                defaults={"done": done, "total": total, "note": note, "updated_at": now})
+            return True
 
     def get_state(self, f: QueueClaimFence, lock_wait: float | None = None
                   ) -> tuple[bool, int | None] | None:

@@ -32,6 +32,7 @@ from typing import Any, overload
 from asgiref.sync import sync_to_async
 from django.db import DEFAULT_DB_ALIAS
 
+from .. import progress
 from ..conf import get_settings
 from ..encoding import encodable, normalize_json, storable
 from ..errors import ConfigValidationError
@@ -464,6 +465,24 @@ class OwnedJobSource:
     async def aset_pid_owned(self, fence: QueueClaimFence, pid: int) -> bool:
         args = (checked_fence(fence), positive_int(pid, "pid", INT32_MAX))
         return await sync_to_async(self._set_pid)(*args)
+
+    def set_progress_owned(self, fence: QueueClaimFence, done: int, total: int | None = None,
+                           note: str | None = None, *, lock_wait: float | None = None) -> bool:
+        """Record the progress of the exact live claim (``soniq_set_progress``); False when
+        the fence no longer holds. ``ConfigValidationError`` for bad counts or note
+        (soniq_django/progress.py)."""
+        value = progress.checked(done, total, note)
+        return self._set_progress(checked_fence(fence), value, _wait(lock_wait))
+
+    def _set_progress(self, fence: QueueClaimFence, value: "progress.Progress",
+                      lock_wait: float | None = None) -> bool:
+        return self._claims.set_progress(fence, value.done, value.total, value.note, lock_wait)
+
+    async def aset_progress_owned(self, fence: QueueClaimFence, done: int,
+                                  total: int | None = None, note: str | None = None, *,
+                                  lock_wait: float | None = None) -> bool:
+        args = (checked_fence(fence), progress.checked(done, total, note), _wait(lock_wait))
+        return await sync_to_async(self._set_progress)(*args)
 
     def get_owned_state(self, fence: QueueClaimFence, *, lock_wait: float | None = None
                         ) -> OwnedJobState | None:

@@ -83,9 +83,12 @@ _unprepared: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _warned: set[str] = set()
 
 GET_JOB = (
-    "SELECT id, job_name, status, queue, attempts, max_attempts, result, last_error, "
-    "dead_letter_reason, scheduled_at, created_at, updated_at FROM soniq_get_job(%s)"
+    "SELECT g.id, g.job_name, g.status, g.queue, g.attempts, g.max_attempts, g.result, "
+    "g.last_error, g.dead_letter_reason, g.scheduled_at, g.created_at, g.updated_at, "
+    "p.done, p.total, p.note, p.updated_at FROM soniq_get_job(%s) AS g "
+    "LEFT JOIN soniq_job_progress AS p ON p.job_id = g.id"
 )
+"""``soniq_get_job``'s row, then the job's progress (four NULLs when it reported none)."""
 
 
 _json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode

@@ -21,7 +21,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from .commit import warn_if_uncoupled
-from .. import signals, tracing
+from .. import progress, signals, tracing
 from ..errors import ErrorCode, SoniqError, sqlstate, translate, translating
 from ..conf import DEFAULT_MAX_ATTEMPTS
 from .request import (SERVER_MADE_ID, JobRequest, PreparedJob, coerce_job_id, prepare_all,
@@ -45,6 +45,19 @@ class JobInfo:
     scheduled_at: dt.datetime | None
     created_at: dt.datetime | None
     updated_at: dt.datetime | None
+    progress: dict[str, Any] | None = None
+    """The last progress its handler reported (``current_job().set_progress``): None, or
+    ``{"done": int, "total": int | None, "note": str | None, "updated_at": datetime}``;
+    kept after the job finished, until its row is purged (docs/workflows.md#progress)."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job is over: ``done``, ``cancelled`` or ``dead_letter``."""
+        return self.status in FINISHED_STATUSES
+
+
+#: The statuses of a finished job: what ``wait_for_job`` waits for.
+FINISHED_STATUSES = frozenset({"done", "cancelled", "dead_letter"})
 
 
 #: Called with the jobs alias after each enqueue has inserted its rows (in the
@@ -399,9 +412,16 @@ def get_coerced(job_id: uuid.UUID, alias: str) -> JobInfo | None:
         from . import _pg  # psycopg: PostgreSQL alone (as in insert_many_prepared)
 
         row = _pg.get_job_row(job_id, connection)
-        return None if row is None else JobInfo(**dict(zip(_PG_FIELDS, row)))
+        return None if row is None else info_from_row(row)
     with translating(alias):
         return _get_portable(job_id, alias)
+
+
+def info_from_row(row: tuple[Any, ...]) -> JobInfo:
+    """The ``JobInfo`` of a row of ``_pg.GET_JOB`` (its jsonb result already parsed)."""
+    done, total, note, at = row[12:16]
+    return JobInfo(**dict(zip(_PG_FIELDS, row[:12])),
+                   progress=None if done is None else progress.as_dict(done, total, note, at))
 
 
 def _get_portable(job_id: uuid.UUID, alias: str) -> JobInfo | None:
@@ -413,7 +433,7 @@ def _get_portable(job_id: uuid.UUID, alias: str) -> JobInfo | None:
         .first()
     )
     if live is not None:
-        return JobInfo(**live, dead_letter_reason=None)
+        return JobInfo(**live, dead_letter_reason=None, progress=progress.read(job_id, alias))
     dead = DeadLetterJob.objects.using(alias).filter(id=job_id).first()
     if dead is None or (
         # Replayed since it last failed: the dead letter no longer describes the job.
@@ -434,4 +454,5 @@ def _get_portable(job_id: uuid.UUID, alias: str) -> JobInfo | None:
         scheduled_at=None,
         created_at=dead.original_created_at,
         updated_at=dead.moved_to_dead_letter_at,
+        progress=progress.read(job_id, alias),
     )

@@ -2578,3 +2578,107 @@ CREATE TRIGGER soniq_job_trace_dead_letter_gone
     REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT
     EXECUTE FUNCTION {schema}.soniq_job_trace_gone_v1();
+
+-- soniq_job_finished_v1 (from job_progress_v1.sql) --
+CREATE FUNCTION {schema}.soniq_job_finished_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_status text := 'dead_letter';
+BEGIN
+    IF EXISTS (SELECT 1 FROM {schema}.soniq_job_waiters AS w WHERE w.job_id = NEW.id) THEN
+        IF TG_TABLE_NAME = 'soniq_jobs' THEN  -- (a dead letter has no status column)
+            v_status := NEW.status;
+        END IF;
+        PERFORM pg_catalog.pg_notify(
+            'soniq_job_' || pg_catalog.replace(NEW.id::text, '-', ''), v_status);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- soniq_job_progress_gone_v1 (from job_progress_v1.sql) --
+CREATE FUNCTION {schema}.soniq_job_progress_gone_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF TG_TABLE_NAME = 'soniq_jobs' THEN
+        DELETE FROM {schema}.soniq_job_progress AS p
+         USING gone AS g
+         WHERE p.job_id = g.id
+           AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d WHERE d.id = g.id);
+    ELSE
+        DELETE FROM {schema}.soniq_job_progress AS p
+         USING gone AS g
+         WHERE p.job_id = g.id
+           AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j WHERE j.id = g.id);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- soniq_set_progress (from job_progress_v1.sql) --
+CREATE FUNCTION {schema}.soniq_set_progress(
+    job_id text, worker_id text, generation bigint, claim_token text, queue text,
+    done bigint, total bigint DEFAULT NULL, note text DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz;
+BEGIN
+    IF soniq_set_progress.done IS NULL OR soniq_set_progress.done < 0
+       OR soniq_set_progress.total < 0 THEN
+        RAISE EXCEPTION 'progress counts must be integers >= 0'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    IF pg_catalog.length(soniq_set_progress.note) > 1000 THEN
+        RAISE EXCEPTION 'a progress note is at most 1000 characters'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    v_now := {schema}.soniq_lock_fence_v1(
+        soniq_set_progress.job_id, soniq_set_progress.worker_id, soniq_set_progress.generation,
+        soniq_set_progress.claim_token, soniq_set_progress.queue);
+    IF v_now IS NULL THEN
+        RETURN false;
+    END IF;
+    INSERT INTO {schema}.soniq_job_progress AS p (job_id, done, total, note, updated_at)
+    VALUES (soniq_set_progress.job_id::uuid, soniq_set_progress.done, soniq_set_progress.total,
+            soniq_set_progress.note, v_now)
+    ON CONFLICT (job_id) DO UPDATE
+       SET done = EXCLUDED.done, total = EXCLUDED.total, note = EXCLUDED.note,
+           updated_at = EXCLUDED.updated_at;
+    RETURN true;
+END
+$fn$;
+
+-- soniq_job_finished (from job_progress_v1.sql) --
+CREATE TRIGGER soniq_job_finished
+    AFTER UPDATE OF status ON {schema}.soniq_jobs
+    FOR EACH ROW
+    WHEN (NEW.status IN ('done', 'cancelled') AND OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION {schema}.soniq_job_finished_v1();
+
+-- soniq_job_dead_lettered (from job_progress_v1.sql) --
+CREATE TRIGGER soniq_job_dead_lettered
+    AFTER INSERT ON {schema}.soniq_dead_letter_jobs
+    FOR EACH ROW
+    EXECUTE FUNCTION {schema}.soniq_job_finished_v1();
+
+-- soniq_job_progress_job_gone (from job_progress_v1.sql) --
+CREATE TRIGGER soniq_job_progress_job_gone
+    AFTER DELETE ON {schema}.soniq_jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.soniq_job_progress_gone_v1();
+
+-- soniq_job_progress_dead_letter_gone (from job_progress_v1.sql) --
+CREATE TRIGGER soniq_job_progress_dead_letter_gone
+    AFTER DELETE ON {schema}.soniq_dead_letter_jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.soniq_job_progress_gone_v1();

@@ -194,11 +194,18 @@ class AtomicRunner:
             if state[0]:  # a cancel was requested: the completion could only be refused
                 raise RunRolledBack(Outcome(OutcomeKind.CANCELLED))
             flight.holds_write_lock = True
+        progress = flight.context._progress
+        if sqlite and progress is not None:
+            # This transaction holds SQLite's one write lock until it ends: the run's
+            # progress is written in it, by this thread, before the completion.
+            progress.defer(flight.context)
         with _other_aliases_watched(self.using, claimed.job_name):
             outcome = execute(claimed, flight.context, limit, started=flight.started,
                               atomic=True)
         if outcome.kind is not OutcomeKind.DONE:
             raise RunRolledBack(outcome)
+        if progress is not None:  # the last value reported, before the completion
+            progress.flush(flight.context, here=sqlite)
         timed_out = Outcome(OutcomeKind.RETRY, error=limit.error(atomic=True) if limit else (
             "timed out; the writes of this atomic run are rolled back"))
         if limit is not None and time.monotonic() > limit.deadline(flight.started):

@@ -77,6 +77,9 @@ class Completer:
         it), or None: the slot is free again. After ``abort()`` nothing is
         written; the lease lapses.
         """
+        progress = self._flights.progress
+        if progress is not None and not (outcome is not None and outcome.written):
+            progress.flush(flight.context)  # the last value reported, before the final write
         if outcome is not None and outcome.written:  # an atomic job's: made already
             try:
                 self._writes.report_atomic(flight, outcome)
@@ -242,9 +245,12 @@ class BatchCompleter(Completer):
         when its final write is taken or being taken (the deadline thread's
         timeout holds ``flight.settled`` until the main loop wrote it), or
         when the job is no longer this worker's (its write is a refusal to
-        record, a database call), or after ``abort()``.
+        record, a database call), when progress it reported is not written yet
+        (the job thread writes it first), or after ``abort()``.
         """
+        progress = self._flights.progress
         if (outcome.kind is not OutcomeKind.DONE or self._aborted.is_set()
+                or (progress is not None and progress.unwritten(flight.context))
                 or not flight.settled.acquire(blocking=False)):
             return False
         try:

@@ -3,8 +3,14 @@
 import contextvars
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ..errors import JobCancelled
+from ..progress import checked
+
+if TYPE_CHECKING:
+    from ..owned.types import QueueClaimFence
+    from .progress import ProgressState, ProgressWriter
 
 #: Held only while a context's cancel event is made, so two threads never make two.
 _MAKING = threading.Lock()
@@ -33,6 +39,11 @@ class JobContext:
     _trace: "tuple[str, str | None] | None" = field(default=None, repr=False, compare=False)
     """The trace context the job was enqueued under (``tracing.Carrier``), when the worker
     traces and the job carries one: its run's span links to it (soniq_django/tracing.py)."""
+    _fence: "QueueClaimFence | None" = field(default=None, repr=False, compare=False)
+    """The claim's fence, which every write of this run presents (its token never shown)."""
+    _progress: "ProgressWriter | None" = field(default=None, repr=False, compare=False)
+    """Who writes this run's progress (worker/progress.py); None: nobody (outside a worker)."""
+    _progress_state: "ProgressState | None" = field(default=None, repr=False, compare=False)
 
     def _cancel(self) -> threading.Event:
         """The event a cancel sets (made the first time it is needed, by whichever thread)."""
@@ -53,6 +64,23 @@ class JobContext:
         (docs/exactly-once.md).
         """
         return self.job_id
+
+    def set_progress(self, done: int, total: int | None = None, note: str | None = None
+                     ) -> None:
+        """Report how far the job got: ``done`` of ``total`` (None: unknown), and a note.
+
+        Cheap enough to call in every loop: the value is checked here
+        (``ConfigValidationError``, code CONFIG, for counts that are not
+        integers >= 0 or a note longer than 1000 characters) and written by
+        the worker at most about once a second, the last value always, under
+        this run's fence: a run whose claim lapsed writes nothing. Callable
+        from plain and ``async def`` handlers alike (it never waits on the
+        database). Read it back as ``get_job(id).progress``.
+        """
+        value = checked(done, total, note)
+        writer = self._progress
+        if writer is not None:
+            writer.offer(self, value)
 
     def _request_stop(self) -> None:
         """The worker is stopping and its grace period is over: tell the handler to stop.

@@ -4,10 +4,14 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..owned.types import ClaimedJob
 from .context import JobContext
 from .execution import Outcome
+
+if TYPE_CHECKING:
+    from .progress import ProgressWriter
 
 
 @dataclass
@@ -62,7 +66,9 @@ class Flights:
     settle.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, progress: "ProgressWriter | None" = None) -> None:
+        self.progress = progress
+        """Who writes the runs' progress (worker/progress.py), given to each run's context."""
         self._lock = threading.Lock()
         self._emptied = threading.Condition(self._lock)
         self._by_claim: dict[tuple[str, int], InFlight] = {}
@@ -82,7 +88,8 @@ class Flights:
             job_id=job.claim_fence.job_id, job_name=job.job_name, queue=job.queue,
             attempts=job.attempts, max_attempts=job.max_attempts,
             generation=job.claim_fence.generation,
-            _trace=None if traces is None else traces.get(job.claim_fence.job_id)))
+            _trace=None if traces is None else traces.get(job.claim_fence.job_id),
+            _fence=job.claim_fence, _progress=self.progress))
             for job in claimed]
         if flights:
             with self._lock:

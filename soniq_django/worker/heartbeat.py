@@ -32,6 +32,7 @@ from django.db import connections
 from .. import signals
 from ..errors import ErrorCode, SoniqError
 from ..housekeeping import database_now, purge_expired
+from ..waiting import forget_lapsed_waiters
 from ..owned import OwnedJobSource, OwnedJobState
 from ..owned._store import LOCK_NOT_AVAILABLE
 from ..owned.types import MAX_CLAIM_BATCH
@@ -239,6 +240,13 @@ class Heartbeat:
                 break
         if total:
             logger.info("housekeeping: purged %d expired job rows", total)
+        if after is None:  # with each full purge: the rows of waiters that died (waiting.py)
+            with self.shared.try_turn(max(0.0, deadline - time.monotonic())) as turn:
+                if turn:
+                    try:
+                        forget_lapsed_waiters(self.using)
+                    except SoniqError:
+                        logger.debug("housekeeping: could not delete lapsed waiters' rows")
         # After a pinned horizon: rebuild the indexes it left bloated (decision 0037).
         self.rebuilds.look(max(0.0, deadline - time.monotonic()))
 

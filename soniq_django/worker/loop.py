@@ -112,6 +112,7 @@ from .deadlines import Deadlines
 from .eventloop import EventLoop
 from .execution import Outcome, OutcomeKind, execute
 from .flight import Flights, InFlight
+from .progress import ProgressWriter
 from .throttle import RatePoll
 from .heartbeat import Heartbeat
 from .threads import JobThreads
@@ -176,6 +177,7 @@ class Worker:
         self.writes = Writes(source=self.source, shared=self.shared, worker_id=self.worker_id,
                              queues=queues, budget=self.budget, throughput=self.throughput,
                              stop=self.aborted)
+        self.flights.progress = ProgressWriter(self.writes.source, self.source, self.aborted)
         self.atomic = AtomicRunner(self.writes, stop=self.aborted)
         completer = InlineCompleter if concurrency == 1 else BatchCompleter
         self.completer = completer(writes=self.writes, flights=self.flights, slots=self.slots,

@@ -147,15 +147,7 @@ class Listener(threading.Thread):
         With the worker's TCP options (wire.py), under what the alias's
         ``OPTIONS`` set.
         """
-        wrapper = connections[alias]
-        params = {**tcp_defaults(wrapper), **wrapper.get_connection_params()}
-        if connect_within is not None:
-            configured = int(params.get("connect_timeout") or 0)  # 0 or unset: no limit
-            params["connect_timeout"] = (min(configured, connect_within) if configured > 0
-                                         else connect_within)
-        raw: Connection[Any] = wrapper.get_new_connection(params)
-        raw.autocommit = True
-        return raw
+        return new_connection(alias, connect_within)
 
     def _connect(self) -> "tuple[Connection[Any], int]":
         """A connection LISTENing on its three channels, and the server session that holds them."""
@@ -271,6 +263,24 @@ class Listener(threading.Thread):
         interval = min(FALLBACK_POLL_SECONDS, float(get_settings().POLL_INTERVAL))
         while not self.stop.wait(interval):
             self.wake.set()
+
+
+def new_connection(alias: str, connect_within: int | None = None) -> "Connection[Any]":
+    """A new autocommit psycopg connection to ``alias``, outside Django's (a LISTEN's own).
+
+    With the worker's TCP options (wire.py), under what the alias's
+    ``OPTIONS`` set; ``connect_within`` caps connect_timeout. The listener
+    and ``wait_for_job`` (soniq_django/waiting.py) make theirs here.
+    """
+    wrapper = connections[alias]
+    params = {**tcp_defaults(wrapper), **wrapper.get_connection_params()}
+    if connect_within is not None:
+        configured = int(params.get("connect_timeout") or 0)  # 0 or unset: no limit
+        params["connect_timeout"] = (min(configured, connect_within) if configured > 0
+                                     else connect_within)
+    raw: Connection[Any] = wrapper.get_new_connection(params)
+    raw.autocommit = True
+    return raw
 
 
 def _close(raw: "Connection[Any] | None") -> None:

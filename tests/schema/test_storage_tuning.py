@@ -24,7 +24,11 @@ LATER_OBJECTS = {"soniq_queue_holds", "soniq_jobs_claim_queue_now_idx",
                  "soniq_job_trace", "soniq_job_trace_job_gone",
                  "soniq_job_trace_dead_letter_gone",
                  # 0022_jobs_created_idx: the admin's newest-first index.
-                 "soniq_jobs_created_idx"}
+                 "soniq_jobs_created_idx",
+                 # 0024_job_progress: the progress and waiters' tables, their triggers.
+                 "soniq_job_progress", "soniq_job_waiters", "soniq_job_waiters_pkey",
+                 "soniq_job_finished", "soniq_job_dead_lettered",
+                 "soniq_job_progress_job_gone", "soniq_job_progress_dead_letter_gone"}
 #: The column 0020 adds to soniq_jobs, as SQLite's table definition ends with it.
 _LATER_SQLITE_COLUMN = ', "claimed_at" datetime NULL'
 

@@ -185,6 +185,8 @@ _ADDED_BY_0021 = ("soniq_job_trace_gone_v1",)
 _REPLACED_BY_0020 = {"soniq_claim_many": "claim_protocol_v9.sql"}
 #: What migration 0023 (claim protocol v11) replaces (function: released file).
 _REPLACED_BY_0023 = {"soniq_complete_many": "claim_protocol_v8.sql"}
+#: What migration 0024 (waiting and progress) adds: functions (its triggers and tables too).
+_ADDED_BY_0024 = ("soniq_job_finished_v1", "soniq_job_progress_gone_v1", "soniq_set_progress")
 
 
 #: What migration 0011 changes: (file that released the body it replaces, function).
@@ -255,7 +257,7 @@ def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     # protocol v8; all tested below).
     by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many",
                "soniq_enqueue", *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
-               *_ADDED_BY_0021}
+               *_ADDED_BY_0021, *_ADDED_BY_0024}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -309,7 +311,7 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
         assert after["soniq_claim_many"] == v2
         assert set(after) == set(before) - {"soniq_queue_budget_v1", *_ADDED_BY_0018,
                                             *_ADDED_BY_0019, *_ADDED_BY_0020,
-                                            *_ADDED_BY_0021}
+                                            *_ADDED_BY_0021, *_ADDED_BY_0024}
         # 0017 reversed too: version 3's soniq_enqueue.
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         assert fetch("SELECT to_regclass('soniq_queue_settings'), "
@@ -354,7 +356,7 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_ADDED_BY_0018,
                    *_REPLACED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021)
+                   *_ADDED_BY_0021, *_ADDED_BY_0024)
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
@@ -394,7 +396,7 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018,
                    *_ADDED_BY_0019, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021}
+                   *_ADDED_BY_0021, *_ADDED_BY_0024}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
@@ -431,7 +433,7 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
     # Going back to 0016 reverses 0018 and 0019 too (tested below).
     changed = {"soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018, *_ADDED_BY_0019,
                *_ADDED_BY_0020,
-               *_ADDED_BY_0021}
+               *_ADDED_BY_0021, *_ADDED_BY_0024}
     try:
         call_command("migrate", "soniq_django", "0016", verbosity=0)
         after = _soniq_functions()
@@ -463,7 +465,7 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
     before = _soniq_functions()
     # Version 9's claim since 0019 and version 11's completion since 0023 (tested below),
     # which going back to 0017 reverses.
-    later = {*_REPLACED_BY_0019, *_REPLACED_BY_0023}
+    later = {*_REPLACED_BY_0019, *_REPLACED_BY_0023, *_ADDED_BY_0024}
     assert {name: before[name] for name in v8 if name not in later} == {
         name: body for name, body in v8.items() if name not in later}
     # Version 8 replaced nothing else: version 1's budget and reaper stay as they were.
@@ -479,7 +481,7 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
         assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
                        + _ADDED_BY_0021) & set(after)
         changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021, *_REPLACED_BY_0023}
+                   *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert "soniq_jobs_claim_queue_now_idx" not in _claim_indexes()
@@ -535,7 +537,7 @@ def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9
         assert not set(_ADDED_BY_0019 + _ADDED_BY_0020
                        + _ADDED_BY_0021) & set(after)
         changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021, *_REPLACED_BY_0023}
+                   *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8 works again: a lapsed job is settled, a queued one claimed.
@@ -582,7 +584,7 @@ def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back()
         assert after["soniq_claim_many"] == v9
         assert not set(_ADDED_BY_0020 + _ADDED_BY_0021) & set(after)
         changed = {*_REPLACED_BY_0020, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021, *_REPLACED_BY_0023}
+                   *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert attempt_triggers() == []
@@ -632,7 +634,7 @@ def test_reversing_0021_drops_the_trace_contexts_and_reapplying_gives_them_back(
         call_command("migrate", "soniq_django", "0020", verbosity=0)
         after = _soniq_functions()
         assert not set(_ADDED_BY_0021) & set(after)
-        changed = {*added, *_REPLACED_BY_0023}
+        changed = {*added, *_REPLACED_BY_0023, *_ADDED_BY_0024}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert trace_triggers() == []
@@ -666,8 +668,9 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
         after = _soniq_functions()
         assert after["soniq_complete_many"] == v8
         assert claim_settings() == ["search_path=pg_catalog, pg_temp"]
-        assert {n: b for n, b in after.items() if n not in _REPLACED_BY_0023} == {
-            n: b for n, b in before.items() if n not in _REPLACED_BY_0023}
+        changed = {*_REPLACED_BY_0023, *_ADDED_BY_0024}
+        assert {n: b for n, b in after.items() if n not in changed} == {
+            n: b for n, b in before.items() if n not in changed}
         # Version 8's completion works again.
         fetch("SELECT soniq_enqueue('back.to_v10')")
         [(job_id, generation)] = fetch(

@@ -407,3 +407,39 @@ def atomic_lost_commit(note: str = "") -> dict:
     if context.attempts == 1:
         connection.execute_wrappers.append(_cut_after_completion)
     return {"generation": context.generation}
+
+
+# Progress (docs/workflows.md#progress) -----------------------------------------
+
+
+@job(name="tests.progress.steps")
+def progress_steps(steps: int, pause: float = 0.0, note: str | None = None,
+                   gate: str | None = None) -> dict:
+    """Report ``steps`` values, 0..steps-1 of steps, ``pause`` s apart; then a last one.
+
+    ``gate``: a file to wait for before the last report (the test reads progress meanwhile).
+    """
+    context = current_job()
+    for done in range(steps):
+        context.set_progress(done, steps, note)
+        time.sleep(pause)
+    if gate is not None:
+        _wait_for(gate)
+    context.set_progress(steps, steps, "finished")
+    return {"steps": steps}
+
+
+@job(name="tests.progress.async_steps")
+async def progress_async_steps(steps: int) -> dict:
+    context = current_job()
+    for done in range(steps + 1):
+        context.set_progress(done, steps)
+        await asyncio.sleep(0.01)
+    return {"steps": steps}
+
+
+@job(name="tests.progress.atomic", atomic=True)
+def progress_atomic(steps: int) -> dict:
+    for done in range(steps + 1):
+        current_job().set_progress(done, steps, "atomic")
+    return {"steps": steps}

@@ -1,0 +1,244 @@
+"""Wait for a job to finish: ``wait_for_job`` and its async twin ``await_job``.
+
+A job is finished once it is ``done``, ``cancelled`` or ``dead_letter``;
+the wait returns its ``JobInfo`` (result or error, progress), or raises
+``WaitTimeout`` (code WAIT_TIMEOUT) when ``timeout`` seconds pass first.
+
+PostgreSQL: woken by NOTIFY within milliseconds of the commit that finished
+the job. The waiter opens a connection of its own (to
+``SONIQ["LISTEN_DATABASE"]`` when set, as a worker's listener does), and in
+one transaction LISTENs on the job's channel (``soniq_job_<32 hex
+digits>``), puts its row in ``soniq_job_waiters`` and takes a share lock on
+the job's row -- which waits for a completion under way to commit, so that
+no completion can miss the row and finish unseen. Then it reads the job. The
+triggers of sql/job_progress_v1.sql NOTIFY the channel when the job
+finishes, only while a waiter's row names it: a job nobody waits for costs
+one index probe of an empty table at its end, and no NOTIFY. Whoever
+finishes the job -- a soniq_django worker, an operator, a worker in another
+language -- the trigger sees it.
+
+A lost notification never makes a wait outlast its timeout: the waiter
+reads the job again every ``RECHECK_SECONDS`` while it listens, and every
+``POLL_SECONDS`` once its connection is lost (or could not be made). Behind
+a transaction pooler without ``LISTEN_DATABASE`` (the wait's own
+connection reaches its server through a pooler: ``pooling.pooled``) it
+does not LISTEN at all -- no NOTIFY would reach it -- and reads every
+``POLL_SECONDS``. SQLite: read every ``POLL_SECONDS`` (from 20 ms, doubling).
+
+The job is read with ``get_job`` on the wait's alias (``using``, else the
+routers' write alias: where jobs are written, and finished), so what a wait
+returns is what ``get_job(id, using=alias)`` says then.
+"""
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from .conf import get_settings
+from .errors import ConfigValidationError, WaitTimeout
+from .producer.api import JobInfo, get_coerced, refuse_event_loop, write_alias
+from .producer.request import coerce_job_id
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+
+logger = logging.getLogger("soniq_django")
+
+#: While listening, the job is read again this often all the same (a lost NOTIFY).
+RECHECK_SECONDS = 2.0
+#: How often a wait that cannot listen reads the job (SQLite: at most this often).
+POLL_SECONDS = 0.5
+#: SQLite's first pause: the pauses double from here up to POLL_SECONDS.
+FIRST_POLL_SECONDS = 0.02
+#: The longest timeout accepted (30 days).
+MAX_TIMEOUT = 30 * 86400.0
+#: A waiter's row outlives its timeout by this much before housekeeping deletes it.
+WAITER_MARGIN_SECONDS = 60
+#: The longest the share lock on the job's row is waited for (a completion under way).
+LOCK_WAIT_SECONDS = 5
+
+CHANNEL_PREFIX = "soniq_job_"
+
+_warned_pooled: set[str] = set()
+
+
+def channel(job_id: uuid.UUID) -> str:
+    """The NOTIFY channel of one job: ``soniq_job_`` and its 32 hex digits."""
+    return CHANNEL_PREFIX + job_id.hex
+
+
+def wait_for_job(job_id: uuid.UUID | str, *, timeout: float, using: str | None = None
+                 ) -> JobInfo:
+    """Wait until the job is ``done``, ``cancelled`` or ``dead_letter``; return its ``JobInfo``.
+
+    ``timeout``: seconds (0: look once). Past it, ``WaitTimeout`` (a
+    ``SoniqError`` with code ``WAIT_TIMEOUT``) whose ``job`` is the job as
+    last read (None when no job has the id). ``ConfigValidationError`` for a
+    ``job_id`` that is not a UUID or a bad ``timeout``; ``SoniqError``
+    (QUEUE_PERSISTENCE_FAILED) when the database fails to answer a read;
+    while an event loop runs in this thread, ``SoniqError(ASYNC_CONTEXT)``
+    (await ``await_job`` there).
+    """
+    refuse_event_loop("wait_for_job", "await_job")
+    return wait_checked(coerce_job_id(job_id), checked_timeout(timeout), write_alias(using))
+
+
+def await_job(job_id: uuid.UUID | str, *, timeout: float, using: str | None = None
+              ) -> Awaitable[JobInfo]:
+    """Async twin of ``wait_for_job``: await it for the ``JobInfo``.
+
+    Bad input raises at the call. The wait runs on a thread of its own (not
+    Django's one thread for synchronous code), so other awaits go on
+    meanwhile.
+    """
+    args = (coerce_job_id(job_id), checked_timeout(timeout), write_alias(using))
+    return sync_to_async(_wait_closing, thread_sensitive=False)(*args)
+
+
+def checked_timeout(timeout: Any) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise ConfigValidationError("timeout must be a number of seconds")
+    seconds = float(timeout)
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_TIMEOUT:
+        raise ConfigValidationError("timeout must be from 0 to 30 days, in seconds")
+    return seconds
+
+
+def _wait_closing(job_id: uuid.UUID, seconds: float, alias: str) -> JobInfo:
+    """``wait_checked`` on a thread of an executor: its Django connection closed after."""
+    try:
+        return wait_checked(job_id, seconds, alias)
+    finally:
+        connections[alias].close()
+
+
+def wait_checked(job_id: uuid.UUID, seconds: float, alias: str) -> JobInfo:
+    """``wait_for_job`` of checked input."""
+    deadline = time.monotonic() + seconds
+    info = get_coerced(job_id, alias)
+    if info is not None and info.finished:
+        return info
+    if seconds > 0 and connections[alias].vendor == "postgresql":
+        return _listen(job_id, alias, deadline)
+    return _poll(job_id, alias, deadline, info, FIRST_POLL_SECONDS)
+
+
+def _timed_out(info: JobInfo | None) -> WaitTimeout:
+    if info is None:
+        return WaitTimeout("the job was not found (unknown, not committed yet, or purged) "
+                           "before the timeout", None)
+    return WaitTimeout(f"the job had not finished by the timeout (status {info.status})", info)
+
+
+def _poll(job_id: uuid.UUID, alias: str, deadline: float, info: JobInfo | None,
+          pause: float) -> JobInfo:
+    """Read the job every ``pause`` seconds (doubling up to POLL_SECONDS) until it finished."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _timed_out(info)
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, POLL_SECONDS)
+        info = get_coerced(job_id, alias)
+        if info is not None and info.finished:
+            return info
+
+
+def _listen(job_id: uuid.UUID, alias: str, deadline: float) -> JobInfo:
+    from .pooling import pooled
+    from .worker.wakeup import _close, new_connection
+
+    listen_alias = get_settings().LISTEN_DATABASE or alias
+    waiter = uuid.uuid4()
+    raw: "Connection[Any] | None" = None
+    try:
+        try:
+            raw = new_connection(listen_alias,
+                                 connect_within=max(1, math.ceil(deadline - time.monotonic())))
+            if listen_alias == alias and pooled(raw):
+                _warn_pooled(alias)
+                _close(raw)
+                raw = None
+            else:
+                _register(raw, job_id, waiter, deadline)
+        except Exception:
+            logger.debug("wait_for_job: cannot listen on database %r; polling every %g s",
+                         listen_alias, POLL_SECONDS)
+            _close(raw)
+            raw = None
+        while True:
+            info = get_coerced(job_id, alias)  # after the LISTEN: no finish goes unseen
+            if info is not None and info.finished:
+                return info
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _timed_out(info)
+            if raw is None:
+                time.sleep(min(POLL_SECONDS, left))
+                continue
+            try:
+                for _ in raw.notifies(timeout=min(RECHECK_SECONDS, left)):
+                    break  # the job's channel: it finished (or a stale notice): read it
+            except Exception:  # the connection is lost: poll until the deadline
+                logger.debug("wait_for_job: the listening connection was lost; polling")
+                _close(raw)
+                raw = None
+    finally:
+        if raw is not None:
+            _forget(raw, job_id, waiter)
+            _close(raw)
+
+
+def _register(raw: "Connection[Any]", job_id: uuid.UUID, waiter: uuid.UUID,
+              deadline: float) -> None:
+    """LISTEN, the waiter's row, and a share lock on the job's row, in one transaction.
+
+    The lock waits for a completion of the job under way to commit: one that
+    began before the waiter's row was there (and so sent no NOTIFY) has
+    committed by the time the job is read.
+    """
+    keep = max(0.0, deadline - time.monotonic()) + WAITER_MARGIN_SECONDS
+    with raw.transaction():
+        raw.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT_SECONDS}s'")
+        raw.execute(f"LISTEN {channel(job_id)}")
+        raw.execute(
+            "INSERT INTO soniq_job_waiters (job_id, waiter, expires_at) "
+            "VALUES (%s, %s, pg_catalog.now() + pg_catalog.make_interval(secs => %s))",
+            [job_id, waiter, keep])
+        raw.execute("SELECT 1 FROM soniq_jobs WHERE id = %s FOR SHARE", [job_id])
+
+
+def _forget(raw: "Connection[Any]", job_id: uuid.UUID, waiter: uuid.UUID) -> None:
+    try:
+        raw.execute("DELETE FROM soniq_job_waiters WHERE job_id = %s AND waiter = %s",
+                    [job_id, waiter])
+    except Exception:  # housekeeping deletes it once it expired
+        pass
+
+
+def _warn_pooled(alias: str) -> None:
+    if alias not in _warned_pooled:
+        _warned_pooled.add(alias)
+        logger.warning(
+            "wait_for_job on database %r reaches it through a pooler, where NOTIFY does not "
+            "reach a listener: polling every %g s. Set SONIQ['LISTEN_DATABASE'] to a direct "
+            "or session-mode connection to the same database (docs/deployment.md).",
+            alias, POLL_SECONDS)
+
+
+def forget_lapsed_waiters(using: str) -> int:
+    """Delete the rows of waiters that died without deleting theirs (PostgreSQL; housekeeping)."""
+    if connections[using].vendor != "postgresql":
+        return 0
+    from .errors import translating
+
+    with translating(using), connections[using].cursor() as cursor:
+        cursor.execute("DELETE FROM soniq_job_waiters WHERE expires_at < pg_catalog.now()")
+        return int(cursor.rowcount)
+
