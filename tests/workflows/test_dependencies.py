@@ -260,3 +260,16 @@ def test_a_foreign_workers_plain_update_releases_dependents():
         assert cursor.fetchall() == [(first,)]
         cursor.execute("UPDATE soniq_jobs SET status = 'done' WHERE id = %s", [first])
     assert Job.objects.get(id=second).scheduled_at is None
+
+
+def test_retry_now_and_run_jobs_leave_a_waiting_job_waiting():
+    from soniq_django.operations import retry_now
+    from soniq_django.testing import run_jobs
+
+    first = enqueue("wf.step", run_at=dt.datetime(2100, 1, 1, tzinfo=dt.UTC))
+    second = enqueue("wf.step", depends_on=[first])
+    assert retry_now([second]) == 0
+    runs = run_jobs(include_scheduled=True)
+    # The second ran only once the first was done (released by its completion).
+    assert [run.job_id for run in runs] == [first, second]
+    assert status(second) == "done"
