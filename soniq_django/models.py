@@ -45,6 +45,12 @@ class JobStatus(models.TextChoices):
     its unique/dedup key                               expires_at; lease, pid cleared
     fail, none left or no     processing  (dead        row moved to soniq_dead_letter_jobs
     retry (fenced)                        letter)      (max_retries_exceeded or the reason)
+    enqueue with depends_on   (new row)   queued       scheduled_at 9999-01-01 while a dependency
+    (soniq_enqueue_after)                              can still end; soniq_job_waits, edges
+    its last dependency done  queued      queued       scheduled_at back to its run_at (trigger,
+                                                       in the completion's transaction)
+    a dependency cancelled    queued      cancelled    last_error "dependency_failed:<id>",
+    or dead-lettered                                   expires_at (trigger, same transaction)
     request_cancel            queued      cancelled    expires_at (+RESULT_TTL)
     request_cancel, lease     processing  cancelled    cancel_requested, expires_at;
     lapsed                                             lease, pid cleared
