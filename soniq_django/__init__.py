@@ -17,13 +17,20 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers (the package shi
     from .producer.request import JobRequest
     from .registry import job
     from .waiting import await_job, wait_for_job
+    from .workflows import BatchInfo, batch, batch_on_commit, chain, chain_on_commit
 
 __all__ = [
-    "JobRequest", "abulk_enqueue", "aenqueue", "aget_job", "args_hash", "bulk_enqueue", "enqueue", "get_job",
-    "job", "pause_queue", "periodic", "resume_queue", "await_job", "wait_for_job",
+    "BatchInfo", "JobRequest", "abulk_enqueue", "aenqueue", "aget_job", "args_hash",
+    "await_job", "batch", "batch_on_commit", "bulk_enqueue", "chain", "chain_on_commit",
+    "enqueue", "get_job", "job", "pause_queue", "periodic", "resume_queue", "wait_for_job",
 ]
 
 _HOMES = {
+    "BatchInfo": "soniq_django.workflows",
+    "batch": "soniq_django.workflows",
+    "batch_on_commit": "soniq_django.workflows",
+    "chain": "soniq_django.workflows",
+    "chain_on_commit": "soniq_django.workflows",
     "JobRequest": "soniq_django.producer",
     "abulk_enqueue": "soniq_django.producer",
     "aenqueue": "soniq_django.producer",

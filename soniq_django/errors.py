@@ -92,12 +92,17 @@ class ErrorCode(enum.StrEnum):
     EXTRA_NOT_INSTALLED = "EXTRA_NOT_INSTALLED"
     """A module of soniq_django needs an optional package that is not installed; the reason
     names the package and the ``pip install soniq-django[extra]`` that brings it."""
+    UNKNOWN_DEPENDENCY = "SONIQ_UNKNOWN_DEPENDENCY"
+    """A job named in ``depends_on`` is in neither job table (never enqueued, or purged):
+    nothing was written. A dependency can only name a job that exists, so no cycle can be
+    built (the SQL API's HINT of SQLSTATE 22023 is the same code)."""
 
 
 #: The codes of bad input, each raised as a ``ConfigValidationError``.
 INPUT_CODES = frozenset({
     ErrorCode.INVALID_TASK_NAME, ErrorCode.TASK_ARGS_INVALID, ErrorCode.INVALID_MAX_ATTEMPTS,
     ErrorCode.INVALID_OPTION, ErrorCode.CONFIG, ErrorCode.PAYLOAD_TOO_LARGE,
+    ErrorCode.UNKNOWN_DEPENDENCY,
 })
 
 _MAX_REASON = 200
@@ -299,6 +304,7 @@ _HINTED = {
     ErrorCode.INVALID_MAX_ATTEMPTS: "max_attempts must be at least 1",
     ErrorCode.INVALID_OPTION: "the database refused an enqueue option",
     ErrorCode.CONFIG: "the database refused an owned request",
+    ErrorCode.UNKNOWN_DEPENDENCY: "a job named in depends_on does not exist",
 }
 _CLAIM_REASONS = frozenset({"nonce_reused", "generation_exhausted", "claim_identity_changed"})
 _JOB_IDS = frozenset({"soniq_jobs_pkey", "soniq_dead_letter_jobs_pkey"})

@@ -7,6 +7,7 @@ Rows are written only through the services (``enqueue``, the owned queue,
 the worker); these models are for reading, the admin and migrations.
 """
 
+import datetime as dt
 import uuid
 
 from django.db import models
@@ -44,6 +45,12 @@ class JobStatus(models.TextChoices):
     its unique/dedup key                               expires_at; lease, pid cleared
     fail, none left or no     processing  (dead        row moved to soniq_dead_letter_jobs
     retry (fenced)                        letter)      (max_retries_exceeded or the reason)
+    enqueue with depends_on   (new row)   queued       scheduled_at 9999-01-01 while a dependency
+    (soniq_enqueue_after)                              can still end; soniq_job_waits, edges
+    its last dependency done  queued      queued       scheduled_at back to its run_at (trigger,
+                                                       in the completion's transaction)
+    a dependency cancelled    queued      cancelled    last_error "dependency_failed:<id>",
+    or dead-lettered                                   expires_at (trigger, same transaction)
     request_cancel            queued      cancelled    expires_at (+RESULT_TTL)
     request_cancel, lease     processing  cancelled    cancel_requested, expires_at;
     lapsed                                             lease, pid cleared
@@ -161,6 +168,11 @@ class Job(models.Model):
     # (migration 0020, additive): set by a trigger on every claim, whoever
     # makes it; heartbeats move updated_at, never this. See JobAttempt.
     claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Whether another job waits for this one (migration 0025, additive; NULL
+    # on every other row): set by the enqueue of a dependent while this job
+    # can still end, and what lets the workflow triggers skip a plain job in
+    # their WHEN clauses (sql/workflows_v1.sql). See JobDependency.
+    has_dependents = models.BooleanField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "soniq_jobs"
@@ -689,3 +701,104 @@ class JobProgress(models.Model):
     def __str__(self) -> str:
         of = "" if self.total is None else f"/{self.total}"
         return f"{self.job_id} {self.done}{of}"
+
+
+#: The ``scheduled_at`` of a job that waits for its dependencies: 9999-01-01 UTC, a time no
+#: claim reaches (sql/producer_api_v5.sql; the triggers release it).
+WAITING_SCHEDULED_AT = dt.datetime(9999, 1, 1, tzinfo=dt.timezone.utc)
+
+
+class DependencyState(models.TextChoices):
+    WAITING = "waiting", "waiting"
+    DONE = "done", "done"
+    FAILED = "failed", "failed (cancelled or dead-lettered)"
+
+
+class JobDependency(models.Model):
+    """``soniq_job_dependencies``: job ``job_id`` waits for job ``depends_on``.
+
+    Written by the dependent's enqueue (``depends_on=[...]``, a batch's
+    callback, a chain), in its transaction; ``state`` is moved from
+    ``waiting`` by the triggers of sql/workflows_v1.sql in the transaction of
+    the write that ends ``depends_on``. ``any_outcome``: the dependent waits
+    for the job to finish whatever its outcome (a batch's callback); else it
+    needs it ``done``. Kept while the dependent's row is (housekeeping takes
+    it with the row), so the admin links both ways. Not part of format 1.
+    """
+
+    job_id = models.UUIDField()
+    depends_on = models.UUIDField()
+    any_outcome = models.BooleanField(default=False)
+    state = models.TextField(choices=DependencyState.choices)
+
+    class Meta:
+        db_table = "soniq_job_dependencies"
+        verbose_name = "job dependency"
+        verbose_name_plural = "job dependencies"
+        constraints = [models.UniqueConstraint(fields=["job_id", "depends_on"],
+                                               name="soniq_job_dependencies_pair")]
+        indexes = [models.Index(fields=["depends_on"], name="soniq_job_dependencies_on_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} after {self.depends_on} ({self.state})"
+
+
+class JobWait(models.Model):
+    """``soniq_job_waits``: a job that still waits for ``pending`` of its dependencies.
+
+    Its row in ``soniq_jobs`` is queued with ``scheduled_at`` at
+    ``WAITING_SCHEDULED_AT``; ``run_at`` is the time it asked for, restored
+    when the last dependency is done (the row is then deleted). Not part of
+    format 1.
+    """
+
+    job_id = models.UUIDField(primary_key=True)
+    pending = models.IntegerField()
+    run_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "soniq_job_waits"
+        verbose_name = "waiting job"
+
+    def __str__(self) -> str:
+        return f"{self.job_id} waits for {self.pending}"
+
+
+class Batch(models.Model):
+    """``soniq_batches``: jobs enqueued together by ``soniq_django.batch()``.
+
+    ``callback_id`` is the ``on_complete`` job: it waits (``any_outcome``)
+    for every member. Not part of format 1.
+    """
+
+    id = models.UUIDField(primary_key=True)
+    size = models.IntegerField()
+    callback_id = models.UUIDField(null=True, blank=True, unique=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "soniq_batches"
+        verbose_name = "batch"
+        verbose_name_plural = "batches"
+
+    def __str__(self) -> str:
+        return f"batch {self.id} ({self.size} jobs)"
+
+
+class BatchMember(models.Model):
+    """``soniq_batch_members``: the ``position``-th job of a batch (from 0, as given)."""
+
+    batch_id = models.UUIDField()
+    position = models.IntegerField()
+    job_id = models.UUIDField()
+
+    class Meta:
+        db_table = "soniq_batch_members"
+        verbose_name = "batch member"
+        constraints = [models.UniqueConstraint(fields=["batch_id", "position"],
+                                               name="soniq_batch_members_pos")]
+        indexes = [models.Index(fields=["job_id"], name="soniq_batch_members_job_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.batch_id}[{self.position}] = {self.job_id}"

@@ -14,7 +14,7 @@ from django.db import connections, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from .models import Job, JobStatus, RecurringJob, ScheduleStatus
+from .models import WAITING_SCHEDULED_AT, Job, JobStatus, RecurringJob, ScheduleStatus
 from .owned import OwnedJobSource
 from .owned._store import fenced_writes, take_sqlite_write_lock
 
@@ -132,7 +132,8 @@ def cancel_jobs(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> Canc
 def retry_now(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> int:
     """Make queued jobs that wait for a later time (a backoff, run_at) eligible now.
 
-    Returns how many jobs changed; jobs in any other state are left alone.
+    Returns how many jobs changed; jobs in any other state are left alone, and so are
+    jobs that wait for their dependencies (docs/workflows.md): no write makes them due.
     """
     return len(retry_now_ids(job_ids, using=using))
 
@@ -151,6 +152,7 @@ def retry_now_ids(job_ids: Iterable[uuid.UUID], *, using: str = "default") -> li
             take_sqlite_write_lock(connection)
         waiting = list(Job.objects.using(using).filter(
             id__in=list(job_ids), status=JobStatus.QUEUED, scheduled_at__gt=timezone.now(),
+            scheduled_at__lt=WAITING_SCHEDULED_AT,
         ).select_for_update().values_list("id", "scheduled_at"))
         now = timezone.now()
         changed = [job_id for job_id, scheduled_at in waiting if scheduled_at > now]

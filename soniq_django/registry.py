@@ -152,6 +152,7 @@ class _Options:
     job_id: Any = None
     using: str | None = None
     delay: Any = None
+    depends_on: Any = None
 
 
 _OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(_Options))
@@ -316,6 +317,7 @@ class ConfiguredJob(Generic[P]):
             producer_id=opts.producer_id,
             job_id=opts.job_id,
             delay=opts.delay,
+            depends_on=opts.depends_on,
         )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:

@@ -39,6 +39,7 @@ def aenqueue(
     job_id: uuid.UUID | str | None = None,
     using: str | None = None,
     delay: float | dt.timedelta | None = None,
+    depends_on: Iterable[uuid.UUID | str] | None = None,
 ) -> Awaitable[uuid.UUID]:
     """Async twin of ``enqueue``: await it for the job id.
 
@@ -48,7 +49,7 @@ def aenqueue(
     request = JobRequest(
         job_name, args, queue=queue, priority=priority, run_at=run_at,
         max_attempts=max_attempts, unique_job=unique_job, dedup_key=dedup_key,
-        producer_id=producer_id, job_id=job_id, delay=delay,
+        producer_id=producer_id, job_id=job_id, delay=delay, depends_on=depends_on,
     )
     return insert_async(prepare_to_insert(request), write_alias(using))
 

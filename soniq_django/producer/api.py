@@ -115,8 +115,15 @@ def enqueue(
     job_id: uuid.UUID | str | None = None,
     using: str | None = None,
     delay: float | dt.timedelta | None = None,
+    depends_on: Iterable[uuid.UUID | str] | None = None,
 ) -> uuid.UUID:
     """Insert one job inside the caller's transaction and return its id.
+
+    With ``depends_on`` (job ids) the job is not claimed before every one of
+    them is done; if one ends cancelled or dead-lettered, it is cancelled
+    (``last_error`` ``dependency_failed:<id>``). A dependency that exists in
+    neither job table raises ``ConfigValidationError(UNKNOWN_DEPENDENCY)``
+    (docs/workflows.md).
 
     A unique job (``unique_job=True``) or one with a ``dedup_key`` returns the
     id of an equal job that is still queued instead of inserting a second.
@@ -149,6 +156,7 @@ def enqueue(
         producer_id=producer_id,
         job_id=job_id,
         delay=delay,
+        depends_on=depends_on,
     ))
     alias = using or router.db_for_write(Job)
     connection = connections[alias]
@@ -202,6 +210,8 @@ def _write_many(prepared: list[PreparedJob], alias: str, connection: Any,
             ids = _write_many(prepared, alias, connection, None)
             tracing.keep(alias, ids, trace)
         return ids
+    if any(job.depends_on is not None for job in prepared):
+        return _write_with_dependents(prepared, alias, connection)
     if connection.vendor == "postgresql":
         from . import _copy, _pg  # here, not at the top: psycopg is needed on PostgreSQL alone
 
@@ -209,6 +219,26 @@ def _write_many(prepared: list[PreparedJob], alias: str, connection: Any,
                   if _copy.applies(prepared, connection) else None)
         return _pg.enqueue_many(prepared, connection, alias) if copied is None else copied
     return _insert_many_portable(prepared, alias)
+
+
+def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: Any
+                           ) -> list[uuid.UUID]:
+    """A bulk enqueue with jobs that wait: the others first (one bulk insert), then each
+    waiting one in request order, in one transaction. A job may so depend on any job of
+    the bulk that waits for nothing, and on a waiting one before it."""
+    from ..workflows import write_dependent
+
+    ids: list[uuid.UUID | None] = [None] * len(prepared)
+    with translating(alias), transaction.atomic(using=alias):
+        free = [index for index, job in enumerate(prepared) if job.depends_on is None]
+        if free:
+            for index, job_id in zip(free, _write_many([prepared[i] for i in free], alias,
+                                                       connection, None)):
+                ids[index] = job_id
+        for index, job in enumerate(prepared):
+            if job.depends_on is not None:
+                ids[index] = write_dependent(job, alias, connection)
+    return [job_id for job_id in ids if job_id is not None]
 
 
 def _insert_many_portable(prepared: list[PreparedJob], alias: str) -> list[uuid.UUID]:
@@ -254,6 +284,8 @@ def _write(job: PreparedJob, alias: str, connection: Any, trace: "tracing.Carrie
            ) -> uuid.UUID:
     """Insert ``job`` (due time resolved); with ``trace``, its row in soniq_job_trace too: on
     PostgreSQL in the same statement, elsewhere in the same transaction."""
+    if job.depends_on is not None:
+        return _write_dependent(job, alias, connection, trace)
     if connection.vendor == "postgresql":
         job_id: uuid.UUID = (_pg_module or _import_pg()).enqueue(job, connection, alias, trace)
         return job_id
@@ -266,6 +298,18 @@ def _write(job: PreparedJob, alias: str, connection: Any, trace: "tracing.Carrie
             job_id = _insert_portable(job, alias)
             tracing.keep(alias, [job_id], trace)
         return job_id
+
+
+def _write_dependent(job: PreparedJob, alias: str, connection: Any,
+                     trace: "tracing.Carrier | None") -> uuid.UUID:
+    from ..workflows import write_dependent
+
+    if trace is None:
+        return write_dependent(job, alias, connection)
+    with translating(alias), transaction.atomic(using=alias):
+        job_id = write_dependent(job, alias, connection)
+        tracing.keep(alias, [job_id], trace)
+    return job_id
 
 
 _carrying = tracing.carrying

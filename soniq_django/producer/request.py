@@ -67,6 +67,7 @@ class JobRequest:
     job_id: uuid.UUID | str | None = None
     active_key: str | None = None
     delay: float | dt.timedelta | None = None
+    depends_on: Iterable[uuid.UUID | str] | None = None
 
     def __init__(self, job_name: str, args: dict[str, Any] | None = None, *,
                  queue: str | None = None, priority: int | None = None,
@@ -74,11 +75,12 @@ class JobRequest:
                  max_attempts: int | None = DEFAULT_MAX_ATTEMPTS, unique_job: bool = False,
                  dedup_key: str | None = None, producer_id: str | None = None,
                  job_id: uuid.UUID | str | None = None, active_key: str | None = None,
-                 delay: float | dt.timedelta | None = None) -> None:
+                 delay: float | dt.timedelta | None = None,
+                 depends_on: Iterable[uuid.UUID | str] | None = None) -> None:
         self.__dict__.update(job_name=job_name, args=args, queue=queue, priority=priority,
                              run_at=run_at, max_attempts=max_attempts, unique_job=unique_job,
                              dedup_key=dedup_key, producer_id=producer_id, job_id=job_id,
-                             active_key=active_key, delay=delay)
+                             active_key=active_key, delay=delay, depends_on=depends_on)
 
 
 @dataclass(slots=True)
@@ -108,6 +110,10 @@ class PreparedJob:
     """``args`` as compact JSON (UTF-8 text, not ASCII-escaped): what is measured
     against ``MAX_PAYLOAD_BYTES`` and what the PostgreSQL producer sends."""
     delay: dt.timedelta | None = None
+    depends_on: tuple[uuid.UUID, ...] | None = None
+    """The jobs this one waits for (each once, in the order given); None: none.
+    ``any_outcome``: it waits for them to finish whatever the outcome (a batch's callback)."""
+    any_outcome: bool = False
 
     @property
     def deduplicates(self) -> bool:
@@ -364,11 +370,38 @@ def _prepare(request: JobRequest, new_id: Callable[[], uuid.UUID],
         dedup_key = _label(dedup_key, "dedup_key", required=False)
     if producer_id is not None:
         producer_id = _label(producer_id, "producer_id", required=False)
+    depends_on = request.depends_on
+    if depends_on is not None:
+        depends_on = dependency_ids(depends_on)
     # In the fields' order, positionally: fourteen keywords cost more than the rest of
     # the call (a test compares the result field by field).
     return PreparedJob(job_id, requested is None, job_name, args, args_hash, queue, priority,
                        run_at, max_attempts, unique_job, dedup_key, producer_id, args_json,
-                       delay)
+                       delay, depends_on)
+
+
+#: The most jobs one job may depend on (``soniq_enqueue_after`` refuses more).
+MAX_DEPENDENCIES = 1000
+
+
+def dependency_ids(value: Any) -> tuple[uuid.UUID, ...]:
+    """``depends_on`` as a tuple of UUIDs, each once, in the order given.
+
+    Raises ``ConfigValidationError(INVALID_OPTION)`` for a string or mapping
+    (not a list of ids), an id that is not a UUID, or more than ``MAX_DEPENDENCIES``.
+    """
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+        raise _option(f"depends_on must be a list of job ids, not {_kind(value)}")
+    ids: dict[uuid.UUID, None] = {}
+    for item in value:
+        try:
+            ids[coerce_job_id(item)] = None
+        except ConfigValidationError:
+            raise _option("depends_on must hold job ids (UUIDs or their text), and one "
+                          "of them is not") from None
+    if len(ids) > MAX_DEPENDENCIES:
+        raise _option(f"depends_on may name at most {MAX_DEPENDENCIES} jobs")
+    return tuple(ids)
 
 
 #: The ``job_id`` of a job whose id the database makes: ``soniq_enqueue`` is called with

@@ -2682,3 +2682,250 @@ CREATE TRIGGER soniq_job_progress_dead_letter_gone
     REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT
     EXECUTE FUNCTION {schema}.soniq_job_progress_gone_v1();
+
+-- soniq_settle_dependents_v1 (from workflows_v1.sql) --
+CREATE FUNCTION {schema}.soniq_settle_dependents_v1(
+    p_id uuid, p_failed boolean, p_ttl interval
+) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_work uuid[] := ARRAY[p_id];
+    v_fail boolean[] := ARRAY[p_failed];
+    v_i integer := 1;
+    v_gate text;
+    v_now timestamptz;
+    v_pending integer;
+    v_run_at timestamptz;
+    v_queue text;
+    r record;
+BEGIN
+    v_gate := pg_catalog.current_setting('soniq.fenced_write', true);
+    -- The writes below end or release other jobs: through the protection
+    -- trigger's gate, and with the cascade flag that keeps the trigger from
+    -- settling them a second time (this list does).
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+    PERFORM pg_catalog.set_config('soniq.workflow_cascade', 'on', true);
+    WHILE v_i <= pg_catalog.cardinality(v_work) LOOP
+        FOR r IN
+            WITH e AS (
+                UPDATE {schema}.soniq_job_dependencies AS d
+                   SET state = CASE WHEN v_fail[v_i] THEN 'failed' ELSE 'done' END
+                 WHERE d.depends_on = v_work[v_i] AND d.state = 'waiting'
+                RETURNING d.job_id, d.any_outcome)
+            SELECT e.job_id, pg_catalog.bool_or(NOT e.any_outcome) AS needs_done,
+                   pg_catalog.count(*)::integer AS n
+              FROM e GROUP BY e.job_id ORDER BY e.job_id
+        LOOP
+            IF v_fail[v_i] AND r.needs_done THEN
+                DELETE FROM {schema}.soniq_job_waits AS w WHERE w.job_id = r.job_id;
+                CONTINUE WHEN NOT FOUND;  -- not waiting any more (cancelled already)
+                v_now := pg_catalog.clock_timestamp();
+                UPDATE {schema}.soniq_jobs AS j
+                   SET status = 'cancelled',
+                       last_error = 'dependency_failed:' || v_work[v_i]::text,
+                       expires_at = v_now + p_ttl, updated_at = v_now
+                 WHERE j.id = r.job_id AND j.status = 'queued';
+                IF FOUND THEN
+                    v_work := v_work || r.job_id;
+                    v_fail := v_fail || true;
+                END IF;
+            ELSE
+                UPDATE {schema}.soniq_job_waits AS w SET pending = w.pending - r.n
+                 WHERE w.job_id = r.job_id
+                RETURNING w.pending, w.run_at INTO v_pending, v_run_at;
+                CONTINUE WHEN NOT FOUND OR v_pending > 0;
+                DELETE FROM {schema}.soniq_job_waits AS w WHERE w.job_id = r.job_id;
+                UPDATE {schema}.soniq_jobs AS j
+                   SET scheduled_at = v_run_at, updated_at = pg_catalog.clock_timestamp()
+                 WHERE j.id = r.job_id AND j.status = 'queued'
+                RETURNING j.queue INTO v_queue;
+                IF FOUND AND (v_run_at IS NULL OR v_run_at <= pg_catalog.now()) THEN
+                    PERFORM pg_catalog.pg_notify('soniq_new_job', v_queue);
+                END IF;
+            END IF;
+        END LOOP;
+        v_i := v_i + 1;
+    END LOOP;
+    PERFORM pg_catalog.set_config('soniq.workflow_cascade', 'off', true);
+    PERFORM pg_catalog.set_config('soniq.fenced_write', coalesce(v_gate, 'off'), true);
+END
+$fn$;
+
+-- soniq_dependency_ended_v1 (from workflows_v1.sql) --
+CREATE FUNCTION {schema}.soniq_dependency_ended_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_ttl interval := interval '300 seconds';
+BEGIN
+    IF pg_catalog.current_setting('soniq.workflow_cascade', true) = 'on' THEN
+        RETURN NULL;  -- a write of the work list: it settles this job itself
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        PERFORM {schema}.soniq_settle_dependents_v1(OLD.id, true, v_ttl);
+    ELSE
+        -- Dependents it cancels are kept as long as the job that ended them.
+        IF NEW.expires_at IS NOT NULL AND NEW.expires_at >= NEW.updated_at THEN
+            v_ttl := NEW.expires_at - NEW.updated_at;
+        END IF;
+        PERFORM {schema}.soniq_settle_dependents_v1(NEW.id, NEW.status <> 'done', v_ttl);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- soniq_dependent_guard_v1 (from workflows_v1.sql) --
+CREATE FUNCTION {schema}.soniq_dependent_guard_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    -- A write that would make a waiting job due ("retry now", a hand-made
+    -- UPDATE) keeps it waiting; the time it asked for is kept for its release.
+    UPDATE {schema}.soniq_job_waits AS w SET run_at = NEW.scheduled_at
+     WHERE w.job_id = OLD.id AND w.pending > 0;
+    IF FOUND THEN
+        NEW.scheduled_at := OLD.scheduled_at;
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+
+-- soniq_dependency_ended (from workflows_v1.sql) --
+CREATE TRIGGER soniq_dependency_ended
+    AFTER UPDATE OF status ON {schema}.soniq_jobs
+    FOR EACH ROW
+    WHEN (NEW.has_dependents AND OLD.status IN ('queued', 'processing')
+          AND NEW.status IN ('done', 'cancelled'))
+    EXECUTE FUNCTION {schema}.soniq_dependency_ended_v1();
+
+-- soniq_dependency_gone (from workflows_v1.sql) --
+CREATE TRIGGER soniq_dependency_gone
+    AFTER DELETE ON {schema}.soniq_jobs
+    FOR EACH ROW
+    WHEN (OLD.has_dependents AND OLD.status IN ('queued', 'processing'))
+    EXECUTE FUNCTION {schema}.soniq_dependency_ended_v1();
+
+-- soniq_dependent_guard (from workflows_v1.sql) --
+CREATE TRIGGER soniq_dependent_guard
+    BEFORE UPDATE OF scheduled_at ON {schema}.soniq_jobs
+    FOR EACH ROW
+    WHEN (OLD.scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
+          AND NEW.scheduled_at IS DISTINCT FROM OLD.scheduled_at)
+    EXECUTE FUNCTION {schema}.soniq_dependent_guard_v1();
+
+-- soniq_enqueue_after (from producer_api_v5.sql) --
+CREATE FUNCTION {schema}.soniq_enqueue_after(
+    depends_on uuid[],
+    job_name text,
+    args jsonb DEFAULT '{}'::jsonb,
+    queue text DEFAULT 'default',
+    priority integer DEFAULT 100,
+    run_at timestamptz DEFAULT NULL,
+    max_attempts integer DEFAULT 4,
+    unique_job boolean DEFAULT false,
+    dedup_key text DEFAULT NULL,
+    producer_id text DEFAULT NULL,
+    job_id uuid DEFAULT NULL,
+    any_outcome boolean DEFAULT false,
+    result_ttl_seconds double precision DEFAULT 300
+) RETURNS uuid
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    p_deps uuid[] := soniq_enqueue_after.depends_on;
+    p_any boolean := coalesce(soniq_enqueue_after.any_outcome, false);
+    p_ttl double precision := soniq_enqueue_after.result_ttl_seconds;
+    v_id uuid := coalesce(soniq_enqueue_after.job_id, pg_catalog.gen_random_uuid());
+    v_deps uuid[];
+    v_states text[];
+    v_gate text;
+    v_found uuid;
+    v_pending integer := 0;
+    v_failed uuid;
+    v_now timestamptz;
+BEGIN
+    IF p_deps IS NULL OR pg_catalog.cardinality(p_deps) > 1000
+       OR (pg_catalog.cardinality(p_deps) > 0 AND pg_catalog.array_ndims(p_deps) <> 1)
+       OR pg_catalog.array_position(p_deps, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'depends_on must be an array of at most 1000 job ids, none NULL'
+            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
+    END IF;
+    IF p_ttl IS NULL OR p_ttl = 'NaN'::float8 OR p_ttl < 0 OR p_ttl > 31536000 THEN
+        RAISE EXCEPTION 'result_ttl_seconds is out of range'
+            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
+    END IF;
+    -- Each id once, in the order given.
+    v_deps := ARRAY(SELECT d.id FROM pg_catalog.unnest(p_deps) WITH ORDINALITY AS d(id, i)
+                     GROUP BY d.id ORDER BY pg_catalog.min(d.i));
+
+    -- 1. Lock the dependencies (id order) and mark the ones that can still end.
+    --    The protection trigger skips a plain write of an owned or live-claimed
+    --    row: the mark goes through its gate.
+    v_gate := pg_catalog.current_setting('soniq.fenced_write', true);
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+    PERFORM 1 FROM {schema}.soniq_jobs AS j
+     WHERE j.id = ANY (v_deps) ORDER BY j.id FOR UPDATE;
+    UPDATE {schema}.soniq_jobs AS j SET has_dependents = true
+     WHERE j.id = ANY (v_deps) AND j.status IN ('queued', 'processing')
+       AND j.has_dependents IS NOT TRUE;
+    PERFORM pg_catalog.set_config('soniq.fenced_write', coalesce(v_gate, 'off'), true);
+
+    -- 2. Their states, read after the locks; an unknown name refuses the call.
+    v_states := ARRAY(
+        SELECT CASE WHEN j.status = 'done' THEN 'done'
+                    WHEN j.status = 'cancelled' THEN 'failed'
+                    WHEN j.status IN ('queued', 'processing') THEN 'waiting'
+                    WHEN j.id IS NULL
+                         AND EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS x
+                                      WHERE x.id = d.id) THEN 'failed'
+               END
+          FROM pg_catalog.unnest(v_deps) WITH ORDINALITY AS d(id, i)
+          LEFT JOIN {schema}.soniq_jobs AS j ON j.id = d.id
+         ORDER BY d.i);
+    IF pg_catalog.array_position(v_states, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'a job named in depends_on does not exist'
+            USING ERRCODE = '22023', HINT = 'SONIQ_UNKNOWN_DEPENDENCY';
+    END IF;
+    v_pending := pg_catalog.cardinality(pg_catalog.array_positions(v_states, 'waiting'));
+    IF NOT p_any AND pg_catalog.array_position(v_states, 'failed') IS NOT NULL THEN
+        v_failed := v_deps[pg_catalog.array_position(v_states, 'failed')];
+    END IF;
+
+    -- 3. The job, through soniq_enqueue (its checks, codes and duplicates).
+    v_found := {schema}.soniq_enqueue(
+        soniq_enqueue_after.job_name, soniq_enqueue_after.args, soniq_enqueue_after.queue,
+        soniq_enqueue_after.priority,
+        CASE WHEN v_pending > 0 OR v_failed IS NOT NULL
+             THEN '9999-01-01 00:00:00+00'::timestamptz
+             ELSE soniq_enqueue_after.run_at END,
+        soniq_enqueue_after.max_attempts, soniq_enqueue_after.unique_job,
+        soniq_enqueue_after.dedup_key, soniq_enqueue_after.producer_id, v_id);
+    IF v_found IS DISTINCT FROM v_id THEN
+        RETURN v_found;  -- an equal queued job's id: it stays as it is
+    END IF;
+
+    -- 4. The edges, and what is left to wait for.
+    INSERT INTO {schema}.soniq_job_dependencies (job_id, depends_on, any_outcome, state)
+    SELECT v_id, e.id, p_any, e.state
+      FROM ROWS FROM (pg_catalog.unnest(v_deps), pg_catalog.unnest(v_states)) AS e(id, state);
+    IF v_failed IS NOT NULL THEN
+        -- 5. A dependency already failed: the job ends at once.
+        v_now := pg_catalog.clock_timestamp();
+        UPDATE {schema}.soniq_jobs AS j
+           SET status = 'cancelled', last_error = 'dependency_failed:' || v_failed::text,
+               scheduled_at = soniq_enqueue_after.run_at,
+               expires_at = v_now + pg_catalog.make_interval(secs => p_ttl), updated_at = v_now
+         WHERE j.id = v_id;
+    ELSIF v_pending > 0 THEN
+        INSERT INTO {schema}.soniq_job_waits (job_id, pending, run_at, created_at)
+        VALUES (v_id, v_pending, soniq_enqueue_after.run_at, pg_catalog.clock_timestamp());
+    END IF;
+    RETURN v_id;
+END
+$fn$;

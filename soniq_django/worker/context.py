@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from ..owned.types import QueueClaimFence
     from .progress import ProgressState, ProgressWriter
 
+if TYPE_CHECKING:
+    from ..producer.api import JobInfo
+
 #: Held only while a context's cancel event is made, so two threads never make two.
 _MAKING = threading.Lock()
 
@@ -109,6 +112,15 @@ class JobContext:
         """Raise ``JobCancelled`` if a cancel (or a stop) was requested; call it between steps."""
         if self.cancel_requested:
             raise JobCancelled()
+
+    def batch(self) -> "list[JobInfo] | None":
+        """The ``JobInfo`` of each member of this job's batch, in the order ``batch()`` was
+        given them: for a batch's ``on_complete`` job, its members' outcomes (statuses,
+        results, errors). None when this job belongs to no batch. Reads the jobs database
+        (the routers' read alias)."""
+        from ..workflows import batch_members
+
+        return batch_members(self.job_id)
 
     def wait_for_cancel(self, timeout: float | None = None) -> bool:
         """Sleep up to ``timeout`` seconds, waking early on a cancel; return whether it came."""

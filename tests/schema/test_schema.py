@@ -38,9 +38,13 @@ OWNED = {
 #: Added by 0020_attempts: when the current or last attempt was claimed.
 ATTEMPTS = {"soniq_jobs": {"claimed_at": (TSTZ, True, None)}}
 
+#: Added by 0025_workflows: whether another job waits for this one.
+WORKFLOWS = {"soniq_jobs": {"has_dependents": ("boolean", True, None)}}
+
 
 def _expected(table):
-    return {**FORMAT_1[table], **OWNED.get(table, {}), **ATTEMPTS.get(table, {})}
+    return {**FORMAT_1[table], **OWNED.get(table, {}), **ATTEMPTS.get(table, {}),
+            **WORKFLOWS.get(table, {})}
 
 
 @pytest.mark.postgresql_only

@@ -28,16 +28,29 @@ LATER_OBJECTS = {"soniq_queue_holds", "soniq_jobs_claim_queue_now_idx",
                  # 0024_job_progress: the progress and waiters' tables, their triggers.
                  "soniq_job_progress", "soniq_job_waiters", "soniq_job_waiters_pkey",
                  "soniq_job_finished", "soniq_job_dead_lettered",
-                 "soniq_job_progress_job_gone", "soniq_job_progress_dead_letter_gone"}
-#: The column 0020 adds to soniq_jobs, as SQLite's table definition ends with it.
-_LATER_SQLITE_COLUMN = ', "claimed_at" datetime NULL'
+                 "soniq_job_progress_job_gone", "soniq_job_progress_dead_letter_gone",
+                 # 0025_workflows: its tables, their indexes, the triggers, has_dependents.
+                 "soniq_job_dependencies", "soniq_job_waits", "soniq_batches",
+                 "soniq_batch_members", "soniq_workflow_settle",
+                 "soniq_job_dependencies_on_idx", "soniq_job_dependencies_pair",
+                 "soniq_batch_members_pos", "soniq_batch_members_job_idx",
+                 "soniq_dependency_ended", "soniq_dependency_gone", "soniq_dependent_guard",
+                 "has_dependents"}
+#: The columns 0020 and 0025 add to soniq_jobs, as SQLite's table definition ends with them.
+_LATER_SQLITE_COLUMNS = (', "claimed_at" datetime NULL', ', "has_dependents" bool NULL')
 
 
 def without_later_tables(shape: list) -> list:
     """``shape`` (schema_snapshot's) less the objects of later migrations, and their tables'."""
-    return [tuple(part.replace(_LATER_SQLITE_COLUMN, "") if isinstance(part, str) else part
+    return [tuple(_without_later_columns(part) if isinstance(part, str) else part
                   for part in entry)
             for entry in shape if not LATER_OBJECTS & {entry[1], entry[2]}]
+
+
+def _without_later_columns(text: str) -> str:
+    for column in _LATER_SQLITE_COLUMNS:
+        text = text.replace(column, "")
+    return text
 
 
 def reloptions() -> list[str] | None:

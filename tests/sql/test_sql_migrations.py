@@ -182,6 +182,9 @@ _REPLACED_BY_0019 = {"soniq_claim_many": "claim_protocol_v8.sql"}
 _ADDED_BY_0020 = ("soniq_attempt_ended_v1", "soniq_attempts_gone_v1")
 # 0021 adds the trigger function that takes a job's trace context with it (tested below).
 _ADDED_BY_0021 = ("soniq_job_trace_gone_v1",)
+# 0025 adds the workflow triggers' functions and soniq_enqueue_after (producer API v5).
+_ADDED_BY_0025 = ("soniq_settle_dependents_v1", "soniq_dependency_ended_v1",
+                  "soniq_dependent_guard_v1", "soniq_enqueue_after")
 _REPLACED_BY_0020 = {"soniq_claim_many": "claim_protocol_v9.sql"}
 #: What migration 0023 (claim protocol v11) replaces (function: released file).
 _REPLACED_BY_0023 = {"soniq_complete_many": "claim_protocol_v8.sql"}
@@ -257,7 +260,8 @@ def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     # protocol v8; all tested below).
     by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many",
                "soniq_enqueue", *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
-               *_ADDED_BY_0021, *_ADDED_BY_0024}
+               *_ADDED_BY_0021, *_ADDED_BY_0024,
+                   *_ADDED_BY_0025}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -311,7 +315,8 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
         assert after["soniq_claim_many"] == v2
         assert set(after) == set(before) - {"soniq_queue_budget_v1", *_ADDED_BY_0018,
                                             *_ADDED_BY_0019, *_ADDED_BY_0020,
-                                            *_ADDED_BY_0021, *_ADDED_BY_0024}
+                                            *_ADDED_BY_0021, *_ADDED_BY_0024,
+                   *_ADDED_BY_0025}
         # 0017 reversed too: version 3's soniq_enqueue.
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         assert fetch("SELECT to_regclass('soniq_queue_settings'), "
@@ -356,11 +361,12 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_ADDED_BY_0018,
                    *_REPLACED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021, *_ADDED_BY_0024)
+                   *_ADDED_BY_0021, *_ADDED_BY_0024,
+                   *_ADDED_BY_0025)
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
-                       + _ADDED_BY_0021) & set(after)
+                       + _ADDED_BY_0021 + _ADDED_BY_0025) & set(after)
         assert _claim_indexes() == {"soniq_jobs_claim_idx", "soniq_jobs_claim_any_idx"}
         # Version 5's claim works again, a due scheduled job and all.
         fetch("SELECT soniq_enqueue('back.to_v5', run_at => now() - interval '1 second')")
@@ -396,7 +402,8 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018,
                    *_ADDED_BY_0019, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021, *_ADDED_BY_0024}
+                   *_ADDED_BY_0021, *_ADDED_BY_0024,
+                   *_ADDED_BY_0025}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
@@ -433,7 +440,8 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
     # Going back to 0016 reverses 0018 and 0019 too (tested below).
     changed = {"soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018, *_ADDED_BY_0019,
                *_ADDED_BY_0020,
-               *_ADDED_BY_0021, *_ADDED_BY_0024}
+               *_ADDED_BY_0021, *_ADDED_BY_0024,
+                   *_ADDED_BY_0025}
     try:
         call_command("migrate", "soniq_django", "0016", verbosity=0)
         after = _soniq_functions()
@@ -479,9 +487,10 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
         after = _soniq_functions()
         assert {name: after[name] for name in restored} == restored
         assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
-                       + _ADDED_BY_0021) & set(after)
+                       + _ADDED_BY_0021 + _ADDED_BY_0025) & set(after)
         changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024}
+                   *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
+                   *_ADDED_BY_0025}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert "soniq_jobs_claim_queue_now_idx" not in _claim_indexes()
@@ -535,9 +544,10 @@ def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9
         after = _soniq_functions()
         assert {name: after[name] for name in restored} == restored
         assert not set(_ADDED_BY_0019 + _ADDED_BY_0020
-                       + _ADDED_BY_0021) & set(after)
+                       + _ADDED_BY_0021 + _ADDED_BY_0025) & set(after)
         changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024}
+                   *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
+                   *_ADDED_BY_0025}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8 works again: a lapsed job is settled, a queued one claimed.
@@ -582,9 +592,10 @@ def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back()
         call_command("migrate", "soniq_django", "0019", verbosity=0)
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v9
-        assert not set(_ADDED_BY_0020 + _ADDED_BY_0021) & set(after)
+        assert not set(_ADDED_BY_0020 + _ADDED_BY_0021 + _ADDED_BY_0025) & set(after)
         changed = {*_REPLACED_BY_0020, *_ADDED_BY_0020,
-                   *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024}
+                   *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
+                   *_ADDED_BY_0025}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert attempt_triggers() == []
@@ -634,7 +645,8 @@ def test_reversing_0021_drops_the_trace_contexts_and_reapplying_gives_them_back(
         call_command("migrate", "soniq_django", "0020", verbosity=0)
         after = _soniq_functions()
         assert not set(_ADDED_BY_0021) & set(after)
-        changed = {*added, *_REPLACED_BY_0023, *_ADDED_BY_0024}
+        changed = {*added, *_REPLACED_BY_0023, *_ADDED_BY_0024,
+                   *_ADDED_BY_0025}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert trace_triggers() == []
@@ -668,7 +680,8 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
         after = _soniq_functions()
         assert after["soniq_complete_many"] == v8
         assert claim_settings() == ["search_path=pg_catalog, pg_temp"]
-        changed = {*_REPLACED_BY_0023, *_ADDED_BY_0024}
+        changed = {*_REPLACED_BY_0023, *_ADDED_BY_0024,
+                   *_ADDED_BY_0025}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8's completion works again.
@@ -688,3 +701,33 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
                  [job_id, generation]) == [(True,)]
     assert fetch("SELECT soniq_complete(%s, 'w', %s, 'nonce-v11', 'default')",
                  [job_id, generation]) == [(False,)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0025_drops_the_workflows_and_reapplying_gives_them_back():
+    added = {name: _file_source(file, name) for file, names in (
+        ("workflows_v1.sql", _ADDED_BY_0025[:3]), ("producer_api_v5.sql", _ADDED_BY_0025[3:]))
+        for name in names}
+    before = _soniq_functions()
+    assert {name: before[name] for name in added} == added
+
+    def workflow_triggers():
+        return sorted(name for (name,) in fetch(
+            "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal "
+            "AND tgname IN ('soniq_dependency_ended', 'soniq_dependency_gone', "
+            "'soniq_dependent_guard')"))
+
+    assert len(workflow_triggers()) == 3
+    try:
+        call_command("migrate", "soniq_django", "0024", verbosity=0)
+        after = _soniq_functions()
+        assert not set(_ADDED_BY_0025) & set(after)
+        assert workflow_triggers() == []
+        assert fetch("SELECT count(*) FROM information_schema.columns WHERE table_name = "
+                     "'soniq_jobs' AND column_name = 'has_dependents'") == [(0,)]
+        assert {n: b for n, b in after.items()} == {
+            n: b for n, b in before.items() if n not in added}
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert {name: _soniq_functions()[name] for name in added} == added
+    assert len(workflow_triggers()) == 3
