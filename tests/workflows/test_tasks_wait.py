@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connections
 
 from soniq_django.errors import ErrorCode, SoniqError
@@ -14,6 +15,14 @@ from tests.support.owned import claim
 from tests.testapp import tasks
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def close_the_async_threads_connections():
+    """``await_result`` and Django's ``arefresh`` read through asgiref's thread; close the
+    connection that thread opened, as a request's end would, so no later test meets it."""
+    yield
+    asyncio.run(sync_to_async(connections.close_all)())
 
 
 def later(seconds, call) -> None:
