@@ -106,8 +106,8 @@ from . import leftovers, peers, planner, registration
 from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
-from .connection import (SharedConnection, handler_connections, on_own_connection,
-                         own_connection)
+from .connection import (PartnerConnection, SharedConnection, handler_connections,
+                         on_own_connection, own_connection)
 from .deadlines import Deadlines
 from .eventloop import EventLoop
 from .execution import Outcome, OutcomeKind, execute
@@ -173,9 +173,14 @@ class Worker:
         self.slots = Slots(concurrency)
         self.budget = Budget(max_jobs)
         self.throughput = ThroughputCounter()
+        # A second connection for the large rounds' completions (writes.py SPLIT_AT): several
+        # slots on PostgreSQL only (SQLite has one writer at a time).
+        self.partner = (PartnerConnection(using, self.stopping)
+                        if concurrency > 1 and connections[using].vendor == "postgresql"
+                        else None)
         self.writes = Writes(source=self.source, shared=self.shared, worker_id=self.worker_id,
                              queues=queues, budget=self.budget, throughput=self.throughput,
-                             stop=self.aborted)
+                             stop=self.aborted, partner=self.partner)
         self.atomic = AtomicRunner(self.writes, stop=self.aborted)
         completer = InlineCompleter if concurrency == 1 else BatchCompleter
         self.completer = completer(writes=self.writes, flights=self.flights, slots=self.slots,
@@ -251,6 +256,8 @@ class Worker:
             if self.listener is not None:
                 self.listener.interrupt()  # its wait ends now, not at the end of its slice
             self._end_threads(pool, background)
+            if self.partner is not None:  # the loop is over: no round calls on it any more
+                self.partner.close()
             last_word = _bounded(self._sign_off, SIGN_OFF_SECONDS)
             if last_word is None:
                 logger.warning("could not mark worker %s stopped within %g s", self.short_id,
