@@ -59,9 +59,14 @@ thread has a connection of its own only while its handlers use the ORM.
 (An atomic job's completion is the one final write on a job thread's own
 connection: the last statement of its handler's transaction.)
 The listener has its own (a LISTEN needs a session), and so does the
-scheduler. So a worker holds 1 + (job threads whose handlers use the
-database) + 1 listener on PostgreSQL + 1 with ``--with-scheduler``
-connections: 2 at any concurrency when handlers touch no database.
+scheduler. On PostgreSQL a large round (writes.py ``SPLIT_AT``: 16
+completions and 16 claims) writes its completions on the **partner
+connection** (connection.py ``PartnerConnection``, its own thread) while it
+claims on the shared one: two transactions at once (decision 0042). So a
+worker holds 1 + (job threads whose handlers use the database) + 1
+listener on PostgreSQL + 1 partner from the first large round + 1 with
+``--with-scheduler`` connections: 2 when handlers touch no database (3 once
+its rounds are large).
 
 Why the heartbeat shares it and lease renewals still never wait on a slow
 write: no turn lasts longer than one call, and no call longer than its
