@@ -16,8 +16,6 @@ Connections per worker process (docs/deployment.md#connections-per-worker):
     1                    the shared connection
   + k                    job threads whose last job used the database (0 <= k <= concurrency)
   + 1 on PostgreSQL      the LISTEN connection (worker/wakeup.py)
-  + 1 on PostgreSQL      the partner connection (``PartnerConnection``), from the first
-                         round with SPLIT_AT completions and SPLIT_AT claims (writes.py)
   + 1 --with-scheduler   the scheduler thread
 
 A server that refuses a connection (``max_connections`` reached, a
@@ -39,12 +37,10 @@ the nonces recover it as after any lost connection.
 """
 
 import logging
-import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar, cast
 
@@ -315,64 +311,6 @@ class SharedConnection:
             finally:
                 self.connecting = False
         return self._wrapper
-
-
-class PartnerConnection:
-    """A second connection for the worker's own calls, and the one thread that makes them.
-
-    A large round (writes.py, ``SPLIT_AT``) writes its completions here while
-    its claim goes on the shared connection: two transactions at once, each
-    fenced and committed on its own, so the server works on both and their
-    commits wait for the disk together, where one call did the one after the
-    other (decision 0042). Only the main loop's rounds call here, and it waits
-    for each call's answer within its round, so there is at most one call at
-    a time. Each call is a turn on a ``SharedConnection`` of its own: opened
-    on first use (waiting for a server that refuses, as the shared one does),
-    with the worker's TCP options, its session bounded by ``lock_wait()``,
-    each turn watched (``Watchdog``).
-    """
-
-    def __init__(self, using: str, stopping: threading.Event):
-        self.connection = SharedConnection(using, stopping)
-        self._calls: "queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None]" = (
-            queue.SimpleQueue())
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def turns(self, target: T) -> T:
-        """``target`` with every method call made in a turn on the partner connection."""
-        return self.connection.turns(target)
-
-    def start(self, call: Callable[[], T]) -> "Future[T]":
-        """Make ``call()`` on the partner's thread; its answer (or exception) in the future."""
-        future: Future[T] = Future()
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="soniq-partner",
-                                                daemon=True)  # keeps no process alive
-                self._thread.start()
-            self._calls.put((call, future))
-        return future
-
-    def _serve(self) -> None:
-        while True:
-            item = self._calls.get()
-            if item is None:
-                return
-            call, future = item
-            try:
-                future.set_result(call())
-            except BaseException as error:  # the caller's to handle, in its own thread
-                future.set_exception(error)
-
-    def close(self, timeout: float = 1.0) -> None:
-        """End the thread (within ``timeout``) and close the connection."""
-        with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._calls.put(None)
-            thread.join(timeout)  # the bound: the caller's
-        self.connection.close()
 
 
 class Turns:

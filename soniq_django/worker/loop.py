@@ -59,14 +59,9 @@ thread has a connection of its own only while its handlers use the ORM.
 (An atomic job's completion is the one final write on a job thread's own
 connection: the last statement of its handler's transaction.)
 The listener has its own (a LISTEN needs a session), and so does the
-scheduler. On PostgreSQL a large round (writes.py ``SPLIT_AT``: 16
-completions and 16 claims) writes its completions on the **partner
-connection** (connection.py ``PartnerConnection``, its own thread) while it
-claims on the shared one: two transactions at once (decision 0042). So a
-worker holds 1 + (job threads whose handlers use the database) + 1
-listener on PostgreSQL + 1 partner from the first large round + 1 with
-``--with-scheduler`` connections: 2 when handlers touch no database (3 once
-its rounds are large).
+scheduler. So a worker holds 1 + (job threads whose handlers use the
+database) + 1 listener on PostgreSQL + 1 with ``--with-scheduler``
+connections: 2 at any concurrency when handlers touch no database.
 
 Why the heartbeat shares it and lease renewals still never wait on a slow
 write: no turn lasts longer than one call, and no call longer than its
@@ -111,8 +106,8 @@ from . import leftovers, peers, planner, registration
 from .atomic import AtomicRunner, is_atomic
 from .capacity import Budget, Slots
 from .completer import BatchCompleter, InlineCompleter
-from .connection import (PartnerConnection, SharedConnection, handler_connections,
-                         on_own_connection, own_connection)
+from .connection import (SharedConnection, handler_connections, on_own_connection,
+                         own_connection)
 from .deadlines import Deadlines
 from .eventloop import EventLoop
 from .execution import Outcome, OutcomeKind, execute
@@ -178,14 +173,9 @@ class Worker:
         self.slots = Slots(concurrency)
         self.budget = Budget(max_jobs)
         self.throughput = ThroughputCounter()
-        # A second connection for the large rounds' completions (writes.py SPLIT_AT): several
-        # slots on PostgreSQL only (SQLite has one writer at a time).
-        self.partner = (PartnerConnection(using, self.stopping)
-                        if concurrency > 1 and connections[using].vendor == "postgresql"
-                        else None)
         self.writes = Writes(source=self.source, shared=self.shared, worker_id=self.worker_id,
                              queues=queues, budget=self.budget, throughput=self.throughput,
-                             stop=self.aborted, partner=self.partner)
+                             stop=self.aborted)
         self.atomic = AtomicRunner(self.writes, stop=self.aborted)
         completer = InlineCompleter if concurrency == 1 else BatchCompleter
         self.completer = completer(writes=self.writes, flights=self.flights, slots=self.slots,
@@ -261,8 +251,6 @@ class Worker:
             if self.listener is not None:
                 self.listener.interrupt()  # its wait ends now, not at the end of its slice
             self._end_threads(pool, background)
-            if self.partner is not None:  # the loop is over: no round calls on it any more
-                self.partner.close()
             last_word = _bounded(self._sign_off, SIGN_OFF_SECONDS)
             if last_word is None:
                 logger.warning("could not mark worker %s stopped within %g s", self.short_id,

@@ -26,7 +26,6 @@ from base64 import urlsafe_b64encode
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Any, NamedTuple
 
 from ..conf import get_settings
@@ -41,7 +40,7 @@ from ..throughput import ThroughputCounter
 from . import unknown
 from .bounds import lock_wait
 from .capacity import Budget
-from .connection import CallersConnection, PartnerConnection, SharedConnection
+from .connection import CallersConnection, SharedConnection
 from .execution import Outcome, OutcomeKind, settled
 from .execution import attempt_limit as _attempt_limit
 from .execution import default_max_attempts as _default_max_attempts
@@ -122,11 +121,6 @@ def nonces(count: int) -> list[str]:
     return [urlsafe_b64encode(raw[i:i + 16])[:22].decode() for i in range(0, 16 * count, 16)]
 
 
-#: A round with at least this many completions and as many claims writes the completions
-#: on the partner connection while it claims on the shared one (decision 0042).
-SPLIT_AT = 16
-
-
 @dataclass(frozen=True)
 class Answer:
     """What one round brought back: the jobs it claimed, out of ``asked``."""
@@ -167,11 +161,8 @@ class Writes:
     def __init__(self, *, source: OwnedJobSource, shared: SharedConnection | CallersConnection,
                  worker_id: str,
                  queues: list[str] | None, budget: Budget, throughput: ThroughputCounter,
-                 stop: threading.Event, partner: PartnerConnection | None = None):
+                 stop: threading.Event):
         self.source = shared.turns(source)
-        self.partner = partner
-        """Where a large round's completions go (``SPLIT_AT``); None: every round in one call."""
-        self._partner_source = partner.turns(source) if partner is not None else None
         self.shared = shared
         self.using = source.using
         self.worker_id = worker_id
@@ -203,7 +194,7 @@ class Writes:
             return Answer([], 0)
         jobs: list[ClaimedJob] = []
         try:
-            completed, jobs, unknown, held_back = self._calls(completions, tokens)
+            completed, jobs, unknown, held_back = self._call(completions, tokens)
         finally:
             self.budget.account(asked, len(jobs))
         deadline = time.monotonic() + 3 * float(get_settings().LEASE_SECONDS)
@@ -225,50 +216,22 @@ class Writes:
         with self.shared.turn():
             return tracing.carriers(self.using, [job.claim_fence.job_id for job in jobs])
 
-    def _calls(self, completions: list[tuple[QueueClaimFence, Any]], tokens: list[str]
-               ) -> tuple[Sequence[bool | None], list[ClaimedJob], bool, bool]:
-        """``_call``; a large round's completions on the partner connection, at once.
-
-        With ``SPLIT_AT`` completions and as many claims, the completions are
-        one transaction on the partner connection (its thread) and the claim
-        another on the shared one (this thread), sent together; the round
-        answers once both have. Each is fenced, committed, bounded, recovered
-        and retried as a call of its own (the completions as a round without
-        a claim: ``_call(completions, [])``), so the round's answer is the
-        one ``_call`` gives. A partner call that raised leaves its completions
-        unknown (None, reported as not known), never the claimed jobs.
-        """
-        partner, source = self.partner, self._partner_source
-        if (partner is None or source is None or len(completions) < SPLIT_AT
-                or len(tokens) < SPLIT_AT):
-            return self._call(completions, tokens)
-        other = partner.start(partial(self._call, completions, [], source))
-        try:
-            _, jobs, unknown, held_back = self._call([], tokens)
-        finally:
-            try:
-                completed = other.result()[0]
-            except Exception:
-                logger.exception("worker error while completing %d job(s)", len(completions))
-                completed = [None] * len(completions)
-        return completed, jobs, unknown, held_back
-
-    def _call(self, completions: list[tuple[QueueClaimFence, Any]], tokens: list[str],
-              source: Any = None) -> tuple[Sequence[bool | None], list[ClaimedJob], bool, bool]:
+    def _call(self, completions: list[tuple[QueueClaimFence, Any]], tokens: list[str]
+              ) -> tuple[Sequence[bool | None], list[ClaimedJob], bool, bool]:
         """(completion answers, claimed jobs, whether the claim stayed unknown, whether it was
-        held back by a lock); on ``source`` (the shared connection's unless given)."""
+        held back by a lock)."""
         wait = lock_wait()
-        source = self.source if source is None else source
         try:
             if completions and tokens:
-                completed, jobs = source.complete_many_and_claim_owned(
+                completed, jobs = self.source.complete_many_and_claim_owned(
                     completions, claim_tokens=tokens, pid=self.pid, queues=self.queues,
                     lock_wait=wait)
                 self._claimed_again()
                 return completed, jobs, False, False
             if completions:
-                return source.complete_many_owned(completions, lock_wait=wait), [], False, False
-            jobs = source.claim_many_owned(
+                return self.source.complete_many_owned(completions, lock_wait=wait), [], False, \
+                    False
+            jobs = self.source.claim_many_owned(
                 self.worker_id, claim_tokens=tokens, pid=self.pid, queues=self.queues,
                 lock_wait=wait)
             self._claimed_again()
