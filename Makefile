@@ -55,10 +55,11 @@ bench-quick: venv-main
 	$(PYTHON_VENV) -m bench.run --quick $(BENCH_ARGS)
 
 # Cost vs. queue depth (10k, 100k, 1M queued with scheduled and finished rows
-# mixed in) and vs. worker processes (1, 2, 4, 8): soniq_django alone, one
+# mixed in), beside 100k waiting dependents (issue 29; --waiting N, 0: none)
+# and vs. worker processes (1, 2, 4, 8): soniq_django alone, one
 # database soniq_bench_<pid>_scale, no peers. SCALE_ARGS passes options to
 # `python -m bench.scale` (see docs/performance.md#scale).
-#   make bench-scale        full run (~10 min on 2 cores; under 20)
+#   make bench-scale        full run (~11 min on 2 cores; under 20)
 #   make bench-scale-quick  10k and 100k, fewer rows and calls, P up to 4 (~3 min)
 SCALE_ARGS ?=
 
