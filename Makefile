@@ -55,10 +55,11 @@ bench-quick: venv-main
 	$(PYTHON_VENV) -m bench.run --quick $(BENCH_ARGS)
 
 # Cost vs. queue depth (10k, 100k, 1M queued with scheduled and finished rows
-# mixed in) and vs. worker processes (1, 2, 4, 8): soniq_django alone, one
+# mixed in), beside 100k waiting dependents (issue 29; --waiting N, 0: none)
+# and vs. worker processes (1, 2, 4, 8): soniq_django alone, one
 # database soniq_bench_<pid>_scale, no peers. SCALE_ARGS passes options to
 # `python -m bench.scale` (see docs/performance.md#scale).
-#   make bench-scale        full run (~10 min on 2 cores; under 20)
+#   make bench-scale        full run (~11 min on 2 cores; under 20)
 #   make bench-scale-quick  10k and 100k, fewer rows and calls, P up to 4 (~3 min)
 SCALE_ARGS ?=
 
@@ -93,10 +94,10 @@ bench-admin: venv-main
 # Chaos suite (tests/chaos/; see docs/reliability.md). Starts its own
 # throwaway PostgreSQL cluster (initdb/pg_ctl, a free port under /tmp),
 # restarts it on purpose and deletes it at the end. Short versions of the
-# three runs are part of `make test`. CHAOS_ARGS passes options to the plain
-# and effects runs, e.g. CHAOS_ARGS="--seed 42"; CHAOS_LIVENESS_ARGS to the
-# liveness run, e.g. "--rounds 5".
-#   make chaos              the three full runs, one after the other (~9 min)
+# four runs are part of `make test`. CHAOS_ARGS passes options to the plain,
+# effects and workflows runs, e.g. CHAOS_ARGS="--seed 42"; CHAOS_LIVENESS_ARGS
+# to the liveness run, e.g. "--rounds 5".
+#   make chaos              the four full runs, one after the other (~12 min)
 #   make chaos-plain        5,000 jobs, 4 workers, kills and restarts (~3 min)
 #   make chaos-effects      5,000 atomic jobs writing one effect row each, kills,
 #                           restarts, SIGSTOP past the lease, terminated backends
@@ -104,12 +105,17 @@ bench-admin: venv-main
 #   make chaos-liveness     a worker's running jobs through a locked settings row,
 #                           a lost COMMIT and a SIGSTOPped backend, 3 rounds each
 #                           (~2 min); each job runs once, other queues flow
+#   make chaos-workflows    10 batches of 200 with a callback and 1,500 jobs in a
+#                           random DAG of dependencies, kills, restarts, SIGSTOP,
+#                           terminated backends (~3 min); each callback once and
+#                           after its members, no dependent early, failed jobs'
+#                           dependents cancelled
 CHAOS_ARGS ?=
 CHAOS_LIVENESS_ARGS ?=
 
-.PHONY: chaos chaos-plain chaos-effects chaos-liveness
+.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows
 
-chaos: chaos-plain chaos-effects chaos-liveness
+chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows
 
 chaos-plain: venv-main
 	$(PYTHON_VENV) -m tests.chaos $(CHAOS_ARGS)
@@ -119,6 +125,9 @@ chaos-effects: venv-main
 
 chaos-liveness: venv-main
 	$(PYTHON_VENV) -m tests.chaos --liveness $(CHAOS_LIVENESS_ARGS)
+
+chaos-workflows: venv-main
+	$(PYTHON_VENV) -m tests.chaos --workflows $(CHAOS_ARGS)
 
 # Soak run (bench/soak.py; see docs/performance.md#hours-of-load). Starts its own
 # throwaway PostgreSQL cluster with stock settings (autovacuum on) under /tmp,

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import drain_race, raw, wal
+from bench import drain_race, raw, wal, workflows
 from bench.common import (
     connect,
     create_database,
@@ -472,6 +472,9 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
     if cfg.only == "wal":  # WAL bytes per job alone (bench/wal.py)
         wal.measure(cfg, systems, raw_db, res, run_workers)
         return
+    if cfg.only == "workflows":  # dependencies and batches against plain jobs
+        workflows.measure(cfg, soniq, res, run_workers, rep)
+        return
     if cfg.only == "atomic":  # the ceiling, then the plain and atomic write drains
         for conc in cfg.concurrency:
             fresh_raw(cfg.drain_jobs)
@@ -547,6 +550,8 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
 
     # WAL bytes per job over a job's life (deterministic enough on a busy machine).
     wal.measure(cfg, systems, raw_db, res, run_workers)
+    # What a dependency and a batch cost per job, against plain jobs.
+    workflows.measure(cfg, soniq, res, run_workers, rep)
 
     # Latency on an idle worker (the peers' in the first repetition only).
     for system in [soniq, *(peers if cfg.peer_latency and rep == 0 else [])]:
@@ -686,6 +691,7 @@ def render(cfg, res: Results, header: str) -> str:
                 target=f"price: {price}" if price else "")
     drain_race.render(cfg, res, lines, row, verdict)
     wal.render(cfg, res, lines, row)
+    workflows.render(cfg, res, lines, row, ratio, verdict)
     if cfg.only:
         return "\n".join(lines)
     row("latency enqueue→start p50 (idle worker)", "soniq.latency.p50", unit="ms",
@@ -758,13 +764,14 @@ def parse_args(argv):
     parser.add_argument("--soniq-rev", metavar="REV",
                         help="measure soniq_django as committed at REV (e.g. HEAD) instead of "
                              "the working tree")
-    parser.add_argument("--only", choices=["atomic", "drain", "wal"],
+    parser.add_argument("--only", choices=["atomic", "drain", "wal", "workflows"],
                         help="measure only these rows and their ceiling (drain: the drain "
                              "race, bench/drain_race.py, with pgqueuer unless --no-peers; "
                              "atomic: plain and "
                              "atomic jobs with a one-row write; no peers, latency or RSS; "
                              "wal: WAL bytes per job, bench/wal.py, with pgqueuer unless "
-                             "--no-peers)")
+                             "--no-peers; workflows: plain jobs against dependencies and "
+                             "batches, bench/workflows.py, soniq only)")
     parser.add_argument("--wal-jobs", type=int,
                         help="jobs per phase of the WAL rows (default 2000; quick 500)")
     parser.add_argument("--wal-concurrency", type=int, default=8,
@@ -851,7 +858,7 @@ def main(argv=None) -> int:
     systems = make_systems(pid, log_dir)
     if SONIQ_SOURCE:
         _check_snapshot_is_imported(systems["soniq"])
-    if cfg.no_peers or cfg.profile is not None or cfg.only == "atomic":
+    if cfg.no_peers or cfg.profile is not None or cfg.only in ("atomic", "workflows"):
         systems = {"soniq": systems["soniq"]}
     elif cfg.only in ("drain", "wal"):  # the race's (and the WAL rows') one peer
         systems = {name: systems[name] for name in ("soniq", "pgqueuer")}

@@ -1,6 +1,6 @@
 """What a claim costs as the queue grows, and as workers multiply: ``python -m bench.scale``.
 
-Three parts (issues 17 and 27, docs/performance.md "Scale"), against
+Four parts (issues 17, 27 and 29, docs/performance.md "Scale"), against
 databases of its own, ``soniq_bench_<pid>_scale*``, dropped at the end:
 
 1. **Depth.** For each depth N (10k, 100k, 1M): the table is bulk-loaded
@@ -31,6 +31,15 @@ databases of its own, ``soniq_bench_<pid>_scale*``, dropped at the end:
    20 ms: the wait events of the active backends, and which statement waits
    on a heavyweight lock (a claim, a completion, the throughput counter's
    upsert, the reaper).
+4. **Waiting dependents** (``--waiting N``, default 100k; issue 29 item 3).
+   10k queued jobs (and 1,000 jobs scheduled a day ahead) alone, and the
+   same beside N jobs waiting for those 1,000 (``soniq_enqueue_after``, one
+   dependency each: queued rows scheduled at 9999-01-01, with their
+   dependency and waits rows), in two databases. Measured as in part 2: the
+   claim's plan, its cost per call (interleaved, server time), claim→complete
+   throughput of the 10k, sizes. Target: the per-claim cost beside 100k
+   waiting dependents within 1.2× of none (the claim's cost must not grow
+   with the number of waiting dependents).
 """
 
 import argparse
@@ -110,7 +119,17 @@ SELECT gen_random_uuid(), 'bench.noop', jsonb_build_object('d', g), 'done', 1, 4
 """
 
 RESET_SQL = ("TRUNCATE soniq_jobs, soniq_dead_letter_jobs, soniq_workers, soniq_throughput, "
-             "soniq_queue_settings, soniq_queue_starts")
+             "soniq_queue_settings, soniq_queue_starts, soniq_job_dependencies, soniq_job_waits")
+
+#: Jobs waiting for the jobs scheduled a day ahead, through the SQL API (as an
+#: application's depends_on writes them): one dependency each, round robin.
+WAITING_SQL = """
+WITH deps AS (SELECT array_agg(id ORDER BY id) AS ids FROM soniq_jobs
+               WHERE status = 'queued' AND scheduled_at IS NOT NULL)
+SELECT count(soniq_enqueue_after(ARRAY[deps.ids[1 + g %% cardinality(deps.ids)]],
+                                 'bench.noop', jsonb_build_object('w', g)))
+  FROM deps, generate_series(1, %(count)s) AS g
+"""
 QUEUED_SQL = "SELECT count(*) FROM soniq_jobs WHERE status = 'queued' AND scheduled_at IS NULL"
 
 
@@ -403,6 +422,82 @@ def render_finished(cfg, cases: list[dict]) -> list[str]:
     return out
 
 
+# Part 4: waiting dependents --------------------------------------------------------
+
+
+def load_waiting(db: str, queued: int, waiting: int, batch: int = 20_000) -> float:
+    """Truncate, load ``queued`` jobs and 1,000 scheduled a day ahead, then ``waiting`` jobs
+    depending on those (in batches), VACUUM ANALYZE, CHECKPOINT; return seconds taken."""
+    started = time.perf_counter()
+    load(db, queued, 1000, 0)
+    with connect(db) as conn:
+        for offset in range(0, waiting, batch):
+            conn.execute(WAITING_SQL, {"count": min(batch, waiting - offset)})
+        if waiting:
+            found = conn.execute("SELECT count(*) FROM soniq_jobs WHERE status = 'queued' "
+                                 "AND scheduled_at >= '9999-01-01'").fetchone()[0]
+            if found != waiting:
+                raise RuntimeError(f"{found} waiting jobs loaded, not {waiting}")
+            conn.execute("VACUUM ANALYZE")
+            conn.execute("CHECKPOINT")
+    return time.perf_counter() - started
+
+
+def measure_waiting(cfg, cases: list[dict]) -> None:
+    """Both cases loaded, then plans, interleaved per-claim costs, throughput, sizes."""
+    for case in cases:
+        case["load_s"] = load_waiting(case["db"], cfg.waiting_queued, case["waiting"])
+        print(f"scale: {case['label']} loaded in {case['load_s']:.1f} s", flush=True)
+    plans = {c["db"]: claim_plan(c["db"]) for c in cases}
+    costs = claim_costs([c["db"] for c in cases], cfg.claims)
+    for case in cases:
+        rate = throughput(case["db"], cfg.connections, cfg.throughput_jobs)
+        plan, summary = plans[case["db"]]
+        case.update(plan=plan, summary=summary, cost=costs[case["db"]], rate=rate,
+                    sizes=relation_sizes(case["db"]))
+        with connect(case["db"]) as conn:
+            left = conn.execute("SELECT count(*) FROM soniq_jobs WHERE scheduled_at >= "
+                                "'9999-01-01' AND status = 'queued'").fetchone()[0]
+        if left != case["waiting"]:
+            raise RuntimeError(f"{case['label']}: {left} jobs still waiting, not "
+                               f"{case['waiting']}: a claim took a waiting job")
+        print(f"scale:   {case['label']:<32} claim {case['cost']['median']:.3f} ms (server "
+              f"{case['cost']['server']:.3f}), {rate:,.0f} jobs/s, plan {summary['index']} "
+              f"hit={summary['hit']} read={summary['read']}", flush=True)
+
+
+def render_waiting(cfg, cases: list[dict]) -> list[str]:
+    alone, beside = cases
+    out = [f"WAITING DEPENDENTS (issue 29: {cfg.waiting_queued:,} queued and 1,000 scheduled "
+           f"alone, and beside {beside['waiting']:,} jobs waiting for the scheduled ones; "
+           "claim = soniq_claim() alone, one connection, synchronous_commit off; "
+           f"throughput = claim+complete, {cfg.connections} connections, "
+           f"{cfg.throughput_jobs:,} jobs)"]
+    out.append(f"  {'case':<34} {'claim ms':>9} {'p90':>7} {'server ms':>9} {'jobs/s':>8}  "
+               "plan: index, buffers hit/read, ms; loaded in")
+    for case in cases:
+        c, s = case["cost"], case["summary"]
+        out.append(f"  {case['label']:<34} {c['median']:>9.3f} {c['p90']:>7.3f} "
+                   f"{c['server']:>9.3f} {case['rate']:>8,.0f}  {s['index']}, "
+                   f"{s['hit']}/{s['read']}, {s['ms']:.3f}; {case['load_s']:.0f} s")
+    out.append("  soniq_jobs sizes (MB), alone → beside:")
+    for name, size in beside["sizes"].items():
+        out.append(f"    {name:<40} {alone['sizes'].get(name, 0) / 1e6:>9.1f} → {size / 1e6:>9.1f}")
+    ratio = beside["cost"]["server"] / alone["cost"]["server"]
+    client = beside["cost"]["median"] / alone["cost"]["median"]
+    out.append(f"  per-claim cost beside {beside['waiting']:,} waiting dependents ÷ none (server "
+               f"time; client-timed median in brackets): {ratio:.2f}× ({client:.2f}×)  target "
+               f"≤1.20×: {_verdict(ratio, 1.2)}")
+    rate = beside["rate"] / alone["rate"]
+    out.append(f"  claim+complete throughput beside ÷ none: {rate:.2f}×  target ≥0.83× "
+               f"(1 ÷ 1.2): {'met' if rate >= 1 / 1.2 else 'MISSED'}")
+    out.append("")
+    out.append(f"CLAIM PLAN BESIDE {beside['waiting']:,} WAITING DEPENDENTS (auto_explain inside "
+               "soniq_claim, after 8 calls)")
+    out.extend("  " + line for line in beside["plan"].splitlines())
+    return out
+
+
 # Part 3: workers ----------------------------------------------------------------
 
 
@@ -686,6 +781,9 @@ def parse_args(argv):
     parser.add_argument("--finished", type=int, default=0,
                         help="part 2 with this many finished rows (make bench-finished: "
                              "10000000; default 0: no part 2)")
+    parser.add_argument("--waiting", type=int,
+                        help="part 4 with this many waiting dependents (default 100000; "
+                             "quick 20000; 0: no part 4)")
     cfg = parser.parse_args(argv)
     quick = cfg.quick
     default_depths = "10000,100000" if quick else "10000,100000,1000000"
@@ -701,6 +799,8 @@ def parse_args(argv):
     cfg.worker_jobs = 2000 if quick else 10_000
     cfg.worker_concurrency = 2
     cfg.finished_queued = 100_000
+    cfg.waiting = (20_000 if quick else 100_000) if cfg.waiting is None else cfg.waiting
+    cfg.waiting_queued = 10_000
     if min(cfg.depths) <= cfg.claims + cfg.throughput_jobs:
         parser.error(f"every depth must exceed {cfg.claims + cfg.throughput_jobs} jobs")
     return cfg
@@ -747,6 +847,16 @@ def main(argv=None) -> int:
                 create_database(case["db"], template=db)
                 copies.append(case["db"])
             measure_finished(cfg, finished)
+        waiting: list[dict] = []
+        if cfg.waiting:
+            waiting = [{"waiting": 0, "label": f"{cfg.waiting_queued:,} queued alone"},
+                       {"waiting": cfg.waiting,
+                        "label": f"beside {cfg.waiting:,} waiting dependents"}]
+            for index, case in enumerate(waiting):
+                case["db"] = f"{db}_w{index}"
+                create_database(case["db"], template=db)
+                copies.append(case["db"])
+            measure_waiting(cfg, waiting)
         workers = []
         if not cfg.no_workers:
             for processes in cfg.processes:
@@ -761,6 +871,8 @@ def main(argv=None) -> int:
             lines += ["", *render_depths(cfg, base, depths)]
         if finished:
             lines += ["", *render_finished(cfg, finished)]
+        if waiting:
+            lines += ["", *render_waiting(cfg, waiting)]
         if workers:
             lines += ["", *render_workers(cfg, workers)]
         print("\n".join(lines))

@@ -3,7 +3,8 @@
     python -m bench.soniq_tasks ACTION [COUNT]
 
 with DJANGO_SETTINGS_MODULE=bench.soniq_settings and BENCH_DB_NAME set.
-Actions: migrate, bulk N, latency N, callcost N (for --profile). Each prints
+Actions: migrate, bulk N, latency N, callcost N (for --profile), wf_plain N,
+wf_after_done N, wf_pairs N, wf_batch N (bench/workflows.py). Each prints
 one BENCH_RESULT line (bench/common.py). enqueue() one job per transaction is
 measured in the orchestrator itself, interleaved with the ceiling.
 """
@@ -54,11 +55,59 @@ def main(argv: list[str]) -> None:
             sent[i] = (before, time.time())
             time.sleep(gap * (0.5 + random.random()))
         emit(sent=sent)
+    elif action.startswith("wf_"):
+        emit(**_workflow_enqueue(action[3:], count))
     elif action == "callcost":
         emit(**_call_costs(count))
     else:
         raise SystemExit(f"unknown action {action!r}")
     connection.close()
+
+
+def _workflow_enqueue(kind: str, count: int) -> dict:
+    """Enqueue ``count`` no-op jobs, 100 per transaction, as bench/workflows.py's ``kind``
+    says; return the enqueue rate (jobs per second of the calls), the jobs the drain runs
+    and how many rows are done already."""
+    import uuid
+
+    from django.db import transaction
+
+    from soniq_django import batch, bulk_enqueue, enqueue
+    from soniq_django.producer.request import JobRequest
+
+    enqueue("bench.noop", {"i": -1})  # connect, warm up (a plain job: the drain runs it)
+    extra, done_before = 1, 0
+    depends_on = None
+    if kind == "after_done":
+        from django.db import connection
+
+        done = enqueue("bench.noop", {"i": -2})
+        with connection.cursor() as cursor:  # as if a worker had run it
+            cursor.execute("UPDATE soniq_jobs SET status = 'done' WHERE id = %s", [done])
+        depends_on, done_before = [done], 1
+    written = 0
+    started = time.perf_counter()
+    for start in range(0, count, 100):
+        if kind in ("plain", "after_done"):
+            written += len(bulk_enqueue([JobRequest("bench.noop", {"i": i}, depends_on=depends_on)
+                                         for i in range(start, start + 100)]))
+        elif kind == "pairs":
+            requests = []
+            for i in range(start, start + 100, 2):
+                first = uuid.uuid4()
+                requests += [JobRequest("bench.noop", {"i": i}, job_id=first),
+                             JobRequest("bench.noop", {"i": i + 1}, depends_on=[first])]
+            written += len(bulk_enqueue(requests))
+        elif kind == "batch":
+            with transaction.atomic():
+                info = batch([JobRequest("bench.noop", {"i": i})
+                              for i in range(start, start + 100)],
+                             on_complete=JobRequest("bench.noop", {"i": -3}))
+            written += len(info.job_ids) + 1
+        else:
+            raise SystemExit(f"unknown workflow kind {kind!r}")
+    elapsed = time.perf_counter() - started
+    return {"rate": count / elapsed, "jobs": written + extra, "done_before": done_before}
 
 
 def _call_costs(count: int) -> dict:

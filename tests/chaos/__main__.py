@@ -13,6 +13,17 @@ Two scenarios, the same driver and checker:
   landed, and none from a refused run. ``--effects --control`` registers the
   handler without ``atomic=True``: the checker must then FAIL (exit 1).
 
+- ``--workflows``: 10 batches of 200 ``chaos.work`` members, each with an
+  ``on_complete`` callback, and 1,500 jobs in a random DAG of dependencies
+  (chains, fan-in, jobs after a callback), 2 % of them failing for good, under
+  the effects run's faults (kills, restarts, SIGSTOPs past the lease,
+  terminated backends). The checker also proves every callback completed
+  exactly once and started after its last member ended, no dependent started
+  before its dependencies completed, and every dependent of a failed job was
+  cancelled with ``dependency_failed:<id>`` (tests/chaos/workflows.py).
+  ``--batches``, ``--batch-size`` and ``--dag-jobs`` size it (``--jobs`` does
+  not apply).
+
 - ``--liveness``: the liveness scenario (tests/chaos/liveness.py, issue 26):
   a worker with k long jobs running while a limited queue's settings row is
   locked for 3 leases, an atomic job's COMMIT is lost (the backend left idle
@@ -32,7 +43,7 @@ import signal
 import sys
 
 from .cluster import ClusterUnavailable
-from .driver import Config, effects_config, run
+from .driver import Config, effects_config, run, workflows_config
 
 
 def _interrupt(signum, frame):
@@ -47,6 +58,8 @@ def main(argv=None) -> int:
     parser.add_argument("--liveness", action="store_true",
                         help="the liveness scenario: a locked settings row, a lost COMMIT, "
                              "a stalled backend")
+    parser.add_argument("--workflows", action="store_true",
+                        help="the workflows scenario: batches with callbacks and a random DAG")
     parser.add_argument("--rounds", type=int, help="with --liveness: rounds of each fault "
                                                    "(default 3)")
     parser.add_argument("--running", type=int, help="with --liveness: jobs running on the "
@@ -55,7 +68,8 @@ def main(argv=None) -> int:
                         help="with --effects: the handler without atomic=True (must fail)")
     for name, kind in (("jobs", int), ("workers", int), ("concurrency", int), ("kills", int),
                        ("fast-restarts", int), ("immediate-restarts", int), ("stops", int),
-                       ("terminations", int), ("lease", float), ("heartbeat", float)):
+                       ("terminations", int), ("lease", float), ("heartbeat", float),
+                       ("batches", int), ("batch-size", int), ("dag-jobs", int)):
         parser.add_argument(f"--{name}", type=kind, help="(default: the scenario's)")
     parser.add_argument("--seed", type=int, help="replay a run's random choices")
     parser.add_argument("--keep-logs", metavar="DIR",
@@ -68,10 +82,16 @@ def main(argv=None) -> int:
     if args.liveness:
         return _liveness(args)
 
-    config = effects_config(control=args.control) if args.effects else Config()
+    if args.workflows and args.effects:
+        parser.error("--workflows and --effects are separate scenarios")
+    if args.workflows:
+        config = workflows_config()
+    else:
+        config = effects_config(control=args.control) if args.effects else Config()
     overrides = {field: value for field in (
         "jobs", "workers", "concurrency", "kills", "fast_restarts", "immediate_restarts",
-        "stops", "terminations", "lease", "heartbeat", "seed")
+        "stops", "terminations", "lease", "heartbeat", "seed", "batches", "batch_size",
+        "dag_jobs")
         if (value := getattr(args, field)) is not None}
     if args.keep_logs:
         overrides["log_dir"] = Path(args.keep_logs)

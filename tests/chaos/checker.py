@@ -56,6 +56,13 @@ transaction, no unique constraint -- it also proves:
    claims above), from a run that failed, or from one whose connection was
    terminated.
 
+In the workflows scenario (``expected``: job id -> the ending its plan gives
+it; tests/chaos/workflows.py) a job planned to fail for good may end in the
+dead letters and one planned to be cancelled by a failed dependency may end
+``cancelled`` (by the queued -> cancelled write of the dependency's
+trigger); every other rule holds as stated, and workflows.py's checker adds
+the workflow proofs.
+
 Executions beyond one per job are counted, not failed (they happen; their
 effects do not land), and so are the effects written by runs whose
 completion did not land (``effects_rolled_back``: noted by the handler over
@@ -79,6 +86,7 @@ class Report:
     enqueued: int = 0
     done: int = 0
     dead_lettered: int = 0
+    cancelled: int = 0  # workflows: cancelled by a failed dependency, as planned
     lost: int = 0
     unfinished: int = 0
     executions: int = 0
@@ -128,7 +136,8 @@ def _rows(conn, sql: str, params=None) -> list[dict]:
 
 def check(conn, *, restarts: list[dict] | None = None,
           survivors: dict[str, tuple[float, float]] | None = None,
-          effects: bool = False, stopped: list[dict] | None = None) -> Report:
+          effects: bool = False, stopped: list[dict] | None = None,
+          expected: dict | None = None) -> Report:
     """Check the chaos database behind ``conn`` (psycopg, any transaction state).
 
     ``restarts``: ``{"mode", "down", "up"}`` (unix times) per database restart.
@@ -137,7 +146,10 @@ def check(conn, *, restarts: list[dict] | None = None,
     ``effects``: the run was the effects scenario; check ``chaos_effects`` too.
     ``stopped``: ``{"job_id", "generation", ...}`` per claim a worker held
     while it was SIGSTOPped past its lease.
+    ``expected``: the workflows scenario's planned endings (job id -> ``done``,
+    ``dead_letter`` or ``cancelled``).
     """
+    expected = expected or {}
     report = Report()
     enqueued = {row["job_id"] for row in _rows(conn, "SELECT job_id FROM chaos_enqueued")}
     jobs = {row["id"]: row for row in _rows(
@@ -160,10 +172,14 @@ def check(conn, *, restarts: list[dict] | None = None,
             report.lost += 1
             report.violation(f"{job_id} lost: neither in soniq_jobs nor in the dead letters")
     for job_id, row in jobs.items():
-        if row["status"] != "done":
+        if row["status"] == "cancelled" and expected.get(job_id) == "cancelled":
+            report.cancelled += 1
+        elif row["status"] != "done":
             report.unfinished += 1
             report.violation(f"{job_id} ended {row['status']!r}, not done")
     for job_id, row in dead.items():
+        if expected.get(job_id) == "dead_letter":
+            continue
         report.violation(f"{job_id} dead-lettered ({row['dead_letter_reason']}): {row['err']!r}")
 
     # The basis of reading a claim's generation from current_job().attempts.
@@ -229,6 +245,8 @@ def check(conn, *, restarts: list[dict] | None = None,
             else:
                 report.violation(f"{job_id}: processing -> queued by an unknown write "
                                  f"({write['error_tail']!r})")
+        elif (old, new) == ("queued", "cancelled") and expected.get(job_id) == "cancelled":
+            pass  # a failed dependency's trigger cancelled it (workflows.py checks why)
         elif old in ("done", "cancelled"):
             report.violation(f"{job_id}: a finished ({old}) row changed to {new}")
         else:

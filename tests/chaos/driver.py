@@ -4,7 +4,10 @@
 2. Migrate it, add the chaos tables, enqueue the jobs (tests/chaos/prepare.py):
    ``chaos.work`` (tests/chaos/jobs.py), or in the effects scenario
    (``Config.effects``, ``effects_config()``) ``chaos.effect``, the atomic
-   job that writes one effect row (tests/chaos/effects.py).
+   job that writes one effect row (tests/chaos/effects.py), or in the
+   workflows scenario (``Config.workflows``, ``workflows_config()``)
+   ``chaos.work`` jobs in batches with callbacks and a random DAG of
+   dependencies (tests/chaos/workflows.py).
 3. Start ``workers`` processes of ``manage.py soniq_worker --concurrency N``
    with a short lease, fast heartbeats and short retry backoffs.
 4. At random points of the drain (random fractions of the jobs finished,
@@ -30,6 +33,7 @@
 ``python -m tests.chaos`` is the command-line entry point.
 """
 
+import dataclasses
 import json
 import os
 import random
@@ -45,6 +49,7 @@ import psycopg
 
 from .checker import Report, check
 from .cluster import Cluster
+from .workflows import WorkflowReport, check_workflows, expected_endings, plan, summary_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,6 +132,12 @@ class Config:
     stops: int = 0                                    # SIGSTOP a worker past its lease, SIGCONT
     stop_leases: tuple[float, float] = (1.75, 2.75)   # how long it stays stopped, in leases
     terminations: int = 0                             # pg_terminate_backend events (1-3 each)
+    # The workflows scenario (workflows_config()): ``jobs`` becomes the plan's job count.
+    workflows: bool = False
+    batches: int = 0                                  # batches with an on_complete callback
+    batch_size: int = 200
+    dag_jobs: int = 0                                 # jobs with depends_on (chains, fan-in)
+    fail_fraction: float = 0.02                       # members/DAG jobs failing every attempt
 
 
 def effects_config(**overrides) -> Config:
@@ -138,6 +149,21 @@ def effects_config(**overrides) -> Config:
     """
     values = dict(effects=True, stops=3, terminations=8, job_seconds=(0.05, 0.5),
                   long_fraction=0.0)
+    values.update(overrides)
+    return Config(**values)
+
+
+def workflows_config(**overrides) -> Config:
+    """The full workflows run's defaults (``python -m tests.chaos --workflows``).
+
+    10 batches of 200 members with a callback each and 1,500 DAG jobs
+    (chains, fan-in, jobs after a callback), 2 % of members and DAG jobs
+    failing for good (their dependents cancelled down the graph), under the
+    effects run's faults: kills, restarts, SIGSTOPs past the lease and
+    terminated backends.
+    """
+    values = dict(workflows=True, batches=10, batch_size=200, dag_jobs=1500, stops=3,
+                  terminations=8, job_seconds=(0.02, 0.3), long_fraction=0.01)
     values.update(overrides)
     return Config(**values)
 
@@ -476,6 +502,14 @@ class Chaos:
 
     def prepare(self) -> None:
         c = self.config
+        if c.workflows:
+            drawn = plan(self.rng, batches=c.batches, batch_size=c.batch_size,
+                         dag_jobs=c.dag_jobs, job_seconds=c.job_seconds,
+                         fail_fraction=c.fail_fraction, flaky_fraction=c.flaky_fraction,
+                         long_fraction=c.long_fraction, long_seconds=c.long_seconds)
+            self.config = dataclasses.replace(c, jobs=drawn.jobs)
+            self._prepare({"workflow": drawn.nodes})
+            return
         specs = []
         for n in range(c.jobs):
             long = self.rng.random() < c.long_fraction
@@ -484,6 +518,9 @@ class Chaos:
             if self.rng.random() < c.flaky_fraction:
                 spec["fail_first"] = True
             specs.append(spec)
+        self._prepare(specs)
+
+    def _prepare(self, specs) -> None:
         spec_path = self.log_dir / "jobs.json"
         spec_path.write_text(json.dumps(specs))
         result = subprocess.run(
@@ -499,6 +536,7 @@ class Chaos:
         c = self.config
         started = time.monotonic()
         self.prepare()
+        c = self.config  # the workflows scenario's job count is the plan's
         for _ in range(c.workers):
             self.start_worker()
         for proc in list(self.procs):
@@ -594,6 +632,7 @@ class Chaos:
 class Outcome:
     facts: Facts
     report: Report
+    workflows: WorkflowReport | None = None
 
     @property
     def ok(self) -> bool:
@@ -612,7 +651,9 @@ class Outcome:
             f"chaos run (seed {f.seed}): {r.enqueued} jobs drained in {f.drain_seconds:.1f} s "
             f"({f.total_seconds:.1f} s in all)",
             f"  jobs:                    {r.enqueued} enqueued, {r.done} done, "
-            f"{r.dead_lettered} dead-lettered, {r.unfinished} unfinished",
+            f"{r.dead_lettered} dead-lettered, "
+            + (f"{r.cancelled} cancelled (a dependency failed), " if self.workflows else "")
+            + f"{r.unfinished} unfinished",
             f"  kills:                   {f.kills} SIGKILL ({f.kills_while_down} while "
             "PostgreSQL was down), each replaced",
             f"  restarts:                {f.restarts_total} (fast {f.restarts_fast} / "
@@ -633,6 +674,7 @@ class Outcome:
             f"  completions applied:     {r.completions_applied} (jobs completed twice: "
             f"{r.double_completions})",
             *self._effects_lines(),
+            *(summary_lines(self.workflows) if self.workflows else []),
             f"  lost = {r.lost}",
             f"  stale writes applied = {r.stale_writes_applied}",
             f"  workers not recovering after a restart: {r.workers_not_recovered}; "
@@ -696,9 +738,12 @@ def run(config: Config, say=print, inspect=None) -> Outcome:
             facts = chaos.run()
             facts.log_dir = str(log_dir)
             with psycopg.connect(cluster.url()) as conn:
+                expected = expected_endings(conn) if config.workflows else None
                 report = check(conn, restarts=facts.restarts, survivors=chaos.survivors(),
-                               effects=config.effects, stopped=facts.stopped_claims)
-            outcome = Outcome(facts, report)
+                               effects=config.effects, stopped=facts.stopped_claims,
+                               expected=expected)
+                flows = check_workflows(conn, report) if config.workflows else None
+            outcome = Outcome(facts, report, flows)
             if inspect is not None:
                 inspect(cluster.url(), outcome)
             ok = outcome.ok

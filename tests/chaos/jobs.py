@@ -16,6 +16,13 @@ Then it does its "work" -- touches Django's connection like a real handler
 and sleeps -- and returns a result naming its job, generation and execution.
 A handler failure raises ``chaos-failure gen=<generation>`` so the failure's
 write names its generation too.
+
+It notes on its execution row the backend of Django's connection and until
+when it sleeps (how the driver aims ``pg_terminate_backend`` at a job
+connection mid-run or at its completion). In the workflows scenario
+(tests/chaos/workflows.py) a job with ``fail_always`` fails every attempt,
+and a batch's callback (``callback=True``) reads ``current_job().batch()``
+and returns how many members it saw and how many of them unfinished.
 """
 
 import os
@@ -47,6 +54,9 @@ SELECT %(exec)s, %(job)s, %(attempt)s, %(pid)s,
 ON CONFLICT (exec_id) DO NOTHING
 """
 FINISH_SQL = "UPDATE chaos_executions SET finished_at = clock_timestamp() WHERE exec_id = %s"
+NOTE_SQL = ("UPDATE chaos_executions SET backend_pid = %s, "
+            "sleep_until = clock_timestamp() + make_interval(secs => %s) WHERE exec_id = %s")
+FINISHED = ("done", "cancelled", "dead_letter")
 
 
 def execute_own(sql: str, params, deadline: float) -> bool:
@@ -77,7 +87,8 @@ def execute_own(sql: str, params, deadline: float) -> bool:
 
 
 @job(name="chaos.work")
-def work(n: int, seconds: float, fail_first: bool = False) -> dict:
+def work(n: int, seconds: float, fail_first: bool = False, fail_always: bool = False,
+         callback: bool = False) -> dict:
     context = current_job()
     generation = context.attempts
     exec_id = str(uuid.uuid4())
@@ -90,13 +101,22 @@ def work(n: int, seconds: float, fail_first: bool = False) -> dict:
     try:
         if fail_first and generation == 1:
             raise ValueError("the first attempt of this job fails on purpose")
+        if fail_always:
+            raise ValueError("this job fails every attempt on purpose")
         from django.db import connection
 
         with connection.cursor() as cursor:  # a real handler's query
-            cursor.execute("SELECT 1")
+            cursor.execute("SELECT pg_backend_pid()")
+            backend_pid = cursor.fetchone()[0]
+        execute_own(NOTE_SQL, (backend_pid, seconds, exec_id), time.monotonic() + 5)
+        seen = None
+        if callback:
+            members = context.batch() or []
+            seen = {"members": len(members),
+                    "members_unfinished": sum(1 for m in members if m.status not in FINISHED)}
         time.sleep(seconds)
     except Exception as error:
         raise RuntimeError(f"chaos-failure gen={generation} exec={exec_id}") from error
     execute_own(FINISH_SQL, (exec_id,), time.monotonic() + 10)
     return {"job": context.job_id, "generation": generation, "exec": exec_id,
-            "pid": os.getpid(), "n": n}
+            "pid": os.getpid(), "n": n, **(seen or {})}

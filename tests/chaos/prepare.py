@@ -4,6 +4,8 @@ Run by the driver as ``python -m tests.chaos.prepare SPEC.json [JOB_NAME]`` with
 ``DJANGO_SETTINGS_MODULE=tests.chaos.settings`` and the cluster's URL in
 ``SONIQ_WORKER_DATABASE_URL``. SPEC.json is a list of the job's args; the
 job is ``chaos.work`` unless JOB_NAME says otherwise (``chaos.effect``).
+A SPEC.json that is an object ``{"workflow": [...]}`` is the workflows
+scenario's plan, enqueued by tests/chaos/workflows.py's ``prepare``.
 The jobs go in with ``bulk_enqueue`` (the public Python API), in the same
 transaction as their ids' copy in ``chaos_enqueued``: what the checker
 counts is exactly what was committed.
@@ -29,6 +31,11 @@ def main(spec_path: str, job_name: str = "chaos.work") -> None:
         cursor.execute(SCHEMA_SQL)
     with open(spec_path) as f:
         specs = json.load(f)
+    if isinstance(specs, dict):
+        from tests.chaos.workflows import prepare
+
+        print(f"enqueued {prepare(specs['workflow'])}")
+        return
     for start in range(0, len(specs), 2000):
         chunk = specs[start:start + 2000]
         with transaction.atomic():

@@ -26,6 +26,17 @@ may run once more, its effect lands once), every job finish within 6 leases
 of its fault, and the other queue's jobs enqueued during a fault start
 within 1.5 leases.
 
+The workflows run (tests/chaos/workflows.py, issue 29): two batches of 200
+members with an ``on_complete`` callback each and 200 jobs in a random DAG
+of dependencies (chains, fan-in, jobs after a callback; some jobs failing
+for good), through a SIGKILL, a fast restart, a worker SIGSTOPped past its
+lease and a round of terminated backends. Every callback must complete
+exactly once, after its last member ended; no dependent start before its
+dependencies completed; every dependent of a failed job be cancelled with
+``dependency_failed:<id>``; nothing be lost. Then the checker is shown a
+callback completed twice and run early, a dependent run early, a wrong
+cancellation and a leftover counter, and must report each.
+
 The full runs are ``python -m tests.chaos`` (``make chaos``). Under CI=true a
 machine that cannot host the private cluster fails this test; elsewhere it
 is skipped with the reason.
@@ -40,7 +51,8 @@ import pytest
 from tests.chaos.checker import Report, check
 from tests.support.ci import unavailable
 from tests.chaos.cluster import Cluster, ClusterUnavailable
-from tests.chaos.driver import Config, Outcome, effects_config, run
+from tests.chaos.driver import Config, Outcome, effects_config, run, workflows_config
+from tests.chaos.workflows import check_workflows, expected_endings
 from tests.chaos.liveness import LivenessConfig
 from tests.chaos.liveness import run as run_liveness
 
@@ -226,3 +238,100 @@ def test_short_liveness_run_runs_each_job_once_through_locks_lost_commits_and_st
     assert all(r.injected and r.settled for r in outcome.rounds)
     lost = outcome.rounds[1].lost_commit
     assert lost is not None and outcome.executions[lost] in (1, 2)
+
+
+WORKFLOWS_SHORT = workflows_config(
+    batches=2, batch_size=200, dag_jobs=200, workers=4, concurrency=2, kills=1,
+    fast_restarts=1, immediate_restarts=0, stops=1, terminations=1, job_seconds=(0.03, 0.2),
+    long_fraction=0.0, fail_fraction=0.03, downtime=(0.5, 1.5), long_outages=0,
+    window=(0.05, 0.4), drain_timeout=150.0, stall_timeout=60.0,
+)
+
+
+def _workflow_report(url: str, *steps):
+    """The base and workflow checkers' reports with ``steps`` applied, then rolled back."""
+    with psycopg.connect(url) as conn:
+        try:
+            for sql, params in steps:
+                conn.execute(sql, params)
+            report = check(conn, expected=expected_endings(conn))
+            return report, check_workflows(conn, report)
+        finally:
+            conn.rollback()
+
+
+def _show_the_checker_workflow_bugs(url: str, outcome: Outcome) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        callback, batch = conn.execute(
+            "SELECT job_id, batch FROM chaos_workflow WHERE kind = 'callback' "
+            "ORDER BY job_id LIMIT 1").fetchone()
+        member_done = conn.execute(
+            "SELECT w.at FROM chaos_writes AS w JOIN chaos_workflow AS c ON c.job_id = w.job_id "
+            "WHERE c.kind = 'member' AND c.batch = %s AND w.new_status = 'done' "
+            "ORDER BY w.at DESC LIMIT 1", (batch,)).fetchone()[0]
+        dependent, dependency = conn.execute(
+            "SELECT c.job_id, c.deps[1] FROM chaos_workflow AS c JOIN soniq_jobs AS j "
+            "ON j.id = c.job_id WHERE j.status = 'done' AND cardinality(c.deps) > 0 "
+            "ORDER BY c.job_id LIMIT 1").fetchone()
+        cancelled = conn.execute(
+            "SELECT id FROM soniq_jobs WHERE status = 'cancelled' ORDER BY id LIMIT 1"
+        ).fetchone()[0]
+
+    # The callback's completion applied a second time: the chord fired twice.
+    twice, flows = _workflow_report(url, (
+        "INSERT INTO chaos_writes (job_id, op, old_status, new_status, old_generation, "
+        "new_generation, result_generation) SELECT id, 'update', 'processing', 'done', "
+        "claim_generation, claim_generation, claim_generation FROM soniq_jobs WHERE id = %s",
+        (callback,)))
+    assert flows.callbacks_completed_once == flows.batches - 1 and not twice.ok
+
+    # The callback ran before its last member ended: the chord fired early.
+    early, flows = _workflow_report(url, (
+        "INSERT INTO chaos_executions (exec_id, job_id, attempt, pid, started_at) VALUES "
+        "(gen_random_uuid(), %s, 0, 1, %s - interval '1 ms')", (callback, member_done)))
+    assert flows.callbacks_early == 1 and not early.ok
+
+    # A dependent started before its dependency's completion.
+    before, flows = _workflow_report(url, (
+        "UPDATE chaos_executions SET started_at = (SELECT min(at) - interval '1 ms' "
+        "FROM chaos_writes WHERE job_id = %s AND new_status = 'done') WHERE job_id = %s",
+        (dependency, dependent)))
+    assert flows.dependents_early == 1 and not before.ok
+
+    # A job cancelled for a reason other than a failed dependency of its own.
+    wrong, flows = _workflow_report(url, (
+        "UPDATE soniq_jobs SET last_error = 'dependency_failed:' || %s WHERE id = %s",
+        (str(dependent), cancelled)))
+    assert flows.cancelled_bad == 1 and not wrong.ok
+
+    # A waits counter left behind: a dependent that would never be released.
+    left, flows = _workflow_report(url, (
+        "INSERT INTO soniq_job_waits (job_id, pending, run_at, created_at) "
+        "VALUES (%s, 1, NULL, now())",
+        (dependent,)))
+    assert flows.counters_left == 1 and not left.ok
+
+    # Untouched, the same database checks clean.
+    clean, flows = _workflow_report(url)
+    assert clean.ok and flows.callbacks_completed_once == flows.batches
+
+
+def test_short_workflows_run_fires_each_callback_once_and_no_dependent_early(tmp_path):
+    _require_a_private_cluster()
+    started = time.monotonic()
+    outcome = run(dataclasses.replace(WORKFLOWS_SHORT, log_dir=tmp_path), say=print,
+                  inspect=_show_the_checker_workflow_bugs)
+    print(outcome.summary())
+    print(f"short workflows chaos run: {time.monotonic() - started:.1f} s")
+    assert outcome.ok, "\n".join(outcome.failures()[:40])
+
+    facts, report, flows = outcome.facts, outcome.report, outcome.workflows
+    assert facts.kills >= 1 and facts.restarts_fast == 1 and facts.stops == 1
+    assert flows.batches == 2 and flows.members == 400 and flows.dag_jobs == 200
+    assert flows.callbacks_completed_once == 2 and flows.callbacks_early == 0
+    assert flows.dependents_early == 0 and flows.not_as_expected == 0
+    assert flows.cancelled_bad == 0 and flows.cancelled_ran == 0 and flows.counters_left == 0
+    assert flows.expected["dead_letter"] >= 1 and flows.expected["cancelled"] >= 1
+    assert report.lost == 0 and report.unfinished == 0 and report.double_completions == 0
+    assert report.done + report.dead_lettered + report.cancelled == report.enqueued == 602
+    assert report.unexplained_duplicates == 0 and report.stale_writes_applied == 0
