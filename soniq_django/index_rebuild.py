@@ -73,11 +73,12 @@ MAX_PASSES = 2
 ADVISORY_KEY = 27
 ADVISORY_SQL = "(%s::regclass::oid::bigint << 8) | " + str(ADVISORY_KEY)
 
-#: The next transaction id, and whether a snapshot older than ``mark`` (a 32-bit transaction
-#: id from the previous look, or NULL) holds the horizon of soniq_jobs: a session's in this
-#: database, or one of no database (a walsender's: a standby's hot_standby_feedback without a
-#: slot), as vacuum reckons it (a session in another database holds only the shared
-#: catalogs), a replication slot's, a prepared transaction's. Every role may read these.
+#: The next transaction id, and whether something older than ``mark`` (a 32-bit transaction
+#: id from the previous look, or NULL) holds the horizon of soniq_jobs, as vacuum reckons it:
+#: a snapshot of a session in this database, or of one in no database (a walsender's: a
+#: standby's hot_standby_feedback without a slot) -- a snapshot in another database holds
+#: only the shared catalogs -- the transaction id of a writing session in any database, a
+#: replication slot's, a prepared transaction's. Every role may read these.
 HORIZON_SQL = """
 SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text,
        %(mark)s::text IS NOT NULL AND EXISTS (
@@ -86,6 +87,9 @@ SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text,
                            AND (datid IS NULL OR datid = (
                                 SELECT oid FROM pg_catalog.pg_database
                                  WHERE datname = pg_catalog.current_database()))
+                        UNION ALL
+                        SELECT backend_xid FROM pg_catalog.pg_stat_activity
+                         WHERE pid <> pg_catalog.pg_backend_pid()
                         UNION ALL
                         SELECT xmin FROM pg_catalog.pg_replication_slots
                         UNION ALL

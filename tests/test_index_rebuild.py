@@ -16,7 +16,7 @@ from django.test import override_settings
 from soniq_django import index_rebuild
 from soniq_django.index_rebuild import HorizonWatch, bloated, rebuild_bloated
 from soniq_django.worker.rebuilds import Rebuilds
-from tests.support.sql import raw
+from tests.support.sql import raw, wait_for_older_transactions
 
 #: Rows through the table; the share of them left.
 ROWS = 10000
@@ -30,6 +30,7 @@ def fill(conn, rows=ROWS):
                  "FROM generate_series(1, %s) AS g", [rows])
     conn.execute("UPDATE soniq_jobs SET created_at = created_at + (args->>'n')::int "
                  "* interval '1 ms' WHERE job_name = 'rebuild.job'")
+    wait_for_older_transactions(conn)  # else VACUUM FULL keeps the old versions too
     conn.execute("VACUUM FULL soniq_jobs")
 
 
@@ -196,9 +197,14 @@ def test_the_watch_tells_when_a_pin_older_than_its_last_look_ends():
             busy.execute("SELECT pg_current_xact_id()")  # the server moves on
             assert watch.look(cursor) is False and watch.pinned  # older than the last look
             pin.execute("ROLLBACK")
+            # Each look that must find the horizon free first lets the writes of other
+            # sessions on this server (another test run's) end: they hold it as well.
             for _ in range(index_rebuild.SETTLE_LOOKS - 1):
+                wait_for_older_transactions(busy)
                 assert watch.look(cursor) is False  # released: vacuum's turn first
+            wait_for_older_transactions(busy)
             assert watch.look(cursor) is True  # a rebuild is due
+            wait_for_older_transactions(busy)
             assert watch.look(cursor) is True  # until one reports back
             watch.done()
             assert watch.look(cursor) is False
@@ -206,10 +212,11 @@ def test_the_watch_tells_when_a_pin_older_than_its_last_look_ends():
 
 @pytest.mark.postgresql_only
 @pytest.mark.django_db(transaction=True)
-def test_a_snapshot_in_another_database_is_no_pin():
-    """Vacuum of soniq_jobs does not wait for a session of another database (only the shared
-    catalogs do), so neither does the watch: a report on the cluster's other database, or the
-    other test runs on one server, never make workers rebuild."""
+def test_a_snapshot_in_another_database_is_no_pin_but_its_transaction_id_is():
+    """Vacuum of soniq_jobs does not wait for a snapshot of another database's session (only
+    the shared catalogs do), so neither does the watch: a read-only report on the cluster's
+    other database never makes workers rebuild. A transaction there that wrote (it has a
+    transaction id) holds every database's horizon, and the watch sees that."""
     watch = HorizonWatch()
     with raw(dbname="postgres") as elsewhere, raw() as busy, connection.cursor() as cursor:
         watch.look(cursor)
@@ -218,7 +225,13 @@ def test_a_snapshot_in_another_database_is_no_pin():
         busy.execute("SELECT pg_current_xact_id()")
         watch.look(cursor)
         busy.execute("SELECT pg_current_xact_id()")
+        wait_for_older_transactions(busy)  # another test run's writes would hold it too
         assert watch.look(cursor) is False and not watch.pinned
+        elsewhere.execute("SELECT pg_current_xact_id()")  # now it has one
+        busy.execute("SELECT pg_current_xact_id()")
+        watch.look(cursor)
+        busy.execute("SELECT pg_current_xact_id()")
+        assert watch.look(cursor) is False and watch.pinned
         elsewhere.execute("ROLLBACK")
 
 
@@ -245,7 +258,9 @@ def test_a_worker_rebuilds_after_a_pin_ends_and_not_while_it_is_held(small_thres
         bloat(conn)
         before = size(conn, "soniq_jobs_pkey")
 
-        def look():
+        def look(free=False):
+            if free:  # other sessions' writes on this server hold the horizon too
+                wait_for_older_transactions(conn)
             rebuilds._next_look = 0.0
             rebuilds.look(1.0)
             if rebuilds._thread is not None:
@@ -261,12 +276,12 @@ def test_a_worker_rebuilds_after_a_pin_ends_and_not_while_it_is_held(small_thres
         assert size(conn, "soniq_jobs_pkey") == before
         pin.execute("ROLLBACK")
         for _ in range(index_rebuild.SETTLE_LOOKS - 1):
-            look()
+            look(free=True)
         assert rebuilds._thread is None and size(conn, "soniq_jobs_pkey") == before
-        look()
+        look(free=True)
         assert rebuilds._thread is not None and rebuilds.watch.due  # one more pass next look
         assert size(conn, "soniq_jobs_pkey") < before / 3
-        look()  # the second pass is the last
+        look(free=True)  # the second pass is the last
         assert not rebuilds.watch.due and rebuilds._passes == 0
     shared.close()
 

@@ -12,6 +12,7 @@ The SQL API tests talk to PostgreSQL in two ways:
 """
 
 import contextlib
+import time
 import subprocess
 import shutil
 import os
@@ -84,6 +85,28 @@ def raw(*, autocommit: bool = True, **overrides):
         yield conn
     finally:
         conn.close()
+
+
+def wait_for_older_transactions(conn: psycopg.Connection, within: float = 90) -> None:
+    """Wait until every transaction that held back vacuum's horizon when called has ended.
+
+    A test that needs dead rows removable (no pin) runs on a server other
+    sessions use too: the other lane of scripts/run-tests, in its own
+    database. A snapshot there holds nothing of ours, but a transaction that
+    wrote (it has a transaction id) holds every database's horizon until it
+    ends. Fails after ``within`` seconds, naming how long the oldest has run.
+    """
+    mark = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0]
+    older = """SELECT max(now() - xact_start) FROM pg_stat_activity
+                WHERE pid <> pg_backend_pid()
+                  AND (age(backend_xid) >= age(%(mark)s::text::xid)
+                       OR (datname = current_database()
+                           AND age(backend_xmin) >= age(%(mark)s::text::xid)))"""
+    deadline = time.monotonic() + within
+    while (running := conn.execute(older, {"mark": str(int(mark) % 2**32)}).fetchone()[0]):
+        assert time.monotonic() < deadline, (
+            f"another session's transaction held the horizon for {within} s (oldest: {running})")
+        time.sleep(0.1)
 
 
 def pg_error(exc: BaseException) -> psycopg.Error:
