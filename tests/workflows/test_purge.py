@@ -11,7 +11,7 @@ import time
 import uuid
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from soniq_django import JobRequest, batch, chain, enqueue, get_job, job
