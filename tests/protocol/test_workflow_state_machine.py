@@ -293,6 +293,7 @@ class Workflows(RuleBasedStateMachine):
                 raise AssertionError(f"the callback {model.label} never fired")
 
 
+@pytest.mark.version_independent  # a long stateful run: Django 5.2 passes only, as the protocol's
 def test_workflow_state_machine():
     with override_settings(SONIQ=SONIQ):
         run_state_machine_as_test(Workflows, settings=SETTINGS)
@@ -327,6 +328,7 @@ class WorkflowsFromABatch(Workflows):
         self.make_batch(2)
 
 
+@pytest.mark.version_independent
 @pytest.mark.postgresql_only
 def test_the_model_finds_a_callback_count_read_without_the_row_lock():
     from soniq_django.sql import released_function
