@@ -10,6 +10,9 @@ PRODUCER_FUNCTIONS = (
     "soniq_get_job(uuid)",
     "soniq_args_hash(jsonb)",
     "soniq_enqueue_many(jsonb)",
+    # producer_api_v5.sql (migration 0025_workflows): enqueue with depends_on.
+    "soniq_enqueue_after(uuid[], text, jsonb, text, integer, timestamptz, integer, boolean, text,"
+    " text, uuid, boolean, double precision)",
 )
 
 

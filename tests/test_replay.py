@@ -302,8 +302,8 @@ def test_a_replay_waits_for_the_dead_letter_lock_then_sees_the_job_live():
 @pytest.mark.postgresql_only
 def test_dead_letter_table_has_no_trigger_that_could_skip_the_count():
     # Only a BEFORE (bit 1) or INSTEAD OF (bit 6) trigger can skip a row; the
-    # AFTER DELETE statement triggers of the attempt history, the trace contexts
-    # and the progress, and the AFTER INSERT one that wakes a job's waiters, cannot.
+    # AFTER triggers -- the attempt history's, the trace contexts', the waiters'
+    # notice (0024), the progress rows' and the workflow rows' purge (0026) -- cannot.
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal"
@@ -316,7 +316,8 @@ def test_dead_letter_table_has_no_trigger_that_could_skip_the_count():
         assert cursor.fetchall() == [("soniq_attempts_dead_letter_gone",),
                                      ("soniq_job_dead_lettered",),
                                      ("soniq_job_progress_dead_letter_gone",),
-                                     ("soniq_job_trace_dead_letter_gone",)]
+                                     ("soniq_job_trace_dead_letter_gone",),
+                                     ("soniq_workflow_dead_letter_gone",)]
 
 
 # The command --------------------------------------------------------------------

@@ -29,6 +29,7 @@ from . import scale
 from .timeline import dead_letter_events, error_summary, job_events, job_url, render_timeline
 from .timeline import worker_link
 from .display import plural, pre, pretty_json, sentence, visible, when
+from .workflow import Links, render_workflow
 
 
 class _RowsChangeList(OnlyListedColumns):
@@ -278,6 +279,7 @@ class JobAdmin(PageActions, AllMatching, _JobRowAdmin):
                            "attempts_of_max", "scheduled_at", "created_at", "updated_at",
                            "expires_at", "dead_letter_link")}),
         ("Timeline", {"fields": ("timeline",)}),
+        ("Workflow", {"fields": ("workflow",)}),
         ("Arguments and outcome", {"fields": ("args_pretty", "progress_shown", "result_pretty",
                                               "last_error_pre")}),
         ("Producer and deduplication", {"fields": ("producer_id", "unique_job", "args_hash",
@@ -290,11 +292,12 @@ class JobAdmin(PageActions, AllMatching, _JobRowAdmin):
                               "classes": ("collapse",)}),
     )
     readonly_fields = (*(f for _, options in fieldsets for f in options["fields"]),
-                       "timeline_without_dead_letter")
+                       "timeline_without_dead_letter", "workflow_without_dead_letter")
 
     #: What a user the dead-letter admin refuses sees instead: no link to the dead letter,
     #: and a timeline without its reason, error and replays.
-    WITHOUT_DEAD_LETTER = {"dead_letter_link": None, "timeline": "timeline_without_dead_letter"}
+    WITHOUT_DEAD_LETTER = {"dead_letter_link": None, "timeline": "timeline_without_dead_letter",
+                           "workflow": "workflow_without_dead_letter"}
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return super().get_queryset(request).defer("claim_token")
@@ -349,6 +352,14 @@ class JobAdmin(PageActions, AllMatching, _JobRowAdmin):
     @admin.display(description="timeline")
     def timeline_without_dead_letter(self, obj: Job) -> str:
         return render_timeline(job_events(obj, dead_letters=False))
+
+    @admin.display(description="workflow")
+    def workflow(self, obj: Job) -> str:
+        return render_workflow(obj.id, self._using(obj), Links(jobs=True, dead_letters=True))
+
+    @admin.display(description="workflow")
+    def workflow_without_dead_letter(self, obj: Job) -> str:
+        return render_workflow(obj.id, self._using(obj), Links(jobs=True, dead_letters=False))
 
     @staticmethod
     def _using(obj: Job) -> str:
@@ -436,12 +447,32 @@ class DeadLetterJobAdmin(PageActions, AllMatching, _JobRowAdmin):
                            "attempts_of_max", "original_created_at", "moved_to_dead_letter_at",
                            "resurrection_count", "last_resurrection_at", "job_link")}),
         ("Timeline", {"fields": ("timeline",)}),
+        ("Workflow", {"fields": ("workflow",)}),
         ("Arguments and error", {"fields": ("args_pretty", "progress_shown", "tags_pretty",
                                             "last_error_pre")}),
         ("Owned submission", {"fields": ("fence_required", "submission_id",
                                          "submission_fingerprint"), "classes": ("collapse",)}),
     )
-    readonly_fields = tuple(f for _, options in fieldsets for f in options["fields"])
+    readonly_fields = (*(f for _, options in fieldsets for f in options["fields"]),
+                       "workflow_without_jobs")
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if may_view(request, self.admin_site, Job):
+            return fieldsets
+        return [(name, {**options, "fields": tuple(
+            "workflow_without_jobs" if field == "workflow" else field
+            for field in options["fields"])}) for name, options in fieldsets]
+
+    @admin.display(description="workflow")
+    def workflow(self, obj: DeadLetterJob) -> str:
+        return render_workflow(obj.id, obj._state.db or router.db_for_read(Job),
+                               Links(jobs=True, dead_letters=True))
+
+    @admin.display(description="workflow")
+    def workflow_without_jobs(self, obj: DeadLetterJob) -> str:
+        return render_workflow(obj.id, obj._state.db or router.db_for_read(Job),
+                               Links(jobs=False, dead_letters=True))
 
     @admin.display(description="error")
     def error_shown(self, obj: DeadLetterJob) -> str:

@@ -2929,3 +2929,95 @@ BEGIN
     RETURN v_id;
 END
 $fn$;
+
+-- soniq_workflow_rows_gone_v1 (from workflows_v2.sql) --
+CREATE FUNCTION {schema}.soniq_workflow_rows_gone_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_gone uuid[];
+    v_batches uuid[];
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM {schema}.soniq_job_dependencies)
+       AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_batches) THEN
+        RETURN NULL;  -- no workflow rows at all
+    END IF;
+    IF TG_TABLE_NAME = 'soniq_jobs' THEN
+        v_gone := ARRAY(
+            SELECT DISTINCT g.id FROM gone AS g
+             WHERE NOT EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d
+                                WHERE d.id = g.id)
+               AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j WHERE j.id = g.id));
+    ELSE
+        v_gone := ARRAY(
+            SELECT DISTINCT g.id FROM gone AS g
+             WHERE NOT EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j WHERE j.id = g.id)
+               AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d
+                                WHERE d.id = g.id));
+    END IF;
+    IF pg_catalog.cardinality(v_gone) = 0 THEN
+        RETURN NULL;
+    END IF;
+
+    DELETE FROM {schema}.soniq_job_waits AS w WHERE w.job_id = ANY (v_gone);
+
+    -- Edges whose two ends are gone. Two transactions that delete the two
+    -- ends at once would each see the other end still there (each its own
+    -- snapshot) and keep the edge: so the edges are locked first (id order),
+    -- and the checks run in a later statement -- a new snapshot under READ
+    -- COMMITTED -- which sees the other deletion once it has committed.
+    PERFORM 1 FROM {schema}.soniq_job_dependencies AS e
+     WHERE e.job_id = ANY (v_gone) OR e.depends_on = ANY (v_gone)
+     ORDER BY e.id FOR UPDATE;
+    DELETE FROM {schema}.soniq_job_dependencies AS e
+     WHERE (e.job_id = ANY (v_gone) OR e.depends_on = ANY (v_gone))
+       AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j
+                        WHERE j.id IN (e.job_id, e.depends_on))
+       AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d
+                        WHERE d.id IN (e.job_id, e.depends_on));
+
+    -- Batches with nothing left: their members' rows, then the batch (locked
+    -- first, as the edges are).
+    v_batches := ARRAY(
+        SELECT b.id FROM {schema}.soniq_batches AS b WHERE b.callback_id = ANY (v_gone)
+        UNION
+        SELECT m.batch_id FROM {schema}.soniq_batch_members AS m WHERE m.job_id = ANY (v_gone));
+    IF pg_catalog.cardinality(v_batches) = 0 THEN
+        RETURN NULL;
+    END IF;
+    PERFORM 1 FROM {schema}.soniq_batches AS b WHERE b.id = ANY (v_batches)
+     ORDER BY b.id FOR UPDATE;
+    v_batches := ARRAY(
+        SELECT b.id FROM {schema}.soniq_batches AS b
+         WHERE b.id = ANY (v_batches)
+           AND (b.callback_id IS NULL
+                OR (NOT EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j
+                                 WHERE j.id = b.callback_id)
+                    AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d
+                                     WHERE d.id = b.callback_id)))
+           AND NOT EXISTS (
+                SELECT 1 FROM {schema}.soniq_batch_members AS m
+                 WHERE m.batch_id = b.id
+                   AND (EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j WHERE j.id = m.job_id)
+                        OR EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d
+                                    WHERE d.id = m.job_id))));
+    DELETE FROM {schema}.soniq_batch_members AS m WHERE m.batch_id = ANY (v_batches);
+    DELETE FROM {schema}.soniq_batches AS b WHERE b.id = ANY (v_batches);
+    RETURN NULL;
+END
+$fn$;
+
+-- soniq_workflow_job_gone (from workflows_v2.sql) --
+CREATE TRIGGER soniq_workflow_job_gone
+    AFTER DELETE ON {schema}.soniq_jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.soniq_workflow_rows_gone_v1();
+
+-- soniq_workflow_dead_letter_gone (from workflows_v2.sql) --
+CREATE TRIGGER soniq_workflow_dead_letter_gone
+    AFTER DELETE ON {schema}.soniq_dead_letter_jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.soniq_workflow_rows_gone_v1();

@@ -93,7 +93,7 @@ def test_the_tables_are_not_open_to_public():
 def test_a_granted_producer_can_enqueue_and_read_but_not_touch_the_tables(roles):
     role = roles.create("soniq_producer")
     output = grant(role)
-    assert output.count("GRANT") == 5
+    assert output.count("GRANT") == 6
     with roles.connect(role, application_name="") as conn:
         job_id = conn.execute(
             "SELECT soniq_enqueue('trust.job', '{\"n\": 1}', unique_job => true)").fetchone()[0]
@@ -162,6 +162,10 @@ def test_a_role_without_the_grant_can_call_nothing(roles):
             ("SELECT * FROM soniq_get_job(gen_random_uuid())", "soniq_get_job"),
             ("SELECT soniq_args_hash('{}')", "soniq_args_hash"),
             ("SELECT soniq_enqueue_many('[]')", "soniq_enqueue_many"),
+            ("SELECT soniq_enqueue_after('{}'::uuid[], 'trust.job')", "soniq_enqueue_after"),
+            # Migration 0024's progress: a worker's (under its fence), never a producer's.
+            ("SELECT soniq_set_progress(gen_random_uuid()::text, 'w', 1, 't', 'q', 1)",
+             "soniq_set_progress"),
             # Claim protocol v8's holds: a worker's, never a producer's or a stranger's.
             ("SELECT soniq_hold_slot(gen_random_uuid()::text, 'w', 1, 't', 'q')",
              "soniq_hold_slot"),
@@ -173,6 +177,30 @@ def test_a_role_without_the_grant_can_call_nothing(roles):
             assert error.diag.message_primary == f"permission denied for function {name}"
         assert_refused(conn, "SELECT * FROM soniq_jobs", "42501")
     assert Job.objects.count() == 0
+
+
+def test_a_granted_producer_can_enqueue_with_dependencies_from_sql(roles):
+    role = roles.create("soniq_producer")
+    grant(role)
+    with roles.connect(role, application_name="") as conn:
+        first = conn.execute("SELECT soniq_enqueue('trust.first', '{}')").fetchone()[0]
+        second = conn.execute(
+            "SELECT soniq_enqueue_after(ARRAY[%s]::uuid[], 'trust.second', '{\"n\": 2}')",
+            [first]).fetchone()[0]
+        row = conn.execute("SELECT status, scheduled_at FROM soniq_get_job(%s)",
+                           [second]).fetchone()
+        assert row[0] == "queued" and row[1].year == 9999  # waits for its dependency
+        assert_refused(conn, "SELECT soniq_enqueue_after(ARRAY[gen_random_uuid()], 'trust.x')",
+                       "22023", "SONIQ_UNKNOWN_DEPENDENCY")
+        # Still nothing on the tables themselves.
+        for sql in ("SELECT * FROM soniq_job_dependencies", "SELECT * FROM soniq_job_waits",
+                    "DELETE FROM soniq_job_waits", "SELECT * FROM soniq_batches"):
+            assert_refused(conn, sql, "42501")
+    edge = fetch("SELECT depends_on, state FROM soniq_job_dependencies WHERE job_id = %s",
+                 [second])
+    assert edge == [(first, "waiting")]
+    assert Job.objects.get(id=second).producer_id == role
+    assert Job.objects.count() == 2
 
 
 def test_producer_id_is_the_application_name_a_client_chose(roles):

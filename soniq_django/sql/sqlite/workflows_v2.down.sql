@@ -1,0 +1,3 @@
+-- Reverse of workflows_v2.sql (SQLite).
+DROP TRIGGER soniq_workflow_dead_letter_gone;
+DROP TRIGGER soniq_workflow_job_gone;
