@@ -184,7 +184,7 @@ def _install(definition: str) -> None:
         cursor.execute(fill_schema(definition, schema))
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@pytest.mark.postgresql_only
 def test_the_race_test_finds_a_count_read_without_the_row_lock():
     """Re-introduce the chord race -- each completion reads the count, then writes it less
     one, without the row lock -- and the threads of the race test miss the callback."""

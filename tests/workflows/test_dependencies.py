@@ -221,7 +221,7 @@ def test_a_plain_job_is_not_marked():
     assert Job.objects.get(id=first).has_dependents is True
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@pytest.mark.postgresql_only
 def test_the_sql_api_enqueues_after():
     source = OwnedJobSource()
     first = enqueue("wf.step")
@@ -233,7 +233,7 @@ def test_the_sql_api_enqueues_after():
     assert Job.objects.get(id=second).scheduled_at is None
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@pytest.mark.postgresql_only
 def test_the_sql_api_refuses_an_unknown_dependency_with_its_hint():
     from django.db import DatabaseError
 
@@ -244,7 +244,7 @@ def test_the_sql_api_refuses_an_unknown_dependency_with_its_hint():
     assert diag.sqlstate == "22023" and diag.message_hint == "SONIQ_UNKNOWN_DEPENDENCY"
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'")
+@pytest.mark.postgresql_only
 def test_a_foreign_workers_plain_update_releases_dependents():
     """Soniq 0.1/0.2 complete with their own UPDATE, knowing nothing of workflows."""
     first = enqueue("wf.step")

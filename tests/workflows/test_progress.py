@@ -161,13 +161,14 @@ def test_bad_progress_is_refused_in_the_handlers_call(args):
         context.set_progress(*args)
 
 
+@pytest.mark.postgresql_only  # the SQL API is PostgreSQL's
 def test_the_sql_function_checks_its_input_too():
-    if connection.vendor != "postgresql":
-        pytest.skip("the SQL API is PostgreSQL's")
     from django.db import DataError
 
-    with pytest.raises(DataError), connection.cursor() as cursor:
+    with pytest.raises(DataError) as raised, connection.cursor() as cursor:
         cursor.execute("SELECT soniq_set_progress('x', 'w', 1, 't', 'q', -1)")
+    diag = raised.value.__cause__.diag
+    assert (diag.sqlstate, diag.message_hint) == ("22023", "CONFIG")
 
 
 def test_the_admin_page_shows_progress(admin_client):
