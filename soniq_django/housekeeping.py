@@ -26,6 +26,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from .errors import translating
 from .models import DeadLetterJob, Job, JobStatus
 from .owned._store import guarded, take_sqlite_write_lock
 
@@ -199,3 +200,13 @@ def database_now(using: str) -> dt.datetime:
         cursor.execute("SELECT now()")
         now = cursor.fetchone()[0]
         return now
+
+
+def forget_lapsed_waiters(using: str) -> int:
+    """Delete the rows of ``soniq_job_waiters`` whose ``wait_for_job`` died without deleting
+    its own, past their expiry (PostgreSQL; the heartbeat's purge turn calls it)."""
+    if connections[using].vendor != "postgresql":
+        return 0
+    with translating(using), connections[using].cursor() as cursor:
+        cursor.execute("DELETE FROM soniq_job_waiters WHERE expires_at < pg_catalog.now()")
+        return int(cursor.rowcount)

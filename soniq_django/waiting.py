@@ -231,14 +231,3 @@ def _warn_pooled(alias: str) -> None:
             "or session-mode connection to the same database (docs/deployment.md).",
             alias, POLL_SECONDS)
 
-
-def forget_lapsed_waiters(using: str) -> int:
-    """Delete the rows of waiters that died without deleting theirs (PostgreSQL; housekeeping)."""
-    if connections[using].vendor != "postgresql":
-        return 0
-    from .errors import translating
-
-    with translating(using), connections[using].cursor() as cursor:
-        cursor.execute("DELETE FROM soniq_job_waiters WHERE expires_at < pg_catalog.now()")
-        return int(cursor.rowcount)
-

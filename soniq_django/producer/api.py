@@ -226,7 +226,7 @@ def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: 
     """A bulk enqueue with jobs that wait: the others first (one bulk insert), then each
     waiting one in request order, in one transaction. A job may so depend on any job of
     the bulk that waits for nothing, and on a waiting one before it."""
-    from ..workflows import write_dependent
+    from .dependencies import write_dependent
 
     ids: list[uuid.UUID | None] = [None] * len(prepared)
     with translating(alias), transaction.atomic(using=alias):
@@ -302,7 +302,7 @@ def _write(job: PreparedJob, alias: str, connection: Any, trace: "tracing.Carrie
 
 def _write_dependent(job: PreparedJob, alias: str, connection: Any,
                      trace: "tracing.Carrier | None") -> uuid.UUID:
-    from ..workflows import write_dependent
+    from .dependencies import write_dependent
 
     if trace is None:
         return write_dependent(job, alias, connection)

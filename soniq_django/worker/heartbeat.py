@@ -31,8 +31,7 @@ from django.db import connections
 
 from .. import signals
 from ..errors import ErrorCode, SoniqError
-from ..housekeeping import database_now, purge_expired
-from ..waiting import forget_lapsed_waiters
+from ..housekeeping import database_now, forget_lapsed_waiters, purge_expired
 from ..owned import OwnedJobSource, OwnedJobState
 from ..owned._store import LOCK_NOT_AVAILABLE
 from ..owned.types import MAX_CLAIM_BATCH

@@ -15,7 +15,7 @@ import pytest
 from django.db import connection, connections
 
 from soniq_django import await_job, enqueue, get_job, wait_for_job
-from soniq_django import waiting
+from soniq_django import housekeeping, waiting
 from soniq_django.errors import ConfigValidationError, ErrorCode, SoniqError, WaitTimeout
 from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
@@ -24,7 +24,7 @@ from tests.support.workers import WorkerThread, soniq
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
-PG = pytest.mark.skipif("connection.vendor != 'postgresql'")
+PG = pytest.mark.postgresql_only  # LISTEN/NOTIFY and the SQL functions
 #: A finish must wake the waiter well before this: not a re-read, a NOTIFY.
 PG_WAKE_BOUND = 0.5
 #: On SQLite the waiter polls (at most every POLL_SECONDS).
@@ -252,7 +252,7 @@ def test_the_waiters_row_goes_with_the_wait_and_lapsed_rows_are_deleted():
         cursor.execute("INSERT INTO soniq_job_waiters VALUES (%s, %s, now() - interval '1 s'), "
                        "(%s, %s, now() + interval '1 hour')",
                        [job_id, uuid.uuid4(), job_id, uuid.uuid4()])
-    assert waiting.forget_lapsed_waiters("default") == 1
+    assert housekeeping.forget_lapsed_waiters("default") == 1
 
 
 def test_await_job_is_the_async_twin():
