@@ -43,6 +43,10 @@ DEFAULT_UNKNOWN_JOB_GRACE_SECONDS = 600
 #: The largest job args ``enqueue()`` accepts, as compact UTF-8 JSON: 1 MiB
 #: (docs/settings.md says why).
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+#: The largest result of a durable step, as JSON text: 64 KiB (docs/steps.md says why).
+DEFAULT_STEP_MAX_BYTES = 64 * 1024
+#: The largest STEP_MAX_BYTES the SQL function accepts: 64 MiB.
+STEP_MAX_BYTES_LIMIT = 64 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +70,8 @@ class Settings:
     UNKNOWN_JOB_GRACE_SECONDS: float = DEFAULT_UNKNOWN_JOB_GRACE_SECONDS
     LISTEN_DATABASE: str | None = None
     MAX_PAYLOAD_BYTES: int | None = DEFAULT_MAX_PAYLOAD_BYTES
+    STEP_MAX_BYTES: int = DEFAULT_STEP_MAX_BYTES
+    """The largest result ``current_job().step`` records, in bytes of JSON text (steps/)."""
     QUEUES: Any = dataclasses.field(default_factory=dict)
     """Flow control per queue (soniq.E011 checks it; flow.py applies it)."""
     METRICS_ACCESS: str = "staff"
@@ -187,6 +193,10 @@ def _value_problem(config: Settings, key: str) -> Problem | None:
             type(value) is int and value >= 1):
         return _problem(key, "SONIQ['MAX_PAYLOAD_BYTES'] must be None or a whole number of "
                              "bytes, at least 1.", f"The default is {default} (1 MiB).")
+    if key == "STEP_MAX_BYTES" and not (
+            type(value) is int and 1 <= value <= STEP_MAX_BYTES_LIMIT):
+        return _problem(key, "SONIQ['STEP_MAX_BYTES'] must be a whole number of bytes from 1 "
+                             "to 67108864 (64 MiB).", f"The default is {default} (64 KiB).")
     if key == "METRICS_ACCESS" and value not in METRICS_ACCESS_MODES:
         return _problem(key, "SONIQ['METRICS_ACCESS'] must be \"staff\", \"token\" or \"open\".",
                         'The default is "staff": logged-in staff who may view jobs.')

@@ -10,12 +10,14 @@ and people read ``reason``.
     SoniqError
     ├── ConfigValidationError   bad input: INVALID_TASK_NAME, TASK_ARGS_INVALID,
     │   │                       INVALID_MAX_ATTEMPTS, INVALID_OPTION, CONFIG
+    │   │                       (and a step's: STEP_NOT_JSON, STEP_TOO_LARGE, STEP_DUPLICATE)
     │   └── PayloadTooLarge     PAYLOAD_TOO_LARGE (args over SONIQ["MAX_PAYLOAD_BYTES"])
     ├── SettingsInvalid         SETTINGS_INVALID (also an ImproperlyConfigured)
     ├── MigrationsNotApplied    QUEUE_DATABASE_REFUSED (a soniq table or function missing)
     ├── SchemaAdmissionError    SCHEMA_REFUSED (also an ImproperlyConfigured)
     ├── TablesShapeError        SCHEMA_REFUSED
     ├── DowngradeRefused        QUEUE_SUBMISSION_CONFLICT
+    ├── StepNotRecorded     STEP_NOT_RECORDED (a step's claim no longer held)
     ├── WaitTimeout             WAIT_TIMEOUT (wait_for_job: the job is not finished yet)
     ├── PermanentFailure        PERMANENT_FAILURE (raised by a job handler)
     └── JobCancelled            JOB_CANCELLED (raised inside a job handler)
@@ -96,13 +98,27 @@ class ErrorCode(enum.StrEnum):
     """A job named in ``depends_on`` is in neither job table (never enqueued, or purged):
     nothing was written. A dependency can only name a job that exists, so no cycle can be
     built (the SQL API's HINT of SQLSTATE 22023 is the same code)."""
+    STEP_NOT_JSON = "SONIQ_STEP_NOT_JSON"
+    """A durable step's function returned a value that is not JSON (``current_job().step``):
+    nothing was recorded (an atomic step's writes were rolled back)."""
+    STEP_TOO_LARGE = "SONIQ_STEP_TOO_LARGE"
+    """A durable step's result, as JSON text, is larger than ``SONIQ["STEP_MAX_BYTES"]`` (the
+    SQL API's HINT of SQLSTATE 54000): nothing was recorded; the reason gives both sizes."""
+    STEP_DUPLICATE = "SONIQ_STEP_DUPLICATE"
+    """A durable step's name was used twice in one run of a job (or, in the SQL API, recorded
+    already: SQLSTATE 23505's HINT). Names are unique within a job."""
+    STEP_NOT_RECORDED = "STEP_NOT_RECORDED"
+    """A durable step could not be recorded because its run's claim no longer holds (its
+    lease lapsed, it was re-claimed), or the COMMIT of an atomic step was lost and the
+    database shows it did not happen. The run stops; the job's next attempt runs the step."""
 
 
 #: The codes of bad input, each raised as a ``ConfigValidationError``.
 INPUT_CODES = frozenset({
     ErrorCode.INVALID_TASK_NAME, ErrorCode.TASK_ARGS_INVALID, ErrorCode.INVALID_MAX_ATTEMPTS,
     ErrorCode.INVALID_OPTION, ErrorCode.CONFIG, ErrorCode.PAYLOAD_TOO_LARGE,
-    ErrorCode.UNKNOWN_DEPENDENCY,
+    ErrorCode.UNKNOWN_DEPENDENCY, ErrorCode.STEP_NOT_JSON, ErrorCode.STEP_TOO_LARGE,
+    ErrorCode.STEP_DUPLICATE,
 })
 
 _MAX_REASON = 200
@@ -134,6 +150,18 @@ class RunRolledBack(SoniqError):
     def __init__(self, outcome: Any):
         super().__init__(ErrorCode.JOB_FAILED, "the atomic run's transaction was rolled back")
         self.outcome = outcome
+
+
+class StepNotRecorded(SoniqError):
+    """A durable step was not recorded: its run's claim no longer holds (code STEP_NOT_RECORDED).
+
+    Raised by ``current_job().step`` into the handler, which should let it
+    propagate: the run's final write would be refused too. The job's next
+    attempt (another claim) runs the step, or returns its recorded result.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(ErrorCode.STEP_NOT_RECORDED, reason)
 
 
 class WaitTimeout(SoniqError):
@@ -305,6 +333,8 @@ _HINTED = {
     ErrorCode.INVALID_OPTION: "the database refused an enqueue option",
     ErrorCode.CONFIG: "the database refused an owned request",
     ErrorCode.UNKNOWN_DEPENDENCY: "a job named in depends_on does not exist",
+    ErrorCode.STEP_TOO_LARGE: "the step result is larger than the database's max_bytes",
+    ErrorCode.STEP_DUPLICATE: "this step is already recorded for the job",
 }
 _CLAIM_REASONS = frozenset({"nonce_reused", "generation_exhausted", "claim_identity_changed"})
 _JOB_IDS = frozenset({"soniq_jobs_pkey", "soniq_dead_letter_jobs_pkey"})

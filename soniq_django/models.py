@@ -802,3 +802,33 @@ class BatchMember(models.Model):
 
     def __str__(self) -> str:
         return f"{self.batch_id}[{self.position}] = {self.job_id}"
+
+
+class JobStep(models.Model):
+    """``soniq_job_steps``: a durable step of a job, recorded once (docs/steps.md).
+
+    One row per ``current_job().step(name, ...)`` that returned: its JSON
+    ``result``, ``size`` (bytes of its JSON text), the ``attempt`` and claim
+    ``generation`` that recorded it, at ``recorded_at`` (database time).
+    Written by ``soniq_record_step`` under the claim's fence (on SQLite by
+    its twin in steps/store.py): a lapsed claim records nothing. Kept while
+    the job is in either job table; the triggers of sql/steps_v1.sql delete
+    it when the job leaves both. Not part of format 1.
+    """
+
+    pk = models.CompositePrimaryKey("job_id", "name")
+    job_id = models.UUIDField()
+    name = models.TextField()
+    result = models.JSONField(null=True, blank=True)
+    size = models.IntegerField()
+    attempt = models.IntegerField()
+    generation = models.BigIntegerField()
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "soniq_job_steps"
+        verbose_name = "job step"
+        verbose_name_plural = "job steps"
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.name}"

@@ -40,6 +40,11 @@ lease_lost = Signal()
 """A worker's heartbeat found a running job's lease gone; it will write nothing for that run."""
 worker_heartbeat = Signal()
 """A worker's heartbeat renewed its own row (every ``HEARTBEAT_SECONDS``)."""
+step_recorded = Signal()
+"""A durable step ran and its record committed (``current_job().step``; docs/steps.md)."""
+step_skipped = Signal()
+"""A durable step was found recorded by an earlier run: its result was returned, its
+function not called."""
 
 #: The values of ``job_finished``'s ``outcome``.
 OUTCOMES = ("done", "retry", "dead", "cancelled", "deferred")
@@ -114,5 +119,19 @@ def heartbeat(worker_id: str, *, using: str, state: str, in_flight: int) -> None
                                  state=state, in_flight=in_flight)
 
 
+def step(recorded: bool, *, job_id: str, job_name: str, name: str, attempt: int,
+         atomic: bool, size: int | None, using: str) -> None:
+    """Send ``step_recorded`` (``recorded``) or ``step_skipped`` for step ``name`` of a run.
+
+    Plain values only: the job's id and name, the step's name, the run's
+    attempt, whether the step is atomic, its result's size in bytes (None
+    when skipped), never its result."""
+    signal = step_recorded if recorded else step_skipped
+    if not signal.receivers:
+        return
+    signal.send_robust(sender=job_name, job_id=job_id, job_name=job_name, name=name,
+                       attempt=attempt, atomic=atomic, size=size, using=using)
+
+
 __all__ = ["OUTCOMES", "job_enqueued", "job_finished", "job_refused", "job_started",
-           "lease_lost", "worker_heartbeat"]
+           "lease_lost", "step_recorded", "step_skipped", "worker_heartbeat"]

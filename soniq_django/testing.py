@@ -218,7 +218,8 @@ class _Runner:
         self.source = OwnedJobSource(alias)
         # Progress is kept until the run ends, then its last value written on the caller's
         # connection (an async handler runs on a loop in this thread: no query there).
-        self.flights = Flights(ProgressWriter(self.source, self.source, background=False))
+        self.flights = Flights(ProgressWriter(self.source, self.source, background=False),
+                              using=alias)
         # Counts kept in memory and never flushed: a test's run is not throughput.
         self.writes = Writes(source=self.source, shared=CallersConnection(alias),
                              worker_id=WORKER_ID, queues=self.queues,

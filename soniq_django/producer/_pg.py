@@ -85,10 +85,13 @@ _warned: set[str] = set()
 GET_JOB = (
     "SELECT g.id, g.job_name, g.status, g.queue, g.attempts, g.max_attempts, g.result, "
     "g.last_error, g.dead_letter_reason, g.scheduled_at, g.created_at, g.updated_at, "
-    "p.done, p.total, p.note, p.updated_at FROM soniq_get_job(%s) AS g "
+    "p.done, p.total, p.note, p.updated_at, "
+    "ARRAY(SELECT s.name FROM soniq_job_steps AS s WHERE s.job_id = g.id "
+    "ORDER BY s.recorded_at, s.name) FROM soniq_get_job(%s) AS g "
     "LEFT JOIN soniq_job_progress AS p ON p.job_id = g.id"
 )
-"""``soniq_get_job``'s row, then the job's progress (four NULLs when it reported none)."""
+"""``soniq_get_job``'s row, then the job's progress (four NULLs when it reported none), then
+the names of its recorded steps (docs/steps.md)."""
 
 
 _json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode

@@ -49,6 +49,9 @@ class JobInfo:
     """The last progress its handler reported (``current_job().set_progress``): None, or
     ``{"done": int, "total": int | None, "note": str | None, "updated_at": datetime}``;
     kept after the job finished, until its row is purged (docs/workflows.md#progress)."""
+    steps: tuple[str, ...] = ()
+    """The names of its recorded durable steps (``current_job().step``), in the order they
+    were recorded; kept until its row is purged or ``reset_steps`` (docs/steps.md)."""
 
     @property
     def finished(self) -> bool:
@@ -465,7 +468,8 @@ def info_from_row(row: tuple[Any, ...]) -> JobInfo:
     """The ``JobInfo`` of a row of ``_pg.GET_JOB`` (its jsonb result already parsed)."""
     done, total, note, at = row[12:16]
     return JobInfo(**dict(zip(_PG_FIELDS, row[:12])),
-                   progress=None if done is None else progress.as_dict(done, total, note, at))
+                   progress=None if done is None else progress.as_dict(done, total, note, at),
+                   steps=tuple(row[16] or ()))
 
 
 def _get_portable(job_id: uuid.UUID, alias: str) -> JobInfo | None:
@@ -477,7 +481,8 @@ def _get_portable(job_id: uuid.UUID, alias: str) -> JobInfo | None:
         .first()
     )
     if live is not None:
-        return JobInfo(**live, dead_letter_reason=None, progress=progress.read(job_id, alias))
+        return JobInfo(**live, dead_letter_reason=None, progress=progress.read(job_id, alias),
+                       steps=_step_names(job_id, alias))
     dead = DeadLetterJob.objects.using(alias).filter(id=job_id).first()
     if dead is None or (
         # Replayed since it last failed: the dead letter no longer describes the job.
@@ -499,4 +504,13 @@ def _get_portable(job_id: uuid.UUID, alias: str) -> JobInfo | None:
         created_at=dead.original_created_at,
         updated_at=dead.moved_to_dead_letter_at,
         progress=progress.read(job_id, alias),
+        steps=_step_names(job_id, alias),
     )
+
+
+def _step_names(job_id: uuid.UUID, alias: str) -> tuple[str, ...]:
+    """The names of the job's recorded steps, in the order they were recorded (the ORM)."""
+    from ..models import JobStep
+
+    return tuple(JobStep.objects.using(alias).filter(job_id=job_id)
+                 .order_by("recorded_at", "name").values_list("name", flat=True))

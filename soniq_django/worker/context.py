@@ -2,6 +2,7 @@
 
 import contextvars
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,10 @@ class JobContext:
     _progress: "ProgressWriter | None" = field(default=None, repr=False, compare=False)
     """Who writes this run's progress (worker/progress.py); None: nobody (outside a worker)."""
     _progress_state: "ProgressState | None" = field(default=None, repr=False, compare=False)
+    _using: str | None = field(default=None, repr=False, compare=False)
+    """The jobs database alias the claim is on: where this run's steps are recorded."""
+    _step_names: "set[str] | None" = field(default=None, repr=False, compare=False)
+    """The step names this run used (each at most once: soniq_django/steps/run.py)."""
 
     def _cancel(self) -> threading.Event:
         """The event a cancel sets (made the first time it is needed, by whichever thread)."""
@@ -84,6 +89,33 @@ class JobContext:
         writer = self._progress
         if writer is not None:
             writer.offer(self, value)
+
+    def step(self, name: str, fn: "Callable[..., Any]", *args: Any, atomic: bool = False,
+             **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once per job, as the durable step ``name``; return its result.
+
+        Looked up first: a step an earlier run of this job recorded returns
+        its recorded result, and ``fn`` is not called (even if the code
+        changed since). Else ``fn`` runs and its JSON result is recorded
+        under this run's claim. ``atomic=True``: ``fn``'s writes on the
+        jobs database and the record commit in one transaction, only if the
+        claim still holds at its COMMIT; otherwise the record follows ``fn``
+        (at least once). Names are unique within a job. Raises
+        ``ConfigValidationError`` (CONFIG, STEP_DUPLICATE, STEP_NOT_JSON,
+        STEP_TOO_LARGE), ``StepNotRecorded`` (the claim no longer holds),
+        ``JobCancelled``, or what ``fn`` raises. docs/steps.md.
+        """
+        from ..steps.run import run_step
+
+        return run_step(self, name, fn, args, kwargs, atomic)
+
+    async def astep(self, name: str, fn: "Callable[..., Any]", *args: Any,
+                    atomic: bool = False, **kwargs: Any) -> Any:
+        """``step`` for ``async def`` handlers; ``fn`` may be a plain or an ``async def``
+        function. The same guarantees (soniq_django/steps/run.py says how)."""
+        from ..steps.run import arun_step
+
+        return await arun_step(self, name, fn, args, kwargs, atomic)
 
     def _request_stop(self) -> None:
         """The worker is stopping and its grace period is over: tell the handler to stop.

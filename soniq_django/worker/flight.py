@@ -66,8 +66,11 @@ class Flights:
     settle.
     """
 
-    def __init__(self, progress: "ProgressWriter | None" = None) -> None:
+    def __init__(self, progress: "ProgressWriter | None" = None, *,
+                 using: str | None = None) -> None:
         self.progress = progress
+        self.using = using
+        """The jobs database alias, given to each run's context (where its steps go)."""
         """Who writes the runs' progress (worker/progress.py), given to each run's context."""
         self._lock = threading.Lock()
         self._emptied = threading.Condition(self._lock)
@@ -89,7 +92,7 @@ class Flights:
             attempts=job.attempts, max_attempts=job.max_attempts,
             generation=job.claim_fence.generation,
             _trace=None if traces is None else traces.get(job.claim_fence.job_id),
-            _fence=job.claim_fence, _progress=self.progress))
+            _fence=job.claim_fence, _progress=self.progress, _using=self.using))
             for job in claimed]
         if flights:
             with self._lock:

@@ -170,7 +170,7 @@ class Worker:
         self.listener: Listener | None = None  # PostgreSQL: started with the worker
         self.source = OwnedJobSource(using)
         self.shared = SharedConnection(using, self.stopping)
-        self.flights = Flights()
+        self.flights = Flights(using=using)
         self.slots = Slots(concurrency)
         self.budget = Budget(max_jobs)
         self.throughput = ThroughputCounter()
