@@ -303,7 +303,8 @@ def test_a_replay_waits_for_the_dead_letter_lock_then_sees_the_job_live():
 def test_dead_letter_table_has_no_trigger_that_could_skip_the_count():
     # Only a BEFORE (bit 1) or INSTEAD OF (bit 6) trigger can skip a row; the
     # AFTER triggers -- the attempt history's, the trace contexts', the waiters'
-    # notice (0024), the progress rows' and the workflow rows' purge (0026) -- cannot.
+    # notice (0024), the progress rows', the workflow rows' (0026) and the steps' purge
+    # (0028) -- cannot.
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal"
@@ -316,6 +317,7 @@ def test_dead_letter_table_has_no_trigger_that_could_skip_the_count():
         assert cursor.fetchall() == [("soniq_attempts_dead_letter_gone",),
                                      ("soniq_job_dead_lettered",),
                                      ("soniq_job_progress_dead_letter_gone",),
+                                     ("soniq_job_steps_dead_letter_gone",),
                                      ("soniq_job_trace_dead_letter_gone",),
                                      ("soniq_workflow_dead_letter_gone",)]
 

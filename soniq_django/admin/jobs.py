@@ -29,6 +29,7 @@ from . import scale
 from .timeline import dead_letter_events, error_summary, job_events, job_url, render_timeline
 from .timeline import worker_link
 from .display import plural, pre, pretty_json, sentence, visible, when
+from .steps import render_steps
 from .workflow import Links, render_workflow
 
 
@@ -280,6 +281,7 @@ class JobAdmin(PageActions, AllMatching, _JobRowAdmin):
                            "expires_at", "dead_letter_link")}),
         ("Timeline", {"fields": ("timeline",)}),
         ("Workflow", {"fields": ("workflow",)}),
+        ("Steps", {"fields": ("steps_shown",)}),
         ("Arguments and outcome", {"fields": ("args_pretty", "progress_shown", "result_pretty",
                                               "last_error_pre")}),
         ("Producer and deduplication", {"fields": ("producer_id", "unique_job", "args_hash",
@@ -336,6 +338,10 @@ class JobAdmin(PageActions, AllMatching, _JobRowAdmin):
     @admin.display(description="progress")
     def progress_shown(self, obj: Job) -> str:
         return progress_text(obj.id, self._using(obj))
+
+    @admin.display(description="recorded steps")
+    def steps_shown(self, obj: Job) -> str:
+        return render_steps(obj.id, self._using(obj))
 
     @admin.display(description="dead letter")
     def dead_letter_link(self, obj: Job) -> str:
@@ -448,6 +454,7 @@ class DeadLetterJobAdmin(PageActions, AllMatching, _JobRowAdmin):
                            "resurrection_count", "last_resurrection_at", "job_link")}),
         ("Timeline", {"fields": ("timeline",)}),
         ("Workflow", {"fields": ("workflow",)}),
+        ("Steps", {"fields": ("steps_shown",)}),
         ("Arguments and error", {"fields": ("args_pretty", "progress_shown", "tags_pretty",
                                             "last_error_pre")}),
         ("Owned submission", {"fields": ("fence_required", "submission_id",
@@ -489,6 +496,10 @@ class DeadLetterJobAdmin(PageActions, AllMatching, _JobRowAdmin):
     @admin.display(description="progress")
     def progress_shown(self, obj: DeadLetterJob) -> str:
         return progress_text(obj.id, obj._state.db or router.db_for_read(Job))
+
+    @admin.display(description="recorded steps")
+    def steps_shown(self, obj: DeadLetterJob) -> str:
+        return render_steps(obj.id, obj._state.db or router.db_for_read(Job))
 
     @admin.display(description="tags")
     def tags_pretty(self, obj: DeadLetterJob) -> str:

@@ -37,7 +37,10 @@ LATER_OBJECTS = {"soniq_queue_holds", "soniq_jobs_claim_queue_now_idx",
                  "soniq_dependency_ended", "soniq_dependency_gone", "soniq_dependent_guard",
                  "has_dependents",
                  # 0026_workflow_purge: the triggers that take workflow rows with a job.
-                 "soniq_workflow_job_gone", "soniq_workflow_dead_letter_gone"}
+                 "soniq_workflow_job_gone", "soniq_workflow_dead_letter_gone",
+                 # 0028_job_steps: the steps' table, its key and the triggers that purge it.
+                 "soniq_job_steps", "soniq_job_steps_pkey", "soniq_job_steps_job_gone",
+                 "soniq_job_steps_dead_letter_gone"}
 #: The columns 0020 and 0025 add to soniq_jobs, as SQLite's table definition ends with them.
 _LATER_SQLITE_COLUMNS = (', "claimed_at" datetime NULL', ', "has_dependents" bool NULL')
 

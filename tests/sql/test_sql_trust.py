@@ -166,6 +166,11 @@ def test_a_role_without_the_grant_can_call_nothing(roles):
             # Migration 0024's progress: a worker's (under its fence), never a producer's.
             ("SELECT soniq_set_progress(gen_random_uuid()::text, 'w', 1, 't', 'q', 1)",
              "soniq_set_progress"),
+            # Migration 0028's durable steps: a worker's (under its fence), never a producer's.
+            ("SELECT * FROM soniq_get_step(gen_random_uuid()::text, 'w', 1, 't', 'q', 's')",
+             "soniq_get_step"),
+            ("SELECT soniq_record_step(gen_random_uuid()::text, 'w', 1, 't', 'q', 's', 'null')",
+             "soniq_record_step"),
             # Claim protocol v8's holds: a worker's, never a producer's or a stranger's.
             ("SELECT soniq_hold_slot(gen_random_uuid()::text, 'w', 1, 't', 'q')",
              "soniq_hold_slot"),
