@@ -38,7 +38,9 @@ from ..encoding import normalize_json
 from ..errors import (ConfigValidationError, ErrorCode, JobCancelled, SoniqError,
                       StepNotRecorded)
 from ..owned._store import take_sqlite_write_lock
-from .store import Lookup, steps_for
+from .store import Lookup, PostgresSteps, SqliteSteps, steps_for
+
+Store = PostgresSteps | SqliteSteps
 
 if TYPE_CHECKING:
     from ..owned.types import QueueClaimFence
@@ -146,7 +148,7 @@ def run_step(context: "JobContext", name: Any, fn: Callable[..., Any], args: tup
     return json.loads(text)
 
 
-def _atomic(context: "JobContext", store: Any, fence: "QueueClaimFence", alias: str, name: str,
+def _atomic(context: "JobContext", store: "Store", fence: "QueueClaimFence", alias: str, name: str,
             limit: int, call: Callable[[], Any]) -> tuple[str, int]:
     """Run ``call`` and record its result in one transaction; the record is its last statement."""
     from ..worker.bounds import lock_wait, orphan_limit
@@ -177,7 +179,7 @@ def _atomic(context: "JobContext", store: Any, fence: "QueueClaimFence", alias: 
     return recorded
 
 
-def _settle(context: "JobContext", store: Any, fence: "QueueClaimFence", alias: str, name: str,
+def _settle(context: "JobContext", store: "Store", fence: "QueueClaimFence", alias: str, name: str,
             recorded: tuple[str, int]) -> tuple[str, int]:
     """The COMMIT of an atomic step whose answer was lost: what the database says happened.
 
