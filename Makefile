@@ -110,12 +110,16 @@ bench-admin: venv-main
 #                           terminated backends (~3 min); each callback once and
 #                           after its members, no dependent early, failed jobs'
 #                           dependents cancelled
+#   make chaos-steps        100 jobs of 5 atomic durable steps, each writing one
+#                           effect row, kills, restarts, SIGSTOP, terminated
+#                           backends (~1 min); each (job, step) effect exactly once,
+#                           no step function called after its record committed
 CHAOS_ARGS ?=
 CHAOS_LIVENESS_ARGS ?=
 
-.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows
+.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps
 
-chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows
+chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps
 
 chaos-plain: venv-main
 	$(PYTHON_VENV) -m tests.chaos $(CHAOS_ARGS)
@@ -128,6 +132,9 @@ chaos-liveness: venv-main
 
 chaos-workflows: venv-main
 	$(PYTHON_VENV) -m tests.chaos --workflows $(CHAOS_ARGS)
+
+chaos-steps: venv-main
+	$(PYTHON_VENV) -m tests.chaos --steps $(CHAOS_ARGS)
 
 # Soak run (bench/soak.py; see docs/performance.md#hours-of-load). Starts its own
 # throwaway PostgreSQL cluster with stock settings (autovacuum on) under /tmp,

@@ -24,6 +24,16 @@ Two scenarios, the same driver and checker:
   ``--batches``, ``--batch-size`` and ``--dag-jobs`` size it (``--jobs`` does
   not apply).
 
+- ``--steps``: 100 ``chaos.steps`` jobs of five atomic durable steps, each
+  step inserting one effect row in its own transaction and sleeping (the job
+  0.5-3 s in all), 2 % failing their first attempt between steps, under the
+  effects run's faults (kills inside and between steps, restarts, SIGSTOPs
+  past the lease, backends terminated mid-step and at a step's COMMIT). The
+  checker also proves every (job, step) recorded once with exactly one effect
+  row, the recording run's, and no step function called after its record
+  committed (tests/chaos/steps.py, step_jobs.py). ``--steps --control`` takes the steps
+  without ``atomic=True``: the checker must then FAIL, showing duplicates.
+
 - ``--liveness``: the liveness scenario (tests/chaos/liveness.py, issue 26):
   a worker with k long jobs running while a limited queue's settings row is
   locked for 3 leases, an atomic job's COMMIT is lost (the backend left idle
@@ -43,7 +53,7 @@ import signal
 import sys
 
 from .cluster import ClusterUnavailable
-from .driver import Config, effects_config, run, workflows_config
+from .driver import Config, effects_config, run, steps_config, workflows_config
 
 
 def _interrupt(signum, frame):
@@ -60,6 +70,8 @@ def main(argv=None) -> int:
                              "a stalled backend")
     parser.add_argument("--workflows", action="store_true",
                         help="the workflows scenario: batches with callbacks and a random DAG")
+    parser.add_argument("--steps", action="store_true",
+                        help="the steps scenario: jobs of five atomic durable steps")
     parser.add_argument("--rounds", type=int, help="with --liveness: rounds of each fault "
                                                    "(default 3)")
     parser.add_argument("--running", type=int, help="with --liveness: jobs running on the "
@@ -75,8 +87,8 @@ def main(argv=None) -> int:
     parser.add_argument("--keep-logs", metavar="DIR",
                         help="write worker logs here (default: a temp dir, kept on failure)")
     args = parser.parse_args(argv)
-    if args.control and not args.effects:
-        parser.error("--control needs --effects")
+    if args.control and not (args.effects or args.steps):
+        parser.error("--control needs --effects or --steps")
     from pathlib import Path
 
     if args.liveness:
@@ -84,7 +96,11 @@ def main(argv=None) -> int:
 
     if args.workflows and args.effects:
         parser.error("--workflows and --effects are separate scenarios")
-    if args.workflows:
+    if args.steps and (args.workflows or args.effects):
+        parser.error("--steps is a scenario of its own")
+    if args.steps:
+        config = steps_config(control=args.control)
+    elif args.workflows:
         config = workflows_config()
     else:
         config = effects_config(control=args.control) if args.effects else Config()

@@ -49,6 +49,8 @@ import psycopg
 
 from .checker import Report, check
 from .cluster import Cluster
+from .steps import StepsReport, check_steps
+from .steps import summary_lines as steps_summary
 from .workflows import WorkflowReport, check_workflows, expected_endings, plan, summary_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,6 +140,8 @@ class Config:
     batch_size: int = 200
     dag_jobs: int = 0                                 # jobs with depends_on (chains, fan-in)
     fail_fraction: float = 0.02                       # members/DAG jobs failing every attempt
+    # The steps scenario (steps_config()): chaos.steps, five atomic steps per job.
+    steps: bool = False
 
 
 def effects_config(**overrides) -> Config:
@@ -164,6 +168,20 @@ def workflows_config(**overrides) -> Config:
     """
     values = dict(workflows=True, batches=10, batch_size=200, dag_jobs=1500, stops=3,
                   terminations=8, job_seconds=(0.02, 0.3), long_fraction=0.01)
+    values.update(overrides)
+    return Config(**values)
+
+
+def steps_config(**overrides) -> Config:
+    """The full steps run's defaults (``python -m tests.chaos --steps``).
+
+    100 ``chaos.steps`` jobs of five atomic steps (0.1-0.6 s each), 2 % failing
+    their first attempt between steps, under the effects run's faults: kills
+    (inside and between steps), restarts, SIGSTOPs past the lease and
+    terminated backends (mid-step, and at a step's COMMIT).
+    """
+    values = dict(steps=True, jobs=100, stops=3, terminations=8, kills=6,
+                  job_seconds=(0.5, 3.0), long_fraction=0.0)
     values.update(overrides)
     return Config(**values)
 
@@ -319,10 +337,16 @@ class Chaos:
             env["SONIQ_IMPORTS"] = json.dumps(["tests.chaos.effects"])
             if c.control:
                 env["SONIQ_CHAOS_EFFECTS_CONTROL"] = "1"
+        if c.steps:
+            env["SONIQ_IMPORTS"] = json.dumps(["tests.chaos.step_jobs"])
+            if c.control:
+                env["SONIQ_CHAOS_STEPS_CONTROL"] = "1"
         return env
 
     @property
     def job_name(self) -> str:
+        if self.config.steps:
+            return "chaos.steps"
         return "chaos.effect" if self.config.effects else "chaos.work"
 
     def start_worker(self) -> Proc:
@@ -633,17 +657,18 @@ class Outcome:
     facts: Facts
     report: Report
     workflows: WorkflowReport | None = None
+    steps: "StepsReport | None" = None
 
     @property
     def ok(self) -> bool:
         f = self.facts
-        return (self.report.ok and f.drained and not f.unexpected_exits and not f.bad_stops
+        return (self.report.ok and not (self.steps and self.steps.violations) and f.drained and not f.unexpected_exits and not f.bad_stops
                 and not f.worker_errors and not f.problems)
 
     def failures(self) -> list[str]:
         f = self.facts
         return [*f.problems, *f.unexpected_exits, *f.bad_stops, *f.worker_errors[:20],
-                *self.report.violations]
+                *self.report.violations, *(self.steps.violations if self.steps else [])]
 
     def summary(self) -> str:
         f, r = self.facts, self.report
@@ -675,6 +700,7 @@ class Outcome:
             f"{r.double_completions})",
             *self._effects_lines(),
             *(summary_lines(self.workflows) if self.workflows else []),
+            *(steps_summary(self.steps) if self.steps else []),
             f"  lost = {r.lost}",
             f"  stale writes applied = {r.stale_writes_applied}",
             f"  workers not recovering after a restart: {r.workers_not_recovered}; "
@@ -743,7 +769,8 @@ def run(config: Config, say=print, inspect=None) -> Outcome:
                                effects=config.effects, stopped=facts.stopped_claims,
                                expected=expected)
                 flows = check_workflows(conn, report) if config.workflows else None
-            outcome = Outcome(facts, report, flows)
+                stepped = check_steps(conn) if config.steps else None
+            outcome = Outcome(facts, report, flows, stepped)
             if inspect is not None:
                 inspect(cluster.url(), outcome)
             ok = outcome.ok

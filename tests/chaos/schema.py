@@ -23,6 +23,10 @@ row for a job would be stored, so a duplicate shows. The columns
 are the handler's note (over its own autocommit connection) that it wrote
 its effect row, from which backend, and until when it then sleeps: how the
 driver picks a run mid-flight to SIGSTOP, and a backend to terminate.
+``chaos_step_calls`` and ``chaos_step_effects`` (the steps scenario,
+tests/chaos/steps.py): each call of a step's function, noted over the
+handler's own connection, and its effect row, written in the step's
+transaction.
 """
 
 SCHEMA_SQL = r"""
@@ -57,6 +61,23 @@ CREATE TABLE chaos_effects (            -- no unique constraint: duplicates must
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 
+CREATE TABLE chaos_step_calls (        -- the steps scenario: every call of a step's function
+    id bigserial PRIMARY KEY,
+    job_id uuid NOT NULL,
+    step integer NOT NULL,
+    generation bigint NOT NULL,
+    exec_id uuid NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE chaos_step_effects (      -- ... and its effect, in the step's transaction
+    id bigserial PRIMARY KEY,           -- (no unique constraint: duplicates must show)
+    job_id uuid NOT NULL,
+    step integer NOT NULL,
+    generation bigint NOT NULL,
+    exec_id uuid NOT NULL,
+    backend_pid integer NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
 CREATE TABLE chaos_writes (
     id bigserial PRIMARY KEY,
     job_id uuid NOT NULL,
