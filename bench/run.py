@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import drain_race, raw, wal, workflows
+from bench import drain_race, raw, steps, wal, workflows
 from bench.common import (
     connect,
     create_database,
@@ -475,6 +475,9 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
     if cfg.only == "workflows":  # dependencies and batches against plain jobs
         workflows.measure(cfg, soniq, res, run_workers, rep)
         return
+    if cfg.only == "steps":  # what a durable step costs per call
+        steps.measure(cfg, soniq, res, rep)
+        return
     if cfg.only == "atomic":  # the ceiling, then the plain and atomic write drains
         for conc in cfg.concurrency:
             fresh_raw(cfg.drain_jobs)
@@ -552,6 +555,8 @@ def measure_rep(cfg, systems: dict[str, System], raw_db: str, res: Results, rep:
     wal.measure(cfg, systems, raw_db, res, run_workers)
     # What a dependency and a batch cost per job, against plain jobs.
     workflows.measure(cfg, soniq, res, run_workers, rep)
+    # What a durable step costs per call, plain and atomic.
+    steps.measure(cfg, soniq, res, rep)
 
     # Latency on an idle worker (the peers' in the first repetition only).
     for system in [soniq, *(peers if cfg.peer_latency and rep == 0 else [])]:
@@ -692,6 +697,7 @@ def render(cfg, res: Results, header: str) -> str:
     drain_race.render(cfg, res, lines, row, verdict)
     wal.render(cfg, res, lines, row)
     workflows.render(cfg, res, lines, row, ratio, verdict)
+    steps.render(cfg, res, lines, row)
     if cfg.only:
         return "\n".join(lines)
     row("latency enqueue→start p50 (idle worker)", "soniq.latency.p50", unit="ms",
@@ -764,14 +770,15 @@ def parse_args(argv):
     parser.add_argument("--soniq-rev", metavar="REV",
                         help="measure soniq_django as committed at REV (e.g. HEAD) instead of "
                              "the working tree")
-    parser.add_argument("--only", choices=["atomic", "drain", "wal", "workflows"],
+    parser.add_argument("--only", choices=["atomic", "drain", "wal", "workflows", "steps"],
                         help="measure only these rows and their ceiling (drain: the drain "
                              "race, bench/drain_race.py, with pgqueuer unless --no-peers; "
                              "atomic: plain and "
                              "atomic jobs with a one-row write; no peers, latency or RSS; "
                              "wal: WAL bytes per job, bench/wal.py, with pgqueuer unless "
                              "--no-peers; workflows: plain jobs against dependencies and "
-                             "batches, bench/workflows.py, soniq only)")
+                             "batches, bench/workflows.py, soniq only; steps: a durable "
+                             "step's cost per call, bench/steps.py, soniq only)")
     parser.add_argument("--wal-jobs", type=int,
                         help="jobs per phase of the WAL rows (default 2000; quick 500)")
     parser.add_argument("--wal-concurrency", type=int, default=8,
@@ -779,6 +786,8 @@ def parse_args(argv):
                              "raw connections (default 8)")
     parser.add_argument("--wal-explain", action="store_true",
                         help="also list the WAL of each soniq phase by relation and record")
+    parser.add_argument("--steps-calls", type=int,
+                        help="calls of each kind of durable step (default 2000; quick 300)")
     parser.add_argument("--profile", type=int, metavar="CONCURRENCY",
                         help="instead of the table: drain once under py-spy and print hotspots")
     cfg = parser.parse_args(argv)
@@ -791,6 +800,7 @@ def parse_args(argv):
     cfg.bulk_jobs = cfg.bulk_jobs or (2000 if quick else 10_000)
     cfg.latency_jobs = cfg.latency_jobs or (100 if quick else 200)
     cfg.claim_calls = 300 if quick else 2000
+    cfg.steps_calls = cfg.steps_calls or (300 if quick else 2000)
     cfg.rss_jobs = 1000 if quick else 10_000
     cfg.rss_concurrency = 8
     cfg.what_if = cfg.what_if and not quick
@@ -858,7 +868,7 @@ def main(argv=None) -> int:
     systems = make_systems(pid, log_dir)
     if SONIQ_SOURCE:
         _check_snapshot_is_imported(systems["soniq"])
-    if cfg.no_peers or cfg.profile is not None or cfg.only in ("atomic", "workflows"):
+    if cfg.no_peers or cfg.profile is not None or cfg.only in ("atomic", "workflows", "steps"):
         systems = {"soniq": systems["soniq"]}
     elif cfg.only in ("drain", "wal"):  # the race's (and the WAL rows') one peer
         systems = {name: systems[name] for name in ("soniq", "pgqueuer")}

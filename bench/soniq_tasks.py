@@ -4,7 +4,7 @@
 
 with DJANGO_SETTINGS_MODULE=bench.soniq_settings and BENCH_DB_NAME set.
 Actions: migrate, bulk N, latency N, callcost N (for --profile), wf_plain N,
-wf_after_done N, wf_pairs N, wf_batch N (bench/workflows.py). Each prints
+wf_after_done N, wf_pairs N, wf_batch N (bench/workflows.py), steps N (bench/steps.py). Each prints
 one BENCH_RESULT line (bench/common.py). enqueue() one job per transaction is
 measured in the orchestrator itself, interleaved with the ceiling.
 """
@@ -57,6 +57,10 @@ def main(argv: list[str]) -> None:
         emit(sent=sent)
     elif action.startswith("wf_"):
         emit(**_workflow_enqueue(action[3:], count))
+    elif action == "steps":
+        from bench.steps import step_costs
+
+        emit(**step_costs(count))
     elif action == "callcost":
         emit(**_call_costs(count))
     else:
