@@ -157,12 +157,15 @@ def _atomic(context: "JobContext", store: "Store", fence: "QueueClaimFence", ali
     outermost = not connection.in_atomic_block
     sqlite = connection.vendor == "sqlite"
     recorded: tuple[str, int] | None = None
+    locked = context._write_locked if sqlite and outermost else None
     try:
         with transaction.atomic(using=alias):
             held_since = None
             if sqlite:
                 take_sqlite_write_lock(connection)  # before the function: held to the end
                 held_since = timezone.now()
+                if locked is not None:  # the heartbeat could only wait for it meanwhile
+                    locked(True)
                 if not store.get(fence, name).held:
                     raise _refused(context)
             text, size = encoded(name, call(), limit)
@@ -175,6 +178,9 @@ def _atomic(context: "JobContext", store: "Store", fence: "QueueClaimFence", ali
         if recorded is None or not outermost:  # the function's own error, or a savepoint's
             raise
         return _settle(context, store, fence, alias, name, recorded)
+    finally:
+        if locked is not None:
+            locked(False)
     assert recorded is not None
     return recorded
 

@@ -52,6 +52,10 @@ class JobContext:
     """The jobs database alias the claim is on: where this run's steps are recorded."""
     _step_names: "set[str] | None" = field(default=None, repr=False, compare=False)
     """The step names this run used (each at most once: soniq_django/steps/run.py)."""
+    _write_locked: "Callable[[bool], None] | None" = field(default=None, repr=False,
+                                                           compare=False)
+    """Told True while an atomic step's transaction holds SQLite's write lock, False after:
+    the worker's heartbeat then skips its beats, which could only wait for the lock."""
 
     def _cancel(self) -> threading.Event:
         """The event a cancel sets (made the first time it is needed, by whichever thread)."""

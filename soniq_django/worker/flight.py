@@ -46,6 +46,10 @@ class InFlight:
     handler returns even if the write's outcome stayed unknown; cleared by that release.
     The heartbeat renews the hold meanwhile (completer.py, heartbeat.py)."""
 
+    def hold_write_lock(self, held: bool) -> None:
+        """An atomic step of this run holds SQLite's write lock (True), or no longer (False)."""
+        self.holds_write_lock = held
+
     @property
     def key(self) -> tuple[str, int]:
         """This run's identity: the job id and the claim's generation.
@@ -94,6 +98,8 @@ class Flights:
             _trace=None if traces is None else traces.get(job.claim_fence.job_id),
             _fence=job.claim_fence, _progress=self.progress, _using=self.using))
             for job in claimed]
+        for flight in flights:
+            flight.context._write_locked = flight.hold_write_lock
         if flights:
             with self._lock:
                 for flight in flights:

@@ -4,6 +4,7 @@ Imported by tests/steps/conftest.py, so a worker thread of the tests finds them.
 """
 
 import os
+import time
 
 from soniq_django import job
 from soniq_django.worker import current_job
@@ -57,3 +58,20 @@ def atomic_job(fail: bool = False) -> list:
     if fail and context.attempts == 1:
         raise RuntimeError("failing the atomic job on purpose")
     return got
+
+
+#: The worker a test runs (set by the test), whose flights a step can look at.
+WORKER = None
+
+
+def _held_write_lock() -> list:
+    time.sleep(0.3)  # a few heartbeats (HEARTBEAT_SECONDS 0.1 in the tests)
+    return [flight.holds_write_lock for flight in WORKER.flights.all()]
+
+
+@job(name="tests.steps.held")
+def held() -> list:
+    """What the worker's flights say while an atomic step runs, and after it."""
+    context = current_job()
+    during = context.step("held", _held_write_lock, atomic=True)
+    return [during, [flight.holds_write_lock for flight in WORKER.flights.all()]]

@@ -218,3 +218,19 @@ def test_step_names_are_checked_before_anything_runs(name):
         with pytest.raises(ConfigValidationError) as raised:
             checked_name(name)
         assert raised.value.code is ErrorCode.CONFIG
+
+
+def test_an_atomic_step_on_sqlite_tells_the_heartbeat_it_holds_the_write_lock():
+    from soniq_django.worker import Worker
+    from tests.steps import handlers
+    from tests.support.workers import WorkerThread
+
+    job_id = enqueue("tests.steps.held", {})
+    handlers.WORKER = Worker(burst=True)
+    try:
+        assert WorkerThread(handlers.WORKER).start().join() == 0
+    finally:
+        handlers.WORKER = None
+    during, after = get_job(job_id).result
+    sqlite = connections["default"].vendor == "sqlite"
+    assert during == [sqlite] and after == [False]  # PostgreSQL: no write lock to hold
