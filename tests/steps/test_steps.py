@@ -234,3 +234,28 @@ def test_an_atomic_step_on_sqlite_tells_the_heartbeat_it_holds_the_write_lock():
     during, after = get_job(job_id).result
     sqlite = connections["default"].vendor == "sqlite"
     assert during == [sqlite] and after == [False]  # PostgreSQL: no write lock to hold
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**62, 2**62)
+    | st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+              max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+                max_size=8), inner, max_size=4),
+    max_leaves=12)
+
+
+@pytest.mark.postgresql_only
+@hsettings(max_examples=60, deadline=None,
+           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=_JSON)
+def test_a_results_size_is_measured_as_postgresql_measures_it(value):
+    # Python's check (STEP_MAX_BYTES) and soniq_record_step's (max_bytes) count alike:
+    # the JSON text with ", " and ": " between items, as PostgreSQL prints jsonb.
+    from soniq_django.steps.run import encoded
+
+    text, size = encoded("s", value, 10**6)
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT octet_length(%s::jsonb::text)", [text])
+        assert cursor.fetchone()[0] == size
