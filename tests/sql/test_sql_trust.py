@@ -146,7 +146,8 @@ def test_a_granted_producer_can_enqueue_and_read_but_not_touch_the_tables(roles)
     job = Job.objects.get(id=job_id)
     assert (job.status, job.producer_id) == ("queued", role)  # session_user, not the owner
     assert Job.objects.get(id=batch[1]).producer_id == role
-    assert Job.objects.count() == 2
+    assert Job.objects.get(id=keyed).producer_id == role
+    assert Job.objects.count() == 3
 
 
 def test_the_grant_covers_exactly_the_producer_functions(roles):
