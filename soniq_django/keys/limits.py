@@ -168,3 +168,41 @@ def key_states(*, queue: str | None = None, at_limit_only: bool = False, limit: 
         states.append(KeyState(name, key, slot.running, count, concurrency, rate, at_limit))
     states.sort(key=lambda s: (not s.at_limit, -s.waiting, s.queue, s.key))
     return states[:limit]
+
+
+def sweep_lapsed_holds(using: str) -> int:
+    """Delete the lapsed holds that keep a key's slot (their slots are given back by the
+    trigger); how many. The heartbeat's housekeeping calls it (``soniq_key_sweep``)."""
+    connection = connections[using]
+    with translating(using):
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT soniq_key_sweep()")
+                swept: int = cursor.fetchone()[0]
+            return swept
+        from django.utils import timezone
+
+        from ..models import QueueHold
+        from .models import KeyHold
+
+        with transaction.atomic(using=using):
+            held = KeyHold.objects.using(using).values_list("job_id", "generation")
+            lapsed = [hold.pk for hold in QueueHold.objects.using(using).filter(
+                lease_expires_at__lte=timezone.now(), job_id__in=[j for j, _ in held])
+                if (hold.job_id, hold.generation) in set(held)]
+            deleted, _ = QueueHold.objects.using(using).filter(pk__in=lapsed).delete()
+        return deleted
+
+
+def key_rate_poll(using: str, queues: list[str] | None) -> float | None:
+    """How soon a worker should claim again for a key whose offered job waits for its rate's
+    window: the shortest P/N of the keys with a rate that offer a job now, or None."""
+    rows = KeySlot.objects.using(using).filter(head__isnull=False)
+    if queues is not None:
+        rows = rows.filter(queue__in=queues)
+    found: list[float] = []
+    for slot in rows[:100]:
+        rate = limits_in_force(slot, using)[1]
+        if rate is not None:
+            found.append(rate[1] / rate[0])
+    return min(found) if found else None

@@ -201,3 +201,17 @@ def test_a_pattern_override_applies_to_matching_keys_only(source):
         claim(source)
     assert consistent("tenant-1") == 1
     assert consistent("other") == 3
+
+
+def test_the_housekeepings_sweep_gives_back_the_slots_of_lapsed_holds(source, settings):
+    from soniq_django.keys.limits import sweep_lapsed_holds
+    settings.SONIQ = {"RETRY_BASE_SECONDS": 0, "RETRY_MAX_SECONDS": 0}
+    put(n=2, max_attempts=3)
+    (got,) = claim(source)
+    assert source._fail_and_hold(got.claim_fence, "timed out after 1 s") is True
+    assert sweep_lapsed_holds("default") == 0  # live: kept
+    QueueHold.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    assert sweep_lapsed_holds("default") == 1
+    assert consistent() == 0 and not QueueHold.objects.exists()
+    assert source._release_hold(got.claim_fence) is False  # late: nothing given twice
+    assert consistent() == 0
