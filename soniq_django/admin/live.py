@@ -41,7 +41,8 @@ MODULES = (
 )
 """The dashboard's modules, top to bottom: element id and the template of its body."""
 
-_MODULE_ACCESS = {"soniq-dead-letters": "dead_letters", "soniq-tasks": "tasks"}
+_MODULE_ACCESS = {"soniq-dead-letters": "dead_letters", "soniq-tasks": "tasks",
+                  "soniq-keys": "keys"}
 """Modules shown only to a user whose admin page of that table would show it."""
 
 QUEUED_PARTS = (("due", "Due now", "Queued jobs that may run now"),
@@ -177,7 +178,8 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite) -> dict[str, 
         "modules": [{"id": module_id, "template": template} for module_id, template in MODULES
                     if getattr(access, _MODULE_ACCESS.get(module_id, "jobs"))],
         "refresh_seconds": REFRESH_SECONDS,
-        "keys_at_limit": key_states(at_limit_only=True, limit=20, using=using),
+        "keys_at_limit": key_states(at_limit_only=True, limit=20, using=using)
+        if access.keys else [],
     }
 
 
