@@ -105,6 +105,9 @@ bench-admin: venv-main
 #   make chaos-liveness     a worker's running jobs through a locked settings row,
 #                           a lost COMMIT and a SIGSTOPped backend, 3 rounds each
 #                           (~2 min); each job runs once, other queues flow
+#   make chaos-keys         300 jobs over 10 keys at key_concurrency=1, 3 workers, kills,
+#                           a SIGSTOP past the lease, terminated backends, a restart,
+#                           retries and timeouts: never two runs of a key at once (~1 min)
 #   make chaos-workflows    10 batches of 200 with a callback and 1,500 jobs in a
 #                           random DAG of dependencies, kills, restarts, SIGSTOP,
 #                           terminated backends (~3 min); each callback once and
@@ -113,9 +116,9 @@ bench-admin: venv-main
 CHAOS_ARGS ?=
 CHAOS_LIVENESS_ARGS ?=
 
-.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows
+.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-keys
 
-chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows
+chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-keys
 
 chaos-plain: venv-main
 	$(PYTHON_VENV) -m tests.chaos $(CHAOS_ARGS)
@@ -128,6 +131,9 @@ chaos-liveness: venv-main
 
 chaos-workflows: venv-main
 	$(PYTHON_VENV) -m tests.chaos --workflows $(CHAOS_ARGS)
+
+chaos-keys: venv-main
+	$(PYTHON_VENV) -m tests.chaos --keys $(CHAOS_ARGS)
 
 # Soak run (bench/soak.py; see docs/performance.md#hours-of-load). Starts its own
 # throwaway PostgreSQL cluster with stock settings (autovacuum on) under /tmp,

@@ -43,7 +43,7 @@ import signal
 import sys
 
 from .cluster import ClusterUnavailable
-from .driver import Config, effects_config, run, workflows_config
+from .driver import Config, effects_config, keys_config, run, workflows_config
 
 
 def _interrupt(signum, frame):
@@ -60,6 +60,9 @@ def main(argv=None) -> int:
                              "a stalled backend")
     parser.add_argument("--workflows", action="store_true",
                         help="the workflows scenario: batches with callbacks and a random DAG")
+    parser.add_argument("--keys", action="store_true",
+                        help="the limits-per-key scenario: 300 jobs over 10 keys at "
+                             "key_concurrency=1")
     parser.add_argument("--rounds", type=int, help="with --liveness: rounds of each fault "
                                                    "(default 3)")
     parser.add_argument("--running", type=int, help="with --liveness: jobs running on the "
@@ -84,7 +87,9 @@ def main(argv=None) -> int:
 
     if args.workflows and args.effects:
         parser.error("--workflows and --effects are separate scenarios")
-    if args.workflows:
+    if args.keys:
+        config = keys_config()
+    elif args.workflows:
         config = workflows_config()
     else:
         config = effects_config(control=args.control) if args.effects else Config()

@@ -49,6 +49,8 @@ import psycopg
 
 from .checker import Report, check
 from .cluster import Cluster
+from .keys import KeyReport, check_keys
+from .keys import summary_lines as key_lines
 from .workflows import WorkflowReport, check_workflows, expected_endings, plan, summary_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,6 +140,9 @@ class Config:
     batch_size: int = 200
     dag_jobs: int = 0                                 # jobs with depends_on (chains, fan-in)
     fail_fraction: float = 0.02                       # members/DAG jobs failing every attempt
+    # The limits-per-key scenario (keys_config()): chaos.keyed over ``keys`` keys.
+    keys: int = 0
+    timeout_fraction: float = 0.0                     # keyed jobs that overrun their limit
 
 
 def effects_config(**overrides) -> Config:
@@ -164,6 +169,22 @@ def workflows_config(**overrides) -> Config:
     """
     values = dict(workflows=True, batches=10, batch_size=200, dag_jobs=1500, stops=3,
                   terminations=8, job_seconds=(0.02, 0.3), long_fraction=0.01)
+    values.update(overrides)
+    return Config(**values)
+
+
+def keys_config(**overrides) -> Config:
+    """The full limits-per-key run's defaults (``python -m tests.chaos --keys``).
+
+    300 ``chaos.keyed`` jobs over 10 keys at ``key_concurrency=1``, 3 workers of
+    concurrency 3, through SIGKILLs, a SIGSTOP past the lease, terminated
+    backends and a fast restart; 5 % flaky (retried), 5 % overrunning their
+    time limit (failed at the deadline, running on while holding the slot).
+    """
+    values = dict(keys=10, jobs=300, workers=3, concurrency=3, kills=3, fast_restarts=1,
+                  immediate_restarts=0, long_outages=0, stops=1, terminations=3,
+                  job_seconds=(0.02, 0.25), long_fraction=0.0, flaky_fraction=0.05,
+                  timeout_fraction=0.05, window=(0.1, 0.7))
     values.update(overrides)
     return Config(**values)
 
@@ -315,6 +336,8 @@ class Chaos:
             "SONIQ_RESULT_TTL": json.dumps(7 * 86400),  # housekeeping must not purge the proof
             "SONIQ_TEST_APPLICATION_NAME": WORKER_APP_NAME,
         })
+        if c.keys:
+            env["SONIQ_IMPORTS"] = json.dumps(["tests.chaos.keyed_jobs"])
         if c.effects:
             env["SONIQ_IMPORTS"] = json.dumps(["tests.chaos.effects"])
             if c.control:
@@ -323,6 +346,8 @@ class Chaos:
 
     @property
     def job_name(self) -> str:
+        if self.config.keys:
+            return "chaos.keyed"
         return "chaos.effect" if self.config.effects else "chaos.work"
 
     def start_worker(self) -> Proc:
@@ -510,6 +535,14 @@ class Chaos:
             self.config = dataclasses.replace(c, jobs=drawn.jobs)
             self._prepare({"workflow": drawn.nodes})
             return
+        if c.keys:
+            from .keys import specs as keyed_specs
+
+            self._prepare(keyed_specs(self.rng, jobs=c.jobs, keys=c.keys,
+                                      job_seconds=c.job_seconds,
+                                      flaky_fraction=c.flaky_fraction,
+                                      timeout_fraction=c.timeout_fraction))
+            return
         specs = []
         for n in range(c.jobs):
             long = self.rng.random() < c.long_fraction
@@ -633,17 +666,18 @@ class Outcome:
     facts: Facts
     report: Report
     workflows: WorkflowReport | None = None
+    keys: "KeyReport | None" = None
 
     @property
     def ok(self) -> bool:
         f = self.facts
-        return (self.report.ok and f.drained and not f.unexpected_exits and not f.bad_stops
+        return ((self.keys is None or self.keys.ok) and self.report.ok and f.drained and not f.unexpected_exits and not f.bad_stops
                 and not f.worker_errors and not f.problems)
 
     def failures(self) -> list[str]:
         f = self.facts
         return [*f.problems, *f.unexpected_exits, *f.bad_stops, *f.worker_errors[:20],
-                *self.report.violations]
+                *self.report.violations, *(self.keys.violations[:20] if self.keys else [])]
 
     def summary(self) -> str:
         f, r = self.facts, self.report
@@ -675,6 +709,7 @@ class Outcome:
             f"{r.double_completions})",
             *self._effects_lines(),
             *(summary_lines(self.workflows) if self.workflows else []),
+            *(key_lines(self.keys) if self.keys else []),
             f"  lost = {r.lost}",
             f"  stale writes applied = {r.stale_writes_applied}",
             f"  workers not recovering after a restart: {r.workers_not_recovered}; "
@@ -743,7 +778,8 @@ def run(config: Config, say=print, inspect=None) -> Outcome:
                                effects=config.effects, stopped=facts.stopped_claims,
                                expected=expected)
                 flows = check_workflows(conn, report) if config.workflows else None
-            outcome = Outcome(facts, report, flows)
+                keyed = check_keys(conn) if config.keys else None
+            outcome = Outcome(facts, report, flows, keyed)
             if inspect is not None:
                 inspect(cluster.url(), outcome)
             ok = outcome.ok
