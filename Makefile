@@ -71,6 +71,13 @@ bench-scale: venv-main
 bench-scale-quick: venv-main
 	$(PYTHON_VENV) -m bench.scale --quick $(SCALE_ARGS)
 
+# Limits per key (bench/keys.py, docs/keys.md): a claim beside 100,000 held-back keyed
+# jobs over 1,000 keys against one without, a keyed claim, and quiet keys' wait beside
+# a busy key of 10,000 jobs (~2 min).
+.PHONY: bench-keys
+bench-keys: venv-main
+	$(PYTHON_VENV) -m bench.keys $(KEYS_BENCH_ARGS)
+
 # Claims beside 10M finished rows kept for their result, against none (issue 27;
 # docs/performance.md#finished-rows): part 2 of bench.scale alone, ~15 min and
 # ~5 GB of disk while it runs.

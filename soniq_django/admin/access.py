@@ -18,7 +18,8 @@ from django.contrib import admin
 from django.db.models import Model
 from django.http import HttpRequest
 
-from ..models import DeadLetterJob, Job, KeySlot, QueueSetting, TaskRegistration, Worker
+from ..keys.models import KeySlot
+from ..models import DeadLetterJob, Job, QueueSetting, TaskRegistration, Worker
 
 
 def model_admin(site: admin.AdminSite, model: type[Model]) -> admin.ModelAdmin | None:

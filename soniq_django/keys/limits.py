@@ -186,11 +186,11 @@ def sweep_lapsed_holds(using: str) -> int:
         from .models import KeyHold
 
         with transaction.atomic(using=using):
-            held = KeyHold.objects.using(using).values_list("job_id", "generation")
+            held = set(KeyHold.objects.using(using).values_list("job_id", "generation"))
             lapsed = [hold.pk for hold in QueueHold.objects.using(using).filter(
                 lease_expires_at__lte=timezone.now(), job_id__in=[j for j, _ in held])
-                if (hold.job_id, hold.generation) in set(held)]
-            deleted, _ = QueueHold.objects.using(using).filter(pk__in=lapsed).delete()
+                if (hold.job_id, hold.generation) in held]
+            deleted: int = QueueHold.objects.using(using).filter(pk__in=lapsed).delete()[0]
         return deleted
 
 
