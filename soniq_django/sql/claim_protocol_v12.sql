@@ -127,9 +127,14 @@ BEGIN
                                  v_nth + pg_catalog.make_interval(secs => v_limit.rate_period));
             END IF;
         END IF;
+        -- By primary key only: the rest of the predicate is one IS TRUE, so the planner
+        -- cannot take soniq_jobs_claim_due_idx (scheduled_at = 9999-01-01 is every parked
+        -- job) and read them all -- as it would on statistics taken before they came
+        -- (claim protocol v11 does the same for its completion).
         UPDATE {schema}.soniq_jobs AS j SET scheduled_at = v_at
-         WHERE j.id = p.job_id AND j.status = 'queued'
-           AND j.scheduled_at = '9999-01-01 00:00:00+00'::timestamptz;
+         WHERE j.id = p.job_id
+           AND (j.status = 'queued'
+                AND j.scheduled_at = '9999-01-01 00:00:00+00'::timestamptz) IS TRUE;
         IF FOUND THEN
             UPDATE {schema}.soniq_key_slots AS k SET head = p.job_id, head_run_at = p.run_at
              WHERE k.queue = p_queue AND k.key = p_key;
@@ -344,7 +349,7 @@ BEGIN
             PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
             UPDATE {schema}.soniq_jobs AS j
                SET scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
-             WHERE j.id = v_slot.head AND j.status = 'queued'
+             WHERE j.id = v_slot.head AND (j.status = 'queued') IS TRUE  -- by primary key
             RETURNING j.priority, j.created_at INTO v_job;
             IF FOUND THEN
                 INSERT INTO {schema}.soniq_key_parked
@@ -451,7 +456,7 @@ BEGIN
     -- Priorities win inside a key too: a more urgent job takes a queued head's place.
     IF v_slot.head IS NOT NULL THEN
         SELECT j.id, j.priority, j.created_at INTO v_head FROM {schema}.soniq_jobs AS j
-         WHERE j.id = v_slot.head AND j.status = 'queued';
+         WHERE j.id = v_slot.head AND (j.status = 'queued') IS TRUE;  -- by primary key
         IF FOUND AND v_head.priority > v_new.priority THEN
             PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
             UPDATE {schema}.soniq_jobs AS j
