@@ -82,7 +82,8 @@ class KeyedSlots(RuleBasedStateMachine):
         self.released: list[object] = []  # fences of released holds
 
     def _of(self, state):
-        return sorted((i for i, j in self.jobs.items() if j.state == state), key=str)
+        # In enqueue order (never by id: ids are random, and a replay must draw alike).
+        return [i for i, j in self.jobs.items() if j.state == state]
 
     def _running(self, key):
         return sum(1 for j in self.jobs.values() if j.key == key and j.state == "processing")
