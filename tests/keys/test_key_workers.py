@@ -43,7 +43,7 @@ def test_three_workers_never_run_two_jobs_of_a_key_at_once(children, run_log):
     ends = {e.job_id: e.at for e in run_log.events("end")}
     per_key = defaultdict(list)
     for job_id, key in keys.items():
-        per_key[key].append((starts[job_id], ends[job_id]))
+        per_key[key].append((starts[str(job_id)], ends[str(job_id)]))
     assert sorted(per_key) == ["tenant-0", "tenant-1", "tenant-2"]
     for key, intervals in per_key.items():
         assert len(intervals) == 6 and most_at_once(intervals) == 1, key
