@@ -215,3 +215,19 @@ def test_the_housekeepings_sweep_gives_back_the_slots_of_lapsed_holds(source, se
     assert consistent() == 0 and not QueueHold.objects.exists()
     assert source._release_hold(got.claim_fence) is False  # late: nothing given twice
     assert consistent() == 0
+
+
+def test_run_jobs_runs_a_keys_jobs_one_after_another():
+    from soniq_django import job
+    from soniq_django.testing import run_jobs
+
+    @job(name="keys.run_me", concurrency_key="tenant", key_concurrency=1)
+    def run_me(tenant: str, n: int) -> int:
+        assert Job.objects.filter(concurrency_key=tenant, status="processing").count() == 1
+        return n
+
+    for n in range(3):
+        run_me.enqueue(tenant="t", n=n)
+    runs = run_jobs()
+    assert [run.result for run in runs] == [0, 1, 2]
+    assert consistent("t") == 0
