@@ -71,6 +71,13 @@ bench-scale: venv-main
 bench-scale-quick: venv-main
 	$(PYTHON_VENV) -m bench.scale --quick $(SCALE_ARGS)
 
+# Limits per key (bench/keys.py, docs/keys.md): a claim beside 100,000 held-back keyed
+# jobs over 1,000 keys against one without, a keyed claim, and quiet keys' wait beside
+# a busy key of 10,000 jobs (~2 min).
+.PHONY: bench-keys
+bench-keys: venv-main
+	$(PYTHON_VENV) -m bench.keys $(KEYS_BENCH_ARGS)
+
 # Claims beside 10M finished rows kept for their result, against none (issue 27;
 # docs/performance.md#finished-rows): part 2 of bench.scale alone, ~15 min and
 # ~5 GB of disk while it runs.
@@ -105,6 +112,9 @@ bench-admin: venv-main
 #   make chaos-liveness     a worker's running jobs through a locked settings row,
 #                           a lost COMMIT and a SIGSTOPped backend, 3 rounds each
 #                           (~2 min); each job runs once, other queues flow
+#   make chaos-keys         300 jobs over 10 keys at key_concurrency=1, 3 workers, kills,
+#                           a SIGSTOP past the lease, terminated backends, a restart,
+#                           retries and timeouts: never two runs of a key at once (~1 min)
 #   make chaos-workflows    10 batches of 200 with a callback and 1,500 jobs in a
 #                           random DAG of dependencies, kills, restarts, SIGSTOP,
 #                           terminated backends (~3 min); each callback once and
@@ -117,9 +127,9 @@ bench-admin: venv-main
 CHAOS_ARGS ?=
 CHAOS_LIVENESS_ARGS ?=
 
-.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps
+.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps chaos-keys
 
-chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps
+chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps chaos-keys
 
 chaos-plain: venv-main
 	$(PYTHON_VENV) -m tests.chaos $(CHAOS_ARGS)
@@ -135,6 +145,9 @@ chaos-workflows: venv-main
 
 chaos-steps: venv-main
 	$(PYTHON_VENV) -m tests.chaos --steps $(CHAOS_ARGS)
+
+chaos-keys: venv-main
+	$(PYTHON_VENV) -m tests.chaos --keys $(CHAOS_ARGS)
 
 # Soak run (bench/soak.py; see docs/performance.md#hours-of-load). Starts its own
 # throwaway PostgreSQL cluster with stock settings (autovacuum on) under /tmp,

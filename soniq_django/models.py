@@ -173,6 +173,11 @@ class Job(models.Model):
     # can still end, and what lets the workflow triggers skip a plain job in
     # their WHEN clauses (sql/workflows_v1.sql). See JobDependency.
     has_dependents = models.BooleanField(null=True, blank=True, editable=False)
+    # The key of a job limited per key (migration 0029, additive; NULL on every
+    # other row): computed at enqueue from @job(concurrency_key=...), and what
+    # lets the key triggers skip a plain job in their WHEN clauses
+    # (sql/claim_protocol_v12.sql). See keys/models.py.
+    concurrency_key = models.TextField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "soniq_jobs"
@@ -832,3 +837,5 @@ class JobStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} {self.name}"
+# Limits per key (migration 0029): their tables live in keys/models.py.
+from .keys.models import KeyHold, KeyLimit, KeyParked, KeySlot, KeyStart  # noqa: E402,F401

@@ -32,6 +32,7 @@ from django.core.exceptions import ImproperlyConfigured
 from . import tracing
 from .conf import checked, get_settings
 from .errors import ConfigValidationError, ErrorCode
+from .keys.options import KeyOptions, KeySource, handler_options, key_of
 from .producer.request import JobRequest, prepare, prepare_to_insert
 
 _registry: dict[str, "JobHandler[..., Any]"] = {}
@@ -165,7 +166,9 @@ class JobHandler(Generic[P, R]):
 
     def __init__(self, func: Callable[P, R], *, name: str, queue: str | None,
                  retries: int | None, unique: bool, atomic: bool = False,
-                 timeout: float | None = None):
+                 timeout: float | None = None, keys: "KeyOptions | None" = None):
+        self.keys = keys
+        """Its limits per key (``@job(concurrency_key=...)``), checked; None: none."""
         self.func = func
         self.name = name
         self.queue = queue
@@ -181,6 +184,12 @@ class JobHandler(Generic[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.func(*args, **kwargs)
+
+    @functools.cached_property
+    def defaults(self) -> dict[str, Any]:
+        """The function's keyword defaults, by argument name (a key may come from one)."""
+        return {name: p.default for name, p in self.signature.parameters.items()
+                if p.default is not inspect.Parameter.empty}
 
     def __repr__(self) -> str:
         return f"<JobHandler {self.name}>"
@@ -305,9 +314,12 @@ class ConfiguredJob(Generic[P]):
         max_attempts = handler.max_attempts if opts.max_attempts is _UNSET else (
             opts.max_attempts
         )
+        stored = handler.bind_kwargs(args, kwargs)
+        key = None if handler.keys is None else key_of(
+            handler.keys, handler.name, stored, handler.defaults)
         return JobRequest(
             handler.name,
-            handler.bind_kwargs(args, kwargs),
+            stored,
             queue=opts.queue if opts.queue is not None else handler.queue,
             priority=opts.priority,
             run_at=opts.run_at,
@@ -318,6 +330,9 @@ class ConfiguredJob(Generic[P]):
             job_id=opts.job_id,
             delay=opts.delay,
             depends_on=opts.depends_on,
+            concurrency_key=None if key is None else key.key,
+            key_concurrency=None if key is None else key.concurrency,
+            key_rate=None if key is None else key.rate,
         )
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
@@ -383,12 +398,16 @@ def job(func: Callable[P, R], /) -> JobHandler[P, R]: ...
 @overload
 def job(func: None = None, /, *, name: str | None = None, queue: str | None = None,
         retries: int | None = None, unique: bool = False, atomic: bool = False,
-        timeout: float | None = None) -> Callable[[Callable[P, R]], JobHandler[P, R]]: ...
+        timeout: float | None = None, concurrency_key: "KeySource | None" = None,
+        key_concurrency: int | None = None, key_rate: str | None = None
+        ) -> Callable[[Callable[P, R]], JobHandler[P, R]]: ...
 
 
 def job(func: Callable[..., Any] | None = None, *, name: str | None = None,
         queue: str | None = None, retries: int | None = None, unique: bool = False,
-        atomic: bool = False, timeout: float | None = None) -> Any:
+        atomic: bool = False, timeout: float | None = None,
+        concurrency_key: "KeySource | None" = None, key_concurrency: int | None = None,
+        key_rate: str | None = None) -> Any:
     """Register a function as a job handler; usable as ``@job``, ``@job()`` or ``@job(name=...)``.
 
     Without ``name=`` the job name is derived from ``module.function`` and a
@@ -406,6 +425,12 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None,
     (longer or shorter); None, the default, leaves the setting in force. At
     the deadline the worker fails the run (retried while attempts remain,
     docs/worker.md#cancelling-and-timeouts).
+
+    ``concurrency_key`` (an argument name, or a callable of the job's keyword
+    arguments returning a string), ``key_concurrency=N``, ``key_rate="N/s"``:
+    at most N jobs with the same key run at once across all workers, at most
+    N start in any window (docs/keys.md). The key is computed at enqueue.
+    Bad values raise ``ImproperlyConfigured``.
     """
     if retries is not None and (type(retries) is not int or retries < 0):
         raise ImproperlyConfigured("@job(retries=...) must be a whole number of 0 or more")
@@ -428,8 +453,9 @@ def job(func: Callable[..., Any] | None = None, *, name: str | None = None,
                 DeprecationWarning,
                 stacklevel=stacklevel,
             )
+        keys = handler_options(function, concurrency_key, key_concurrency, key_rate)
         handler = JobHandler(function, name=job_name, queue=queue, retries=retries, unique=unique,
-                             atomic=atomic, timeout=timeout)
+                             atomic=atomic, timeout=timeout, keys=keys)
         _register(handler)
         return handler
 

@@ -15,6 +15,7 @@ from django.contrib import admin
 
 from .base import FENCE_COLUMNS, OfferedLookupsOnly, ReadOnlyAdmin
 from .jobs import DeadLetterJobAdmin, JobAdmin
+from .keys import KeyLimitAdmin, KeySlotAdmin
 from .queues import QueueSettingAdmin
 from .registry import TaskRegistrationAdmin, register_task_registry
 from .recurring import RecurringJobAdmin, RecurringJobForm
@@ -22,7 +23,8 @@ from .views import add_dashboard, dashboard_view
 from .workers import WorkerAdmin
 
 __all__ = [
-    "FENCE_COLUMNS", "DeadLetterJobAdmin", "JobAdmin", "OfferedLookupsOnly", "QueueSettingAdmin",
+    "FENCE_COLUMNS", "DeadLetterJobAdmin", "JobAdmin", "KeyLimitAdmin", "KeySlotAdmin",
+    "OfferedLookupsOnly", "QueueSettingAdmin",
     "ReadOnlyAdmin", "RecurringJobAdmin", "RecurringJobForm", "TaskRegistrationAdmin", "WorkerAdmin",
     "add_dashboard", "dashboard_view", "register_task_registry",
 ]

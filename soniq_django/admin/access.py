@@ -18,6 +18,7 @@ from django.contrib import admin
 from django.db.models import Model
 from django.http import HttpRequest
 
+from ..keys.models import KeySlot
 from ..models import DeadLetterJob, Job, QueueSetting, TaskRegistration, Worker
 
 
@@ -43,6 +44,7 @@ class DashboardAccess:
     tasks: bool  # soniq_task_registry's job names
     queue_settings: bool  # who paused a queue, and when
     queue_admin: Any  # the site's QueueSetting admin (None: not registered), for the buttons
+    keys: bool = False  # limits per key: the keys at their limit, and their waiting counts
 
     def may_pause(self, request: HttpRequest, setting: QueueSetting | None) -> bool:
         """Whether this user's Pause button may pause a queue with this settings row.
@@ -72,4 +74,5 @@ def dashboard_access(request: HttpRequest, site: admin.AdminSite) -> DashboardAc
         tasks=may_view(request, site, TaskRegistration),
         queue_settings=may_view(request, site, QueueSetting),
         queue_admin=model_admin(site, QueueSetting),
+        keys=may_view(request, site, KeySlot),
     )

@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.http import urlencode
 
 from .. import overview, waits
+from ..keys.limits import key_states
 from ..models import Job, JobStatus, QueueSetting
 from .access import DashboardAccess, dashboard_access
 
@@ -32,6 +33,7 @@ REFRESH_SECONDS = 5
 
 MODULES = (
     ("soniq-queues", "admin/soniq_django/dashboard/queues.html"),
+    ("soniq-keys", "admin/soniq_django/dashboard/keys.html"),
     ("soniq-throughput", "admin/soniq_django/dashboard/throughput.html"),
     ("soniq-dead-letters", "admin/soniq_django/dashboard/dead_letters.html"),
     ("soniq-workers", "admin/soniq_django/dashboard/workers.html"),
@@ -39,7 +41,8 @@ MODULES = (
 )
 """The dashboard's modules, top to bottom: element id and the template of its body."""
 
-_MODULE_ACCESS = {"soniq-dead-letters": "dead_letters", "soniq-tasks": "tasks"}
+_MODULE_ACCESS = {"soniq-dead-letters": "dead_letters", "soniq-tasks": "tasks",
+                  "soniq-keys": "keys"}
 """Modules shown only to a user whose admin page of that table would show it."""
 
 QUEUED_PARTS = (("due", "Due now", "Queued jobs that may run now"),
@@ -175,6 +178,8 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite) -> dict[str, 
         "modules": [{"id": module_id, "template": template} for module_id, template in MODULES
                     if getattr(access, _MODULE_ACCESS.get(module_id, "jobs"))],
         "refresh_seconds": REFRESH_SECONDS,
+        "keys_at_limit": key_states(at_limit_only=True, limit=20, using=using)
+        if access.keys else [],
     }
 
 

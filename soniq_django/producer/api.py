@@ -119,6 +119,9 @@ def enqueue(
     using: str | None = None,
     delay: float | dt.timedelta | None = None,
     depends_on: Iterable[uuid.UUID | str] | None = None,
+    concurrency_key: str | None = None,
+    key_concurrency: int | None = None,
+    key_rate: str | None = None,
 ) -> uuid.UUID:
     """Insert one job inside the caller's transaction and return its id.
 
@@ -126,7 +129,9 @@ def enqueue(
     them is done; if one ends cancelled or dead-lettered, it is cancelled
     (``last_error`` ``dependency_failed:<id>``). A dependency that exists in
     neither job table raises ``ConfigValidationError(UNKNOWN_DEPENDENCY)``
-    (docs/workflows.md).
+    (docs/workflows.md). With ``concurrency_key`` (a string) the job is limited
+    per key: at most ``key_concurrency`` jobs of its key run at once, at most
+    ``key_rate`` (``"N/s"``) start in any window (docs/keys.md).
 
     A unique job (``unique_job=True``) or one with a ``dedup_key`` returns the
     id of an equal job that is still queued instead of inserting a second.
@@ -160,6 +165,9 @@ def enqueue(
         job_id=job_id,
         delay=delay,
         depends_on=depends_on,
+        concurrency_key=concurrency_key,
+        key_concurrency=key_concurrency,
+        key_rate=key_rate,
     ))
     alias = using or router.db_for_write(Job)
     connection = connections[alias]
@@ -213,7 +221,7 @@ def _write_many(prepared: list[PreparedJob], alias: str, connection: Any,
             ids = _write_many(prepared, alias, connection, None)
             tracing.keep(alias, ids, trace)
         return ids
-    if any(job.depends_on is not None for job in prepared):
+    if any(job.depends_on is not None or job.key is not None for job in prepared):
         return _write_with_dependents(prepared, alias, connection)
     if connection.vendor == "postgresql":
         from . import _copy, _pg  # here, not at the top: psycopg is needed on PostgreSQL alone
@@ -226,14 +234,17 @@ def _write_many(prepared: list[PreparedJob], alias: str, connection: Any,
 
 def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: Any
                            ) -> list[uuid.UUID]:
-    """A bulk enqueue with jobs that wait: the others first (one bulk insert), then each
-    waiting one in request order, in one transaction. A job may so depend on any job of
-    the bulk that waits for nothing, and on a waiting one before it."""
+    """A bulk enqueue with jobs that wait or have a key: the others first (one bulk
+    insert), then each waiting or keyed one in request order, in one transaction. A job
+    may so depend on any job of the bulk that waits for nothing, and on a waiting one
+    before it."""
+    from .keyed import write_keyed
     from .dependencies import write_dependent
 
     ids: list[uuid.UUID | None] = [None] * len(prepared)
     with translating(alias), transaction.atomic(using=alias):
-        free = [index for index, job in enumerate(prepared) if job.depends_on is None]
+        free = [index for index, job in enumerate(prepared)
+                if job.depends_on is None and job.key is None]
         if free:
             for index, job_id in zip(free, _write_many([prepared[i] for i in free], alias,
                                                        connection, None)):
@@ -241,6 +252,8 @@ def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: 
         for index, job in enumerate(prepared):
             if job.depends_on is not None:
                 ids[index] = write_dependent(job, alias, connection)
+            elif job.key is not None:
+                ids[index] = write_keyed(job, alias, connection)
     return [job_id for job_id in ids if job_id is not None]
 
 
@@ -289,6 +302,8 @@ def _write(job: PreparedJob, alias: str, connection: Any, trace: "tracing.Carrie
     PostgreSQL in the same statement, elsewhere in the same transaction."""
     if job.depends_on is not None:
         return _write_dependent(job, alias, connection, trace)
+    if job.key is not None:
+        return _write_keyed(job, alias, connection, trace)
     if connection.vendor == "postgresql":
         job_id: uuid.UUID = (_pg_module or _import_pg()).enqueue(job, connection, alias, trace)
         return job_id
@@ -320,6 +335,18 @@ _carrying = tracing.carrying
 # producer/_pg.py once imported: psycopg is needed on PostgreSQL alone, and an
 # import statement in _insert costs a lookup of the package per call.
 _pg_module: Any = None
+
+
+def _write_keyed(job: PreparedJob, alias: str, connection: Any,
+                 trace: "tracing.Carrier | None") -> uuid.UUID:
+    from .keyed import write_keyed
+
+    if trace is None:
+        return write_keyed(job, alias, connection)
+    with translating(alias), transaction.atomic(using=alias):
+        job_id = write_keyed(job, alias, connection)
+        tracing.keep(alias, [job_id], trace)
+    return job_id
 
 
 def _import_pg() -> Any:

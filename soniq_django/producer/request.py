@@ -27,11 +27,14 @@ import re
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ..conf import DEFAULT_MAX_ATTEMPTS, checked, current_problems, get_settings
 from ..encoding import encodable, hash_normalized_args, normalize_args
 from ..errors import ConfigValidationError, ErrorCode, PayloadTooLarge
+
+if TYPE_CHECKING:
+    from ..keys.options import JobKey
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_LABEL_LENGTH = 255
@@ -68,6 +71,9 @@ class JobRequest:
     active_key: str | None = None
     delay: float | dt.timedelta | None = None
     depends_on: Iterable[uuid.UUID | str] | None = None
+    concurrency_key: str | None = None
+    key_concurrency: int | None = None
+    key_rate: str | None = None
 
     def __init__(self, job_name: str, args: dict[str, Any] | None = None, *,
                  queue: str | None = None, priority: int | None = None,
@@ -76,11 +82,15 @@ class JobRequest:
                  dedup_key: str | None = None, producer_id: str | None = None,
                  job_id: uuid.UUID | str | None = None, active_key: str | None = None,
                  delay: float | dt.timedelta | None = None,
-                 depends_on: Iterable[uuid.UUID | str] | None = None) -> None:
+                 depends_on: Iterable[uuid.UUID | str] | None = None,
+                 concurrency_key: str | None = None, key_concurrency: int | None = None,
+                 key_rate: str | None = None) -> None:
         self.__dict__.update(job_name=job_name, args=args, queue=queue, priority=priority,
                              run_at=run_at, max_attempts=max_attempts, unique_job=unique_job,
                              dedup_key=dedup_key, producer_id=producer_id, job_id=job_id,
-                             active_key=active_key, delay=delay, depends_on=depends_on)
+                             active_key=active_key, delay=delay, depends_on=depends_on,
+                             concurrency_key=concurrency_key, key_concurrency=key_concurrency,
+                             key_rate=key_rate)
 
 
 @dataclass(slots=True)
@@ -114,6 +124,8 @@ class PreparedJob:
     """The jobs this one waits for (each once, in the order given); None: none.
     ``any_outcome``: it waits for them to finish whatever the outcome (a batch's callback)."""
     any_outcome: bool = False
+    key: "JobKey | None" = None
+    """A job limited per key: its key and the limits its enqueue declares (keys/)."""
 
     @property
     def deduplicates(self) -> bool:
@@ -375,9 +387,34 @@ def _prepare(request: JobRequest, new_id: Callable[[], uuid.UUID],
         depends_on = dependency_ids(depends_on)
     # In the fields' order, positionally: fourteen keywords cost more than the rest of
     # the call (a test compares the result field by field).
-    return PreparedJob(job_id, requested is None, job_name, args, args_hash, queue, priority,
-                       run_at, max_attempts, unique_job, dedup_key, producer_id, args_json,
-                       delay, depends_on)
+    prepared = PreparedJob(job_id, requested is None, job_name, args, args_hash, queue,
+                           priority, run_at, max_attempts, unique_job, dedup_key, producer_id,
+                           args_json, delay, depends_on)
+    if (request.concurrency_key is not None or request.key_concurrency is not None
+            or request.key_rate is not None):
+        prepared.key = _job_key(request)
+    return prepared
+
+
+def _job_key(request: JobRequest) -> "JobKey":
+    """The checked key options of ``request`` (``ConfigValidationError(INVALID_OPTION)``)."""
+    from ..keys.options import JobKey, check_key, normal_rate
+
+    if request.concurrency_key is None:
+        raise _option("key_concurrency and key_rate need a concurrency_key")
+    if request.depends_on is not None:
+        raise _option("a job limited per key (concurrency_key) cannot also have depends_on")
+    key = check_key(request.concurrency_key)
+    limit = request.key_concurrency
+    if limit is not None and (type(limit) is not int or not 1 <= limit <= INT32_MAX):
+        raise _option(f"key_concurrency must be a whole number from 1 to {INT32_MAX}, or None")
+    rate = request.key_rate
+    if rate is not None:
+        try:
+            rate = normal_rate(rate)
+        except ValueError as error:
+            raise _option(f"key_rate: {error}") from None
+    return JobKey(key, limit, rate)
 
 
 #: The most jobs one job may depend on (``soniq_enqueue_after`` refuses more).

@@ -32,6 +32,7 @@ from django.db import connections
 from .. import signals
 from ..errors import ErrorCode, SoniqError
 from ..housekeeping import database_now, forget_lapsed_waiters, purge_expired
+from ..keys.limits import sweep_lapsed_holds
 from ..owned import OwnedJobSource, OwnedJobState
 from ..owned._store import LOCK_NOT_AVAILABLE
 from ..owned.types import MAX_CLAIM_BATCH
@@ -246,6 +247,16 @@ class Heartbeat:
                         forget_lapsed_waiters(self.using)
                     except SoniqError:
                         logger.debug("housekeeping: could not delete lapsed waiters' rows")
+        # The lapsed holds that keep a key's slot (limits per key, docs/keys.md).
+        with self.shared.try_turn(max(0.0, deadline - time.monotonic())) as turn:
+            if turn:
+                try:
+                    swept = sweep_lapsed_holds(self.using)
+                except SoniqError:
+                    swept = 0
+                    logger.debug("housekeeping: could not sweep lapsed key holds")
+                if swept:
+                    logger.info("housekeeping: gave back %d key slots of lapsed holds", swept)
         # After a pinned horizon: rebuild the indexes it left bloated (decision 0037).
         self.rebuilds.look(max(0.0, deadline - time.monotonic()))
 

@@ -21,7 +21,8 @@ from tests.support.owned import nonce
 
 pytestmark = pytest.mark.django_db
 
-MODELS = ("job", "deadletterjob", "recurringjob", "worker", "taskregistration", "queuesetting")
+MODELS = ("job", "deadletterjob", "recurringjob", "worker", "taskregistration", "queuesetting",
+          "keylimit", "keyslot")
 
 
 @pytest.fixture
@@ -217,6 +218,7 @@ def test_each_admin_offers_exactly_its_filters_parameters(rf, admin_user):
         "worker": {"status__exact", "status__isnull", "serves", "hostname", "hostname__isnull"},
         "taskregistration": {"task_name", "task_name__isnull", "queue", "queue__isnull"},
         "queuesetting": {"paused__exact", "paused__isnull"},
+        "keylimit": set(), "keyslot": set(),
     }
     admins = {model_admin.opts.model_name: model_admin
               for model, model_admin in admin.site._registry.items()

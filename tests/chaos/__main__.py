@@ -53,7 +53,8 @@ import signal
 import sys
 
 from .cluster import ClusterUnavailable
-from .driver import Config, effects_config, run, steps_config, workflows_config
+from .driver import (Config, effects_config, keys_config, run, steps_config,
+                     workflows_config)
 
 
 def _interrupt(signum, frame):
@@ -72,6 +73,9 @@ def main(argv=None) -> int:
                         help="the workflows scenario: batches with callbacks and a random DAG")
     parser.add_argument("--steps", action="store_true",
                         help="the steps scenario: jobs of five atomic durable steps")
+    parser.add_argument("--keys", action="store_true",
+                        help="the limits-per-key scenario: 300 jobs over 10 keys at "
+                             "key_concurrency=1")
     parser.add_argument("--rounds", type=int, help="with --liveness: rounds of each fault "
                                                    "(default 3)")
     parser.add_argument("--running", type=int, help="with --liveness: jobs running on the "
@@ -96,10 +100,14 @@ def main(argv=None) -> int:
 
     if args.workflows and args.effects:
         parser.error("--workflows and --effects are separate scenarios")
-    if args.steps and (args.workflows or args.effects):
+    if args.steps and (args.workflows or args.effects or args.keys):
         parser.error("--steps is a scenario of its own")
+    if args.keys and (args.workflows or args.effects):
+        parser.error("--keys is a scenario of its own")
     if args.steps:
         config = steps_config(control=args.control)
+    elif args.keys:
+        config = keys_config()
     elif args.workflows:
         config = workflows_config()
     else:

@@ -79,6 +79,9 @@ LAPSE_ERROR = "lease lapsed"
 #: writes.py): the run ended outside its handler -- its transaction could not begin, its
 #: completion or its COMMIT failed -- and nothing it wrote was kept.
 ATOMIC_WORKER_ERRORS = ("the atomic run", "the commit of this atomic run")
+#: The head of the failure the worker writes at a run's time limit (worker/timeouts.py): the
+#: keys scenario's overrunning jobs (tests/chaos/keys.py).
+TIMEOUT_ERROR = "timed out after "
 
 
 @dataclass
@@ -232,9 +235,10 @@ def check(conn, *, restarts: list[dict] | None = None,
                     report.stale_writes_applied += 1
                     report.violation(f"{job_id}: failure of generation {carried} applied to "
                                      f"generation {write['old_generation']}")
-            elif (write["error_head"] or "").startswith(ATOMIC_WORKER_ERRORS):
+            elif (write["error_head"] or "").startswith(ATOMIC_WORKER_ERRORS + (TIMEOUT_ERROR,)):
                 # Fenced like every final write, but its text names no generation: that it
                 # belongs to this claim rests on the fence (the executions are checked below).
+                # A timeout's failure is one too (counted with them).
                 write["worker_failure"] = True
                 report.atomic_failures_reported += 1
             elif (write["error_tail"] or "").startswith(LAPSE_ERROR):

@@ -51,6 +51,8 @@ from .checker import Report, check
 from .cluster import Cluster
 from .steps import StepsReport, check_steps
 from .steps import summary_lines as steps_summary
+from .keys import KeyReport, check_keys
+from .keys import summary_lines as key_lines
 from .workflows import WorkflowReport, check_workflows, expected_endings, plan, summary_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,6 +144,9 @@ class Config:
     fail_fraction: float = 0.02                       # members/DAG jobs failing every attempt
     # The steps scenario (steps_config()): chaos.steps, five atomic steps per job.
     steps: bool = False
+    # The limits-per-key scenario (keys_config()): chaos.keyed over ``keys`` keys.
+    keys: int = 0
+    timeout_fraction: float = 0.0                     # keyed jobs that overrun their limit
 
 
 def effects_config(**overrides) -> Config:
@@ -182,6 +187,22 @@ def steps_config(**overrides) -> Config:
     """
     values = dict(steps=True, jobs=100, stops=3, terminations=8, kills=6,
                   job_seconds=(0.5, 3.0), long_fraction=0.0)
+    values.update(overrides)
+    return Config(**values)
+
+
+def keys_config(**overrides) -> Config:
+    """The full limits-per-key run's defaults (``python -m tests.chaos --keys``).
+
+    300 ``chaos.keyed`` jobs over 10 keys at ``key_concurrency=1``, 3 workers of
+    concurrency 3, through SIGKILLs, a SIGSTOP past the lease, terminated
+    backends and a fast restart; 5 % flaky (retried), 5 % overrunning their
+    time limit (failed at the deadline, running on while holding the slot).
+    """
+    values = dict(keys=10, jobs=300, workers=3, concurrency=3, kills=3, fast_restarts=1,
+                  immediate_restarts=0, long_outages=0, stops=1, terminations=3,
+                  job_seconds=(0.02, 0.25), long_fraction=0.0, flaky_fraction=0.05,
+                  timeout_fraction=0.05, window=(0.1, 0.7))
     values.update(overrides)
     return Config(**values)
 
@@ -333,6 +354,8 @@ class Chaos:
             "SONIQ_RESULT_TTL": json.dumps(7 * 86400),  # housekeeping must not purge the proof
             "SONIQ_TEST_APPLICATION_NAME": WORKER_APP_NAME,
         })
+        if c.keys:
+            env["SONIQ_IMPORTS"] = json.dumps(["tests.chaos.keyed_jobs"])
         if c.effects:
             env["SONIQ_IMPORTS"] = json.dumps(["tests.chaos.effects"])
             if c.control:
@@ -347,6 +370,8 @@ class Chaos:
     def job_name(self) -> str:
         if self.config.steps:
             return "chaos.steps"
+        if self.config.keys:
+            return "chaos.keyed"
         return "chaos.effect" if self.config.effects else "chaos.work"
 
     def start_worker(self) -> Proc:
@@ -534,6 +559,14 @@ class Chaos:
             self.config = dataclasses.replace(c, jobs=drawn.jobs)
             self._prepare({"workflow": drawn.nodes})
             return
+        if c.keys:
+            from .keys import specs as keyed_specs
+
+            self._prepare(keyed_specs(self.rng, jobs=c.jobs, keys=c.keys,
+                                      job_seconds=c.job_seconds,
+                                      flaky_fraction=c.flaky_fraction,
+                                      timeout_fraction=c.timeout_fraction))
+            return
         specs = []
         for n in range(c.jobs):
             long = self.rng.random() < c.long_fraction
@@ -658,17 +691,21 @@ class Outcome:
     report: Report
     workflows: WorkflowReport | None = None
     steps: "StepsReport | None" = None
+    keys: "KeyReport | None" = None
 
     @property
     def ok(self) -> bool:
         f = self.facts
-        return (self.report.ok and not (self.steps and self.steps.violations) and f.drained and not f.unexpected_exits and not f.bad_stops
+        return ((self.keys is None or self.keys.ok) and self.report.ok
+                and not (self.steps and self.steps.violations) and f.drained
+                and not f.unexpected_exits and not f.bad_stops
                 and not f.worker_errors and not f.problems)
 
     def failures(self) -> list[str]:
         f = self.facts
         return [*f.problems, *f.unexpected_exits, *f.bad_stops, *f.worker_errors[:20],
-                *self.report.violations, *(self.steps.violations if self.steps else [])]
+                *self.report.violations, *(self.steps.violations if self.steps else []),
+                *(self.keys.violations[:20] if self.keys else [])]
 
     def summary(self) -> str:
         f, r = self.facts, self.report
@@ -701,6 +738,7 @@ class Outcome:
             *self._effects_lines(),
             *(summary_lines(self.workflows) if self.workflows else []),
             *(steps_summary(self.steps) if self.steps else []),
+            *(key_lines(self.keys) if self.keys else []),
             f"  lost = {r.lost}",
             f"  stale writes applied = {r.stale_writes_applied}",
             f"  workers not recovering after a restart: {r.workers_not_recovered}; "
@@ -770,7 +808,8 @@ def run(config: Config, say=print, inspect=None) -> Outcome:
                                expected=expected)
                 flows = check_workflows(conn, report) if config.workflows else None
                 stepped = check_steps(conn) if config.steps else None
-            outcome = Outcome(facts, report, flows, stepped)
+                keyed = check_keys(conn) if config.keys else None
+            outcome = Outcome(facts, report, flows, stepped, keyed)
             if inspect is not None:
                 inspect(cluster.url(), outcome)
             ok = outcome.ok

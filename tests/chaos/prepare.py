@@ -39,7 +39,10 @@ def main(spec_path: str, job_name: str = "chaos.work") -> None:
     for start in range(0, len(specs), 2000):
         chunk = specs[start:start + 2000]
         with transaction.atomic():
-            ids = bulk_enqueue([JobRequest(job_name, args, max_attempts=50)
+            # A keyed job (the keys scenario) gets its key as its handler computes it.
+            ids = bulk_enqueue([JobRequest(job_name, args, max_attempts=50,
+                                           concurrency_key=args.get("key"),
+                                           key_concurrency=1 if "key" in args else None)
                                 for args in chunk])
             with connection.cursor() as cursor:
                 cursor.executemany("INSERT INTO chaos_enqueued (job_id) VALUES (%s)",

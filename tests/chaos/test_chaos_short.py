@@ -51,7 +51,7 @@ import pytest
 from tests.chaos.checker import Report, check
 from tests.support.ci import unavailable
 from tests.chaos.cluster import Cluster, ClusterUnavailable
-from tests.chaos.driver import Config, Outcome, effects_config, run, workflows_config
+from tests.chaos.driver import Config, Outcome, effects_config, keys_config, run, workflows_config
 from tests.chaos.workflows import check_workflows, expected_endings
 from tests.chaos.liveness import LivenessConfig
 from tests.chaos.liveness import run as run_liveness
@@ -335,3 +335,45 @@ def test_short_workflows_run_fires_each_callback_once_and_no_dependent_early(tmp
     assert report.lost == 0 and report.unfinished == 0 and report.double_completions == 0
     assert report.done + report.dead_lettered + report.cancelled == report.enqueued == 602
     assert report.unexplained_duplicates == 0 and report.stale_writes_applied == 0
+
+
+KEYS_SHORT = keys_config(
+    jobs=150, keys=10, workers=3, concurrency=3, kills=1, fast_restarts=0, stops=1,
+    terminations=1, job_seconds=(0.02, 0.15), timeout_fraction=0.05, flaky_fraction=0.05,
+    drain_timeout=150.0, stall_timeout=60.0,
+)
+
+
+def _show_the_checker_a_key_overlap(url: str, outcome) -> None:
+    """Inside a rolled-back transaction: two runs of one key made to overlap, a key left
+    counting; the keys check must report both."""
+    from tests.chaos.keys import check_keys
+
+    with psycopg.connect(url) as conn:
+        try:
+            first, second = conn.execute(
+                "SELECT e.exec_id, e.started_at FROM chaos_executions AS e "
+                "JOIN soniq_jobs AS j ON j.id = e.job_id WHERE j.concurrency_key = 'k0' "
+                "ORDER BY e.started_at LIMIT 2").fetchall()
+            conn.execute("UPDATE chaos_executions SET finished_at = %s + interval '1 hour' "
+                         "WHERE exec_id = %s", [first[1], first[0]])
+            conn.execute("UPDATE soniq_key_slots SET running = 1 WHERE key = 'k1'")
+            found = check_keys(conn)
+        finally:
+            conn.rollback()
+    assert found.overlaps >= 1, found.violations
+    assert any("still counting" in line for line in found.leftovers), found.leftovers
+
+
+def test_short_keys_run_never_runs_two_jobs_of_a_key_at_once(tmp_path):
+    _require_a_private_cluster()
+    started = time.monotonic()
+    outcome = run(dataclasses.replace(KEYS_SHORT, log_dir=tmp_path), say=print,
+                  inspect=_show_the_checker_a_key_overlap)
+    print(outcome.summary())
+    print(f"short keys chaos run: {time.monotonic() - started:.1f} s")
+    assert outcome.ok, "\n".join(outcome.failures()[:40])
+    facts, keyed = outcome.facts, outcome.keys
+    assert facts.kills >= 1 and facts.stops + facts.stops_missed == 1
+    assert keyed.keys == 10 and keyed.overlaps == 0 and not keyed.leftovers
+    assert outcome.report.done == KEYS_SHORT.jobs

@@ -41,10 +41,13 @@ ATTEMPTS = {"soniq_jobs": {"claimed_at": (TSTZ, True, None)}}
 #: Added by 0025_workflows: whether another job waits for this one.
 WORKFLOWS = {"soniq_jobs": {"has_dependents": ("boolean", True, None)}}
 
+#: Added by 0029_keys: the key of a job limited per key.
+KEYS = {"soniq_jobs": {"concurrency_key": ("text", True, None)}}
+
 
 def _expected(table):
     return {**FORMAT_1[table], **OWNED.get(table, {}), **ATTEMPTS.get(table, {}),
-            **WORKFLOWS.get(table, {})}
+            **WORKFLOWS.get(table, {}), **KEYS.get(table, {})}
 
 
 @pytest.mark.postgresql_only

@@ -40,9 +40,20 @@ LATER_OBJECTS = {"soniq_queue_holds", "soniq_jobs_claim_queue_now_idx",
                  "soniq_workflow_job_gone", "soniq_workflow_dead_letter_gone",
                  # 0028_job_steps: the steps' table, its key and the triggers that purge it.
                  "soniq_job_steps", "soniq_job_steps_pkey", "soniq_job_steps_job_gone",
-                 "soniq_job_steps_dead_letter_gone"}
-#: The columns 0020 and 0025 add to soniq_jobs, as SQLite's table definition ends with them.
-_LATER_SQLITE_COLUMNS = (', "claimed_at" datetime NULL', ', "has_dependents" bool NULL')
+                 "soniq_job_steps_dead_letter_gone",
+                 # 0029_keys: the key tables, their indexes and constraints, the triggers,
+                 # concurrency_key.
+                 "soniq_key_slots", "soniq_key_limits", "soniq_key_parked", "soniq_key_starts",
+                 "soniq_key_holds", "soniq_key_slots_key", "soniq_key_slots_concurrency_valid",
+                 "soniq_key_slots_rate_valid", "soniq_key_limits_pattern",
+                 "soniq_key_limits_concurrency_valid", "soniq_key_limits_rate_valid",
+                 "soniq_key_parked_order_idx", "soniq_key_starts_idx", "soniq_key_holds_claim",
+                 "soniq_key_moved", "soniq_key_gone", "soniq_key_deferred",
+                 "soniq_key_hold_gone", "soniq_key_admit", "concurrency_key"}
+#: The columns 0020, 0025 and 0029 add to soniq_jobs, as SQLite's table definition ends
+#: with them.
+_LATER_SQLITE_COLUMNS = (', "claimed_at" datetime NULL', ', "has_dependents" bool NULL',
+                         ', "concurrency_key" text NULL')
 
 
 def without_later_tables(shape: list) -> list:

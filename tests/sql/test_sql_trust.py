@@ -93,7 +93,7 @@ def test_the_tables_are_not_open_to_public():
 def test_a_granted_producer_can_enqueue_and_read_but_not_touch_the_tables(roles):
     role = roles.create("soniq_producer")
     output = grant(role)
-    assert output.count("GRANT") == 6
+    assert output.count("GRANT") == 7
     with roles.connect(role, application_name="") as conn:
         job_id = conn.execute(
             "SELECT soniq_enqueue('trust.job', '{\"n\": 1}', unique_job => true)").fetchone()[0]
@@ -109,6 +109,11 @@ def test_a_granted_producer_can_enqueue_and_read_but_not_touch_the_tables(roles)
             "SELECT soniq_enqueue_many('[{\"job_name\": \"trust.job\", \"args\": {\"n\": 1}, "
             "\"unique_job\": true}, {\"job_name\": \"trust.many\"}]')").fetchone()[0]
         assert batch[0] == job_id
+        # A job limited per key (claim_protocol_v12.sql), through its own definer function.
+        keyed = conn.execute("SELECT soniq_enqueue_keyed('tenant-1', 1, '5/s', 'trust.keyed')"
+                             ).fetchone()[0]
+        assert conn.execute("SELECT status FROM soniq_get_job(%s)", [keyed]).fetchone() == (
+            "queued",)
         assert_refused(conn, "SELECT soniq_enqueue_many('[{\"job_name\": \"Bad Name\"}]')",
                        "22023", "SONIQ_INVALID_TASK_NAME")
         assert_refused(conn, "SELECT soniq_enqueue('Bad Name', '{}')", "22023",
@@ -127,6 +132,9 @@ def test_a_granted_producer_can_enqueue_and_read_but_not_touch_the_tables(roles)
             "SELECT * FROM soniq_recurring_jobs",
             "SELECT * FROM soniq_workers",
             "SELECT * FROM soniq_task_registry",
+            "SELECT * FROM soniq_key_slots",
+            "SELECT soniq_key_sweep()",
+            "SELECT soniq_key_refresh('default', '*')",
             # The internal helpers are not granted.
             "SELECT soniq_canonical_json_v1('{}')",
             "SELECT soniq_check_args_v1('{}')",
@@ -138,7 +146,8 @@ def test_a_granted_producer_can_enqueue_and_read_but_not_touch_the_tables(roles)
     job = Job.objects.get(id=job_id)
     assert (job.status, job.producer_id) == ("queued", role)  # session_user, not the owner
     assert Job.objects.get(id=batch[1]).producer_id == role
-    assert Job.objects.count() == 2
+    assert Job.objects.get(id=keyed).producer_id == role
+    assert Job.objects.count() == 3
 
 
 def test_the_grant_covers_exactly_the_producer_functions(roles):

@@ -28,7 +28,7 @@ from soniq_django.sql import SQL_DIR
 
 #: The functions a producer is granted, by name.
 PUBLIC_FUNCTIONS = ("soniq_enqueue", "soniq_get_job", "soniq_args_hash", "soniq_enqueue_many",
-                    "soniq_enqueue_after")
+                    "soniq_enqueue_after", "soniq_enqueue_keyed")
 
 #: The columns soniq_get_job returns, in the seed's order.
 GET_JOB_COLUMNS = (
@@ -49,6 +49,7 @@ def producer_api_functions() -> list[str]:
         for found in re.findall(r"^CREATE (?:OR REPLACE )?FUNCTION \{schema\}\.(\w+)\(",
                                 text, flags=re.MULTILINE):
             names[found] = None
+    names["soniq_enqueue_keyed"] = None  # claim_protocol_v12.sql (0029): a producer's too
     return list(names)
 
 

@@ -5,6 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils.connection import ConnectionDoesNotExist
 
 from soniq_django import flow
+from soniq_django.keys import limits as key_limits
 from soniq_django.errors import SoniqError
 from soniq_django.management.database import add_database_argument, database_alias
 
@@ -35,6 +36,21 @@ class Command(BaseCommand):
         resume.add_argument("queue")
         actions.add_parser("status", help="Each queue's pause, limits and jobs now.")
         actions.add_parser("sync", help="Write SONIQ['QUEUES'] into soniq_queue_settings.")
+        keys = actions.add_parser("keys", help="The keys of limits per key with jobs running "
+                                              "or waiting, those at their limit first.")
+        keys.add_argument("--queue")
+        keys.add_argument("--at-limit", action="store_true", help="Only the keys at their limit.")
+        limit = actions.add_parser("limit-key", help="Override the limits of a queue's keys "
+                                                     "matching a pattern ('*': any text), "
+                                                     "at once, on every worker.")
+        limit.add_argument("queue")
+        limit.add_argument("key_pattern")
+        limit.add_argument("--concurrency", type=int)
+        limit.add_argument("--rate", help="N/s, N/m or N/h")
+        clear = actions.add_parser("clear-key", help="Remove an override: the jobs' declared "
+                                                     "limits apply again.")
+        clear.add_argument("queue")
+        clear.add_argument("key_pattern")
         for sub in actions.choices.values():
             add_database_argument(sub)
 
@@ -51,14 +67,41 @@ class Command(BaseCommand):
                 changed = flow.resume_queue(options["queue"], using=using)
                 self.stdout.write(f"Resumed {options['queue']}." if changed
                                   else f"{options['queue']} was not paused.")
+            elif action == "keys":
+                self._keys(key_limits.key_states(queue=options["queue"], using=using,
+                                                 at_limit_only=options["at_limit"]))
+            elif action == "limit-key":
+                seen = key_limits.set_key_limit(
+                    options["queue"], options["key_pattern"],
+                    concurrency=options["concurrency"], rate=options["rate"], using=using)
+                self.stdout.write(f"Limited {options['key_pattern']} in {options['queue']} "
+                                  f"({seen} key(s) with jobs now).")
+            elif action == "clear-key":
+                cleared = key_limits.clear_key_limit(options["queue"], options["key_pattern"],
+                                                     using=using)
+                self.stdout.write("Cleared." if cleared else "No such override.")
             elif action == "sync":
                 written = flow.sync_configured(using)
                 self.stdout.write(f"Wrote SONIQ['QUEUES'] for: {', '.join(written)}." if written
                                   else "soniq_queue_settings already holds SONIQ['QUEUES'].")
             else:
                 self._status(flow.queue_states(using))
-        except (SoniqError, ConnectionDoesNotExist) as error:
+        except (SoniqError, ConnectionDoesNotExist) as error:  # ConfigValidationError too
             raise CommandError(f"soniq_queue {options['action']} failed: {error}") from None
+
+    def _keys(self, states: list[key_limits.KeyState]) -> None:
+        if not states:
+            self.stdout.write("(no key has jobs running or waiting)")
+            return
+        width = max(3, *(len(state.key) for state in states))
+        self.stdout.write(f"{'queue':<12}  {'key':<{width}}  {'concurrency':>11}  {'rate':>9}  "
+                          f"{'running':>7}  {'waiting':>7}")
+        for state in states:
+            concurrency = "-" if state.concurrency is None else str(state.concurrency)
+            self.stdout.write(
+                f"{state.queue:<12}  {state.key:<{width}}  {concurrency:>11}  "
+                f"{_rate(state.rate):>9}  {state.running:>7}  {state.waiting:>7}"
+                + ("  at its limit" if state.at_limit else ""))
 
     def _status(self, states: list[flow.QueueState]) -> None:
         if not states:
