@@ -223,10 +223,11 @@ def _write_many(prepared: list[PreparedJob], alias: str, connection: Any,
 
 def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: Any
                            ) -> list[uuid.UUID]:
-    """A bulk enqueue with jobs that wait: the others first (one bulk insert), then each
-    waiting one in request order, in one transaction. A job may so depend on any job of
-    the bulk that waits for nothing, and on a waiting one before it."""
-    from .dependencies import write_dependent
+    """A bulk enqueue with jobs that wait: the others first (one bulk insert), then the
+    waiting ones together (``write_dependents``: one call), in one transaction. A job may
+    so depend on any job of the bulk that waits for nothing, and on a waiting one before
+    it."""
+    from .dependencies import write_dependents
 
     ids: list[uuid.UUID | None] = [None] * len(prepared)
     with translating(alias), transaction.atomic(using=alias):
@@ -235,9 +236,10 @@ def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: 
             for index, job_id in zip(free, _write_many([prepared[i] for i in free], alias,
                                                        connection, None)):
                 ids[index] = job_id
-        for index, job in enumerate(prepared):
-            if job.depends_on is not None:
-                ids[index] = write_dependent(job, alias, connection)
+        waiting = [index for index, job in enumerate(prepared) if job.depends_on is not None]
+        for index, job_id in zip(waiting, write_dependents([prepared[i] for i in waiting],
+                                                           alias, connection)):
+            ids[index] = job_id
     return [job_id for job_id in ids if job_id is not None]
 
 
