@@ -30,6 +30,8 @@ __all__ = ["write_dependent", "write_dependents"]
 
 #: Ids per ``IN (...)`` on SQLite (its limit on a statement's parameters is 999 in old builds).
 _SQLITE_CHUNK = 500
+# DependencyState's values, as plain text for the set-based twin.
+_DONE, _WAITING, _FAILED = "done", "waiting", "failed"
 
 
 def _unknown_dependency() -> ConfigValidationError:  # no id: the message carries no job data
@@ -167,18 +169,18 @@ def _outside_states(outside: list[uuid.UUID], alias: str) -> dict[uuid.UUID, str
     for chunk in _chunks(outside):
         jobs.filter(id__in=chunk, status__in=[JobStatus.QUEUED, JobStatus.PROCESSING]).exclude(
             has_dependents=True).update(has_dependents=True)
-    states = {}
+    states: dict[uuid.UUID, str] = {}
     for chunk in _chunks(outside):
         for dep, status in jobs.filter(id__in=chunk).values_list("id", "status"):
-            states[dep] = (DependencyState.DONE if status == JobStatus.DONE
-                           else DependencyState.WAITING
+            states[dep] = (_DONE if status == JobStatus.DONE
+                           else _WAITING
                            if status in (JobStatus.QUEUED, JobStatus.PROCESSING)
-                           else DependencyState.FAILED)
+                           else _FAILED)
     missing = [dep for dep in outside if dep not in states]
     for chunk in _chunks(missing):
         for dep in DeadLetterJob.objects.using(alias).filter(id__in=chunk).values_list(
                 "id", flat=True):
-            states[dep] = DependencyState.FAILED
+            states[dep] = _FAILED
     if len(states) < len(outside):
         raise _unknown_dependency()
     return states
@@ -201,14 +203,14 @@ def _enqueue_after_many_portable(jobs: list[PreparedJob], alias: str, ttl: float
     # Edges inside point back: one pass in order settles who is cancelled at once.
     failed_by: list[uuid.UUID | None] = [None] * len(jobs)
     pending = [0] * len(jobs)
-    states = []
+    states: list[str] = []
     for index, dep, src in edges:
         state = outside_state[dep] if src is None else (
-            DependencyState.FAILED if failed_by[src] is not None else DependencyState.WAITING)
+            _FAILED if failed_by[src] is not None else _WAITING)
         states.append(state)
-        if state == DependencyState.WAITING:
+        if state == _WAITING:
             pending[index] += 1
-        elif (state == DependencyState.FAILED and not jobs[index].any_outcome
+        elif (state == _FAILED and not jobs[index].any_outcome
               and failed_by[index] is None):
             failed_by[index] = dep
     held = [dataclasses.replace(job, scheduled_at=WAITING_SCHEDULED_AT)
@@ -227,10 +229,10 @@ def _enqueue_after_many_portable(jobs: list[PreparedJob], alias: str, ttl: float
                       any_outcome=jobs[index].any_outcome, state=state)
         for (index, dep, _), state in zip(edges, states) if written[index]])
     now = timezone.now()
-    for index, dep in enumerate(failed_by):  # rare: a dependency already failed
-        if dep is not None and written[index]:
+    for index, failed in enumerate(failed_by):  # rare: a dependency already failed
+        if failed is not None and written[index]:
             Job.objects.using(alias).filter(id=jobs[index].job_id).update(
-                status=JobStatus.CANCELLED, last_error=f"dependency_failed:{dep}",
+                status=JobStatus.CANCELLED, last_error=f"dependency_failed:{failed}",
                 scheduled_at=jobs[index].scheduled_at,
                 expires_at=now + dt.timedelta(seconds=ttl), updated_at=now)
     JobWait.objects.using(alias).bulk_create([
