@@ -13,6 +13,8 @@ PRODUCER_FUNCTIONS = (
     # producer_api_v5.sql (migration 0025_workflows): enqueue with depends_on.
     "soniq_enqueue_after(uuid[], text, jsonb, text, integer, timestamptz, integer, boolean, text,"
     " text, uuid, boolean, double precision)",
+    # producer_api_v6.sql (migration 0027_enqueue_after_many): many of them in one call.
+    "soniq_enqueue_after_many(jsonb, double precision)",
     # claim_protocol_v12.sql (migration 0029_keys): enqueue a job limited per key.
     "soniq_enqueue_keyed(text, integer, text, text, jsonb, text, integer, timestamptz, integer,"
     " boolean, text, text, uuid)",

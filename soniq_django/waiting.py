@@ -19,11 +19,19 @@ language -- the trigger sees it.
 
 A lost notification never makes a wait outlast its timeout: the waiter
 reads the job again every ``RECHECK_SECONDS`` while it listens, and every
-``POLL_SECONDS`` once its connection is lost (or could not be made). Behind
-a transaction pooler without ``LISTEN_DATABASE`` (the wait's own
-connection reaches its server through a pooler: ``pooling.pooled``) it
-does not LISTEN at all -- no NOTIFY would reach it -- and reads every
-``POLL_SECONDS``. SQLite: read every ``POLL_SECONDS`` (from 20 ms, doubling).
+``POLL_SECONDS`` once its connection is lost (or could not be made).
+
+Behind a transaction pooler NOTIFY does not reach a LISTEN, so a wait
+follows the worker's rule (listen.py, docs/deployment.md): it listens on
+``SONIQ["LISTEN_DATABASE"]`` when set, and the first wait of a process that
+listens on an alias tests it: it sends a NOTIFY with a fresh token over a
+new connection to the wait's database and waits up to ``PROBE_SECONDS``
+(capped by its timeout) for it. Heard: this process's waits on that pair of
+aliases listen from then on. Not heard: one warning naming
+``LISTEN_DATABASE``, the probe's LISTEN taken off the server session that
+holds it, and the waits poll every ``POLL_SECONDS``; the verdict is tested
+again after ``DEAF_RETEST_SECONDS``. SQLite: read every ``POLL_SECONDS``
+(from 20 ms, doubling).
 
 The job is read with ``get_job`` on the wait's alias (``using``, else the
 routers' write alias: where jobs are written, and finished), so what a wait
@@ -32,6 +40,7 @@ returns is what ``get_job(id, using=alias)`` says then.
 
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Awaitable
@@ -40,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from . import listen
 from .conf import get_settings
 from .errors import ConfigValidationError, WaitTimeout
 from .producer.api import JobInfo, get_coerced, refuse_event_loop, write_alias
@@ -63,9 +73,17 @@ WAITER_MARGIN_SECONDS = 60
 #: The longest the share lock on the job's row is waited for (a completion under way).
 LOCK_WAIT_SECONDS = 5
 
+#: The longest the first wait of a process (per pair of aliases) waits for its probe NOTIFY.
+PROBE_SECONDS = listen.PROBE_SECONDS
+#: A "not heard" verdict is tested again after this long (a pooler may have been fixed).
+DEAF_RETEST_SECONDS = 600.0
+
 CHANNEL_PREFIX = "soniq_job_"
 
-_warned_pooled: set[str] = set()
+# (listen alias, wait alias) -> (heard, when tested); tested under _probing.
+_verdicts: dict[tuple[str, str], tuple[bool, float]] = {}
+_probing = threading.Lock()
+_warned_deaf: set[tuple[str, str]] = set()
 
 
 def channel(job_id: uuid.UUID) -> str:
@@ -151,26 +169,21 @@ def _poll(job_id: uuid.UUID, alias: str, deadline: float, info: JobInfo | None,
 
 
 def _listen(job_id: uuid.UUID, alias: str, deadline: float) -> JobInfo:
-    from .pooling import pooled
-    from .worker.wakeup import _close, new_connection
-
     listen_alias = get_settings().LISTEN_DATABASE or alias
     waiter = uuid.uuid4()
     raw: "Connection[Any] | None" = None
     try:
         try:
-            raw = new_connection(listen_alias,
-                                 connect_within=max(1, math.ceil(deadline - time.monotonic())))
-            if listen_alias == alias and pooled(raw):
-                _warn_pooled(alias)
-                _close(raw)
-                raw = None
-            else:
+            raw = _new_connection(listen_alias, deadline)
+            if _hears(raw, listen_alias, alias, deadline):
                 _register(raw, job_id, waiter, deadline)
+            else:
+                listen.close(raw)
+                raw = None
         except Exception:
             logger.debug("wait_for_job: cannot listen on database %r; polling every %g s",
                          listen_alias, POLL_SECONDS)
-            _close(raw)
+            listen.close(raw)
             raw = None
         while True:
             info = get_coerced(job_id, alias)  # after the LISTEN: no finish goes unseen
@@ -187,12 +200,68 @@ def _listen(job_id: uuid.UUID, alias: str, deadline: float) -> JobInfo:
                     break  # the job's channel: it finished (or a stale notice): read it
             except Exception:  # the connection is lost: poll until the deadline
                 logger.debug("wait_for_job: the listening connection was lost; polling")
-                _close(raw)
+                listen.close(raw)
                 raw = None
     finally:
         if raw is not None:
             _forget(raw, job_id, waiter)
-            _close(raw)
+            listen.close(raw)
+
+
+def _new_connection(alias: str, deadline: float) -> "Connection[Any]":
+    """A connection of the wait's own, connecting within the wait's deadline.
+
+    With the worker's TCP options (a silent server is found dead, worker/wire.py).
+    """
+    return listen.new_connection(alias, max(1, math.ceil(deadline - time.monotonic())),
+                                 _tcp(alias))
+
+
+def _hears(raw: "Connection[Any]", listen_alias: str, alias: str, deadline: float) -> bool:
+    """Whether a NOTIFY sent on ``alias`` reaches a LISTEN on ``listen_alias``: tested once.
+
+    The first wait of the process on the pair tests it on ``raw`` (listen.py);
+    later ones take the verdict (a "not heard" one until DEAF_RETEST_SECONDS
+    passed), or poll when the test under way outlasts their deadline. A test
+    cut short by the wait's deadline leaves no verdict.
+    """
+    pair = (listen_alias, alias)
+    if not _probing.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        return False
+    try:
+        known = _verdicts.get(pair)
+        if known is None or (not known[0]
+                             and time.monotonic() - known[1] >= DEAF_RETEST_SECONDS):
+            known = _probe(raw, alias, min(PROBE_SECONDS, deadline - time.monotonic()))
+            if known is None:
+                return False
+            _verdicts[pair] = known
+    finally:
+        _probing.release()
+    if not known[0]:
+        _warn_deaf(pair)
+    return known[0]
+
+
+def _probe(raw: "Connection[Any]", alias: str, seconds: float) -> tuple[bool, float] | None:
+    """The verdict of a self-test on ``raw`` (heard, when); None when cut short unheard."""
+    session = listen.listen(raw, [listen.PROBE_CHANNEL])
+    token = listen.new_token()
+    listen.send_probe(alias, token, _tcp(alias), connect_within=max(1, math.ceil(seconds)))
+    heard = listen.heard(raw, token, seconds)
+    if heard:
+        raw.execute(f"UNLISTEN {listen.PROBE_CHANNEL}")
+    else:  # through a pooler: off the server session that holds it, not another one
+        listen.unlisten_session(raw, session, [listen.PROBE_CHANNEL])
+    if not heard and seconds < PROBE_SECONDS:
+        return None
+    return heard, time.monotonic()
+
+
+def _tcp(alias: str) -> dict[str, int]:
+    from .worker.wire import tcp_defaults  # a public helper; the worker never imports waiting
+
+    return tcp_defaults(connections[alias])
 
 
 def _register(raw: "Connection[Any]", job_id: uuid.UUID, waiter: uuid.UUID,
@@ -222,12 +291,11 @@ def _forget(raw: "Connection[Any]", job_id: uuid.UUID, waiter: uuid.UUID) -> Non
         pass
 
 
-def _warn_pooled(alias: str) -> None:
-    if alias not in _warned_pooled:
-        _warned_pooled.add(alias)
+def _warn_deaf(pair: tuple[str, str]) -> None:
+    if pair not in _warned_deaf:
+        _warned_deaf.add(pair)
         logger.warning(
-            "wait_for_job on database %r reaches it through a pooler, where NOTIFY does not "
-            "reach a listener: polling every %g s. Set SONIQ['LISTEN_DATABASE'] to a direct "
-            "or session-mode connection to the same database (docs/deployment.md).",
-            alias, POLL_SECONDS)
-
+            "wait_for_job: a LISTEN on database %r does not hear NOTIFY sent on database %r "
+            "(a transaction pooler in between?): polling every %g s instead. Set "
+            "SONIQ['LISTEN_DATABASE'] to a direct or session-mode connection to the same "
+            "database (docs/deployment.md).", pair[0], pair[1], POLL_SECONDS)

@@ -4,10 +4,12 @@ The dashboard's counts per state say how many jobs are queued; this module
 says which of them could run now and what holds those back, as plain,
 frozen data (``read``):
 
-- each queue's queued jobs split in three: **due** now, **scheduled** for a
-  later ``run_at`` and never tried, and **retrying**: tried before, waiting
-  for their backoff's ``run_at``. "Later" is by the database's clock (the
-  overview's ``now``), never this host's;
+- each queue's queued jobs split in four: **due** now, **scheduled** for a
+  later ``run_at`` and never tried, **retrying**: tried before, waiting
+  for their backoff's ``run_at``, and **waiting** for the jobs they depend
+  on (``depends_on``, a batch's callback: held at ``WAITING_SCHEDULED_AT``
+  until released, producer/dependencies.py). "Later" is by the database's
+  clock (the overview's ``now``), never this host's;
 - each queue's flow control (``soniq_queue_settings``, flow.py): paused or
   not, its concurrency limit with how many of its jobs run now (its
   ``processing`` rows plus its live holds, as a claim counts them), and its
@@ -19,7 +21,8 @@ frozen data (``read``):
   every slot of the workers that serve it is in use.
 
 Five small queries, each on an index or a small table: the queued jobs with
-a later ``run_at`` (soniq_jobs_claim_due_idx), the settings rows, the live
+a later ``run_at`` (soniq_jobs_claim_due_idx; the waiting ones are among
+them, told apart by their ``scheduled_at``, at no extra read), the settings rows, the live
 holds and the rate window's starts of the limited queues, and the running
 jobs of the live workers (soniq_jobs_lease_idx). The due count is the
 queue's queued count, from the overview, less the later ones: no query
@@ -35,7 +38,7 @@ from typing import Protocol
 
 from django.db.models import Count, Q
 
-from .models import Job, JobStatus, QueueHold, QueueSetting, QueueStart
+from .models import WAITING_SCHEDULED_AT, Job, JobStatus, QueueHold, QueueSetting, QueueStart
 
 HELD_BACK = {
     "paused": "paused",
@@ -45,6 +48,9 @@ HELD_BACK = {
     "slots": "every slot of its workers is in use",
 }
 """What may hold a queue's due jobs back, and how the dashboard says it."""
+
+QUEUED_PARTS = ("due", "scheduled", "retrying", "waiting")
+"""The parts the queued jobs are split into (``QueueWaits``' fields of those names)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,8 @@ class QueueWaits:
     retrying: int
     limits: Limits
     held_back_by: tuple[str, ...]  # keys of HELD_BACK; empty when nothing is due
+    waiting: int = 0
+    """Queued jobs waiting for the jobs they depend on (not counted in ``scheduled``)."""
 
     @property
     def held_back_text(self) -> str:
@@ -123,7 +131,7 @@ class Waits:
     @property
     def totals(self) -> dict[str, int]:
         return {part: sum(getattr(row, part) for row in self.queues.values())
-                for part in ("due", "scheduled", "retrying")}
+                for part in QUEUED_PARTS}
 
 
 class LiveWorker(Protocol):
@@ -158,8 +166,8 @@ def read(using: str, now: dt.datetime, queued: Mapping[str, int], processing: Ma
     workers = _slots(using, live_workers)
     queues = {}
     for name in sorted(set(queued) | set(settings)):
-        scheduled, retrying = later.get(name, (0, 0))
-        due = max(queued.get(name, 0) - scheduled - retrying, 0)
+        scheduled, retrying, waiting = later.get(name, (0, 0, 0))
+        due = max(queued.get(name, 0) - scheduled - retrying - waiting, 0)
         row = settings.get(name)
         limits = Limits() if row is None else Limits(
             paused=row.paused, paused_by=row.paused_by, paused_at=row.paused_at,
@@ -167,7 +175,7 @@ def read(using: str, now: dt.datetime, queued: Mapping[str, int], processing: Ma
             running=processing.get(name, 0) + holds.get(name, 0),
             rate=row.effective_rate, started=starts.get(name, 0), has_row=True)
         queues[name] = QueueWaits(name, due, scheduled, retrying, limits,
-                                  _held_back(name, due, limits, workers.values()))
+                                  _held_back(name, due, limits, workers.values()), waiting)
     return Waits(queues=queues, workers=workers)
 
 
@@ -190,17 +198,22 @@ def _held_back(queue: str, due: int, limits: Limits, workers: Iterable[WorkerSlo
     return tuple(found)
 
 
-def _later(using: str, now: dt.datetime) -> dict[str, tuple[int, int]]:
-    """{queue: (scheduled, retrying)}: queued jobs whose run_at is after ``now``.
+def _later(using: str, now: dt.datetime) -> dict[str, tuple[int, int, int]]:
+    """{queue: (scheduled, retrying, waiting)}: queued jobs whose run_at is after ``now``.
 
     Reads only those rows (soniq_jobs_claim_due_idx: queued, scheduled_at
-    set, in scheduled_at order), never the due backlog.
+    set, in scheduled_at order), never the due backlog. A job waiting for
+    its dependencies is held at WAITING_SCHEDULED_AT (9999-01-01, the mark
+    operations.py's retry-now honours too), whatever its attempts.
     """
+    held = Q(scheduled_at=WAITING_SCHEDULED_AT)
     rows = (Job.objects.using(using).filter(status=JobStatus.QUEUED, scheduled_at__gt=now)
-            .values_list("queue").annotate(scheduled=Count("id", filter=Q(attempts=0)),
-                                           retrying=Count("id", filter=Q(attempts__gt=0)))
+            .values_list("queue")
+            .annotate(scheduled=Count("id", filter=Q(attempts=0) & ~held),
+                      retrying=Count("id", filter=Q(attempts__gt=0) & ~held),
+                      waiting=Count("id", filter=held))
             .order_by())
-    return {queue: (scheduled, retrying) for queue, scheduled, retrying in rows}
+    return {queue: (scheduled, retrying, waiting) for queue, scheduled, retrying, waiting in rows}
 
 
 def _holds(using: str, now: dt.datetime, queues: list[str]) -> dict[str, int]:

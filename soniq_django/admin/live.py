@@ -48,7 +48,10 @@ _MODULE_ACCESS = {"soniq-dead-letters": "dead_letters", "soniq-tasks": "tasks",
 QUEUED_PARTS = (("due", "Due now", "Queued jobs that may run now"),
                 ("scheduled", "Scheduled", "Queued for a later run_at, never tried yet"),
                 ("retrying", "Retrying",
-                 "Tried before; waiting for their retry's run_at (the backoff)"))
+                 "Tried before; waiting for their retry's run_at (the backoff)"),
+                ("waiting", "Waiting",
+                 "Waiting for the jobs they depend on (depends_on, a chain, a batch's "
+                 "callback); released when those are done"))
 """The queued column, split: (key, heading, what it counts)."""
 _QUEUED_KEYS = frozenset(key for key, _, _ in QUEUED_PARTS)
 
@@ -131,8 +134,8 @@ def queues(request: HttpRequest, snapshot: overview.Snapshot, found: waits.Waits
     for name in sorted(set(rows) | set(found.queues)):
         row = rows.get(name) or _empty_row(name)
         wait = found.queues.get(name) or waits.QueueWaits(name, 0, 0, 0, waits.Limits(), ())
-        counts = {**dict(row.cells), "due": wait.due, "scheduled": wait.scheduled,
-                  "retrying": wait.retrying}
+        counts = {**dict(row.cells),
+                  **{part: getattr(wait, part) for part in waits.QUEUED_PARTS}}
         # The row as the permission checks see it (read by waits.read already).
         setting = QueueSetting(queue=name, paused=wait.limits.paused) \
             if wait.limits.has_row else None
@@ -202,8 +205,7 @@ def figures(context: dict[str, Any]) -> dict[str, Any]:
         "queues": [
             {"queue": queue.name, "paused": queue.paused,
              "counts": {key: n for key, n in queue.row.cells if key not in hidden},
-             "queued": {"due": queue.waits.due, "scheduled": queue.waits.scheduled,
-                        "retrying": queue.waits.retrying},
+             "queued": {part: getattr(queue.waits, part) for part in waits.QUEUED_PARTS},
              "limits": _limits(queue.waits.limits),
              "held_back_by": list(queue.waits.held_back_by),
              "oldest_wait_seconds": None if queue.row.oldest_wait is None

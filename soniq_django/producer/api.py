@@ -235,11 +235,12 @@ def _write_many(prepared: list[PreparedJob], alias: str, connection: Any,
 def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: Any
                            ) -> list[uuid.UUID]:
     """A bulk enqueue with jobs that wait or have a key: the others first (one bulk
-    insert), then each waiting or keyed one in request order, in one transaction. A job
+    insert), then each keyed one in request order (a keyed job waits for nothing), then
+    the waiting ones together (``write_dependents``: one call), in one transaction. A job
     may so depend on any job of the bulk that waits for nothing, and on a waiting one
     before it."""
+    from .dependencies import write_dependents
     from .keyed import write_keyed
-    from .dependencies import write_dependent
 
     ids: list[uuid.UUID | None] = [None] * len(prepared)
     with translating(alias), transaction.atomic(using=alias):
@@ -250,10 +251,12 @@ def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: 
                                                        connection, None)):
                 ids[index] = job_id
         for index, job in enumerate(prepared):
-            if job.depends_on is not None:
-                ids[index] = write_dependent(job, alias, connection)
-            elif job.key is not None:
+            if job.depends_on is None and job.key is not None:
                 ids[index] = write_keyed(job, alias, connection)
+        waiting = [index for index, job in enumerate(prepared) if job.depends_on is not None]
+        for index, job_id in zip(waiting, write_dependents([prepared[i] for i in waiting],
+                                                           alias, connection)):
+            ids[index] = job_id
     return [job_id for job_id in ids if job_id is not None]
 
 

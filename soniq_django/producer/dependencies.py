@@ -3,9 +3,13 @@
 On PostgreSQL one call of ``soniq_enqueue_after`` (``sql/producer_api_v5.sql``)
 checks the dependencies, inserts the job at ``WAITING_SCHEDULED_AT`` through
 ``soniq_enqueue``'s own checks and writes its edges and counter;
-``_enqueue_after_portable`` is its SQLite twin. The database settles the
-waiting jobs afterwards (``sql/workflows_v1.sql``); ``workflows.py`` builds
-batches and chains on this. See docs/workflows.md and decision 0044.
+``_enqueue_after_portable`` is its SQLite twin. A bulk enqueue writes all its
+waiting jobs at once (``write_dependents``): one call of
+``soniq_enqueue_after_many`` (``sql/producer_api_v6.sql``, decision 0045),
+or its SQLite twin, a few statements for the whole list. The database
+settles the waiting jobs afterwards (``sql/workflows_v1.sql``);
+``workflows.py`` builds batches and chains on this. See docs/workflows.md
+and decision 0044.
 """
 
 import dataclasses
@@ -22,10 +26,15 @@ from ..models import (WAITING_SCHEDULED_AT, DeadLetterJob, DependencyState, Job,
                       JobStatus, JobWait)
 from .request import SERVER_MADE_ID, PreparedJob
 
-__all__ = ["write_dependent"]
+__all__ = ["write_dependent", "write_dependents"]
+
+#: Ids per ``IN (...)`` on SQLite (its limit on a statement's parameters is 999 in old builds).
+_SQLITE_CHUNK = 500
+# DependencyState's values, as plain text for the set-based twin.
+_DONE, _WAITING, _FAILED = "done", "waiting", "failed"
 
 
-def _unknown_dependency() -> ConfigValidationError:
+def _unknown_dependency() -> ConfigValidationError:  # no id: the message carries no job data
     return ConfigValidationError("a job named in depends_on does not exist (in either job "
                                  "table)", code=ErrorCode.UNKNOWN_DEPENDENCY)
 
@@ -104,3 +113,131 @@ def _enqueue_after_portable(job: PreparedJob, alias: str, ttl: float) -> uuid.UU
         JobWait.objects.using(alias).create(job_id=job.job_id, pending=pending, run_at=run_at,
                                             created_at=now)
     return job.job_id
+
+
+def write_dependents(jobs: list[PreparedJob], alias: str, connection: Any) -> list[uuid.UUID]:
+    """``write_dependent`` of each job of ``jobs``, in order, in one transaction: set-based.
+
+    A job may name an earlier one of ``jobs`` (by its ``job_id``). Returns
+    the ids in order. Raises as ``write_dependent`` does; an unknown
+    dependency anywhere refuses the whole list, and nothing is written.
+    """
+    ttl = float(get_settings().RESULT_TTL)
+    if connection.vendor == "postgresql":
+        from ._pg import _json  # psycopg is needed on PostgreSQL alone
+
+        rows = [_after_row(job) for job in jobs]
+        with translating(alias), connection.cursor() as cursor:
+            cursor.execute("SELECT soniq_enqueue_after_many(%s::jsonb, %s)", [_json(rows), ttl])
+            (found,) = cursor.fetchone()
+        return [job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
+                for job_id in found]
+    jobs = [dataclasses.replace(job, job_id=uuid.uuid4()) if job.job_id is SERVER_MADE_ID
+            else job for job in jobs]
+    with translating(alias), transaction.atomic(using=alias):
+        return _enqueue_after_many_portable(jobs, alias, ttl)
+
+
+def _after_row(job: PreparedJob) -> dict[str, Any]:
+    """One element of ``soniq_enqueue_after_many``'s array."""
+    row: dict[str, Any] = {"job_name": job.job_name, "args": job.args, "queue": job.queue,
+                           "priority": job.priority, "max_attempts": job.max_attempts,
+                           "depends_on": [str(dep) for dep in job.depends_on or ()]}
+    if job.scheduled_at is not None:
+        row["run_at"] = job.scheduled_at.isoformat()
+    if job.unique_job:
+        row["unique_job"] = True
+    if job.dedup_key is not None:
+        row["dedup_key"] = job.dedup_key
+    if job.producer_id is not None:
+        row["producer_id"] = job.producer_id
+    if job.job_id is not SERVER_MADE_ID:
+        row["job_id"] = str(job.job_id)
+    if job.any_outcome:
+        row["any_outcome"] = True
+    return row
+
+
+def _chunks(ids: list[uuid.UUID]) -> list[list[uuid.UUID]]:
+    return [ids[n:n + _SQLITE_CHUNK] for n in range(0, len(ids), _SQLITE_CHUNK)]
+
+
+def _outside_states(outside: list[uuid.UUID], alias: str) -> dict[uuid.UUID, str]:
+    """Mark the jobs outside the list (the first write: it takes SQLite's lock), then their
+    dependency states; ``UNKNOWN_DEPENDENCY`` when one is in neither job table."""
+    jobs = Job.objects.using(alias)
+    for chunk in _chunks(outside):
+        jobs.filter(id__in=chunk, status__in=[JobStatus.QUEUED, JobStatus.PROCESSING]).exclude(
+            has_dependents=True).update(has_dependents=True)
+    states: dict[uuid.UUID, str] = {}
+    for chunk in _chunks(outside):
+        for dep, status in jobs.filter(id__in=chunk).values_list("id", "status"):
+            states[dep] = (_DONE if status == JobStatus.DONE
+                           else _WAITING
+                           if status in (JobStatus.QUEUED, JobStatus.PROCESSING)
+                           else _FAILED)
+    missing = [dep for dep in outside if dep not in states]
+    for chunk in _chunks(missing):
+        for dep in DeadLetterJob.objects.using(alias).filter(id__in=chunk).values_list(
+                "id", flat=True):
+            states[dep] = _FAILED
+    if len(states) < len(outside):
+        raise _unknown_dependency()
+    return states
+
+
+def _enqueue_after_many_portable(jobs: list[PreparedJob], alias: str, ttl: float
+                                 ) -> list[uuid.UUID]:
+    """``soniq_enqueue_after_many`` for SQLite: the same steps, a few statements in all."""
+    from .api import _insert_many_portable
+
+    first: dict[uuid.UUID, int] = {}
+    for index, job in enumerate(jobs):
+        first.setdefault(job.job_id, index)
+    # Edges: (element, dependency, the earlier element it names or None).
+    edges = [(index, dep, src if src is not None and src < index else None)
+             for index, job in enumerate(jobs) for dep in job.depends_on or ()
+             for src in [first.get(dep)]]
+    outside = list(dict.fromkeys(dep for _, dep, src in edges if src is None))
+    outside_state = _outside_states(outside, alias)
+    # Edges inside point back: one pass in order settles who is cancelled at once.
+    failed_by: list[uuid.UUID | None] = [None] * len(jobs)
+    pending = [0] * len(jobs)
+    states: list[str] = []
+    for index, dep, src in edges:
+        state = outside_state[dep] if src is None else (
+            _FAILED if failed_by[src] is not None else _WAITING)
+        states.append(state)
+        if state == _WAITING:
+            pending[index] += 1
+        elif (state == _FAILED and not jobs[index].any_outcome
+              and failed_by[index] is None):
+            failed_by[index] = dep
+    held = [dataclasses.replace(job, scheduled_at=WAITING_SCHEDULED_AT)
+            if pending[index] or failed_by[index] is not None else job
+            for index, job in enumerate(jobs)]
+    found = _insert_many_portable(held, alias)
+    written = [found[index] == job.job_id for index, job in enumerate(jobs)]
+    if any(src is not None and not written[src] for _, _, src in edges):
+        raise _unknown_dependency()  # it names a job an equal queued one stood in for
+    named = list({jobs[src].job_id for _, _, src in edges
+                  if src is not None and failed_by[src] is None})
+    for chunk in _chunks(named):
+        Job.objects.using(alias).filter(id__in=chunk).update(has_dependents=True)
+    JobDependency.objects.using(alias).bulk_create([
+        JobDependency(job_id=jobs[index].job_id, depends_on=dep,
+                      any_outcome=jobs[index].any_outcome, state=state)
+        for (index, dep, _), state in zip(edges, states) if written[index]])
+    now = timezone.now()
+    for index, failed in enumerate(failed_by):  # rare: a dependency already failed
+        if failed is not None and written[index]:
+            Job.objects.using(alias).filter(id=jobs[index].job_id).update(
+                status=JobStatus.CANCELLED, last_error=f"dependency_failed:{failed}",
+                scheduled_at=jobs[index].scheduled_at,
+                expires_at=now + dt.timedelta(seconds=ttl), updated_at=now)
+    JobWait.objects.using(alias).bulk_create([
+        JobWait(job_id=job.job_id, pending=pending[index], run_at=job.scheduled_at,
+                created_at=now)
+        for index, job in enumerate(jobs)
+        if written[index] and pending[index] and failed_by[index] is None])
+    return found

@@ -3022,411 +3022,217 @@ CREATE TRIGGER soniq_workflow_dead_letter_gone
     FOR EACH STATEMENT
     EXECUTE FUNCTION {schema}.soniq_workflow_rows_gone_v1();
 
--- soniq_key_limit_v1 (from claim_protocol_v12.sql) --
-CREATE FUNCTION {schema}.soniq_key_limit_v1(
-    p_queue text, p_key text,
-    OUT concurrency integer, OUT rate_limit integer, OUT rate_period integer)
-LANGUAGE plpgsql STABLE
+-- soniq_enqueue_after_many (from producer_api_v6.sql) --
+CREATE FUNCTION {schema}.soniq_enqueue_after_many(
+    jobs jsonb,
+    result_ttl_seconds double precision DEFAULT 300
+) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    o record;
-    s record;
-BEGIN
-    SELECT l.concurrency, l.rate_limit, l.rate_period INTO o
-      FROM {schema}.soniq_key_limits AS l
-     WHERE l.queue = p_queue
-       AND (l.key_pattern = p_key
-            OR p_key LIKE pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(
-                   pg_catalog.replace(l.key_pattern, '\', '\\'), '%', '\%'), '_', '\_'),
-                   '*', '%'))
-     ORDER BY (l.key_pattern = p_key) DESC, pg_catalog.length(l.key_pattern) DESC
-     LIMIT 1;
-    SELECT k.configured_concurrency, k.configured_rate_limit, k.configured_rate_period INTO s
-      FROM {schema}.soniq_key_slots AS k
-     WHERE k.queue = p_queue AND k.key = p_key;
-    concurrency := coalesce(o.concurrency, s.configured_concurrency);
-    IF o.rate_limit IS NOT NULL THEN
-        rate_limit := o.rate_limit; rate_period := o.rate_period;
-    ELSE
-        rate_limit := s.configured_rate_limit; rate_period := s.configured_rate_period;
-    END IF;
-END
-$fn$;
-
--- soniq_key_admit_v1 (from claim_protocol_v12.sql) --
-CREATE FUNCTION {schema}.soniq_key_admit_v1(p_queue text, p_key text) RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-DECLARE
-    v_slot record;
-    v_limit record;
-    p record;
-    v_at timestamptz;
-    v_now timestamptz;
-    v_nth timestamptz;
+    v_jobs jsonb := soniq_enqueue_after_many.jobs;
+    p_ttl double precision := soniq_enqueue_after_many.result_ttl_seconds;
+    v_bad bigint;
+    v_ids uuid[];          -- element i's id
+    v_any boolean[];       -- element i waits for any outcome
+    v_run_at timestamptz[];
+    e_job integer[];       -- edge k: element e_job[k] depends on e_dep[k] ...
+    e_dep uuid[];
+    e_pos integer[];       -- ... its place in that element's depends_on
+    e_src integer[];       -- the earlier element it names, or NULL: a job outside the call
+    e_state text[];
+    v_outside uuid[];
+    v_failed integer[];    -- the elements cancelled at once
+    v_is_failed boolean[]; -- element i is one of them
+    v_named integer[];     -- the elements other elements name
+    v_held boolean[];
+    v_found uuid[];
     v_gate text;
+    v_now timestamptz;
 BEGIN
-    SELECT k.running, k.head INTO v_slot
-      FROM {schema}.soniq_key_slots AS k WHERE k.queue = p_queue AND k.key = p_key;
-    IF NOT FOUND OR v_slot.head IS NOT NULL THEN
-        RETURN;
+    IF v_jobs IS NULL OR pg_catalog.jsonb_typeof(v_jobs) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'jobs must be a JSON array of objects'
+            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
     END IF;
-    v_limit := {schema}.soniq_key_limit_v1(p_queue, p_key);
-    IF v_limit.concurrency IS NOT NULL AND v_slot.running >= v_limit.concurrency THEN
-        RETURN;
+    IF p_ttl IS NULL OR p_ttl = 'NaN'::float8 OR p_ttl < 0 OR p_ttl > 31536000 THEN
+        RAISE EXCEPTION 'result_ttl_seconds is out of range'
+            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
     END IF;
+    -- The call's own keys. (Elements that are not objects are soniq_enqueue_many's
+    -- to refuse, below; their depends_on reads as NULL here.)
+    SELECT x.ord INTO v_bad
+      FROM pg_catalog.jsonb_array_elements(v_jobs) WITH ORDINALITY AS x(job, ord)
+     WHERE pg_catalog.jsonb_typeof(x.job) = 'object' AND CASE
+           WHEN pg_catalog.jsonb_typeof(x.job -> 'depends_on') IS DISTINCT FROM 'array' THEN true
+           WHEN pg_catalog.jsonb_array_length(x.job -> 'depends_on') > 1000 THEN true
+           WHEN pg_catalog.jsonb_typeof(x.job -> 'any_outcome') NOT IN ('boolean', 'null')
+               THEN true
+           ELSE EXISTS (SELECT 1 FROM pg_catalog.jsonb_array_elements(x.job -> 'depends_on')
+                         AS d(v) WHERE pg_catalog.jsonb_typeof(d.v) <> 'string') END
+     ORDER BY x.ord LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'depends_on must be an array of at most 1000 job ids (text), and '
+                        'any_outcome a boolean'
+            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION',
+                  DETAIL = pg_catalog.format('jobs element %s (counting from 1)', v_bad);
+    END IF;
+
+    -- 1. Every element's id and options.
+    SELECT pg_catalog.array_agg(coalesce((x.job ->> 'job_id')::uuid,
+                                         pg_catalog.gen_random_uuid()) ORDER BY x.ord),
+           pg_catalog.array_agg(coalesce((x.job ->> 'any_outcome')::boolean, false)
+                                ORDER BY x.ord),
+           pg_catalog.array_agg((x.job ->> 'run_at')::timestamptz ORDER BY x.ord)
+      INTO v_ids, v_any, v_run_at
+      FROM pg_catalog.jsonb_array_elements(v_jobs) WITH ORDINALITY AS x(job, ord);
+    IF v_ids IS NULL THEN
+        RETURN ARRAY[]::uuid[];
+    END IF;
+
+    -- 2. The edges; an id of an earlier element is that element.
+    SELECT pg_catalog.array_agg(e.job ORDER BY e.job, e.pos),
+           pg_catalog.array_agg(e.dep ORDER BY e.job, e.pos),
+           pg_catalog.array_agg(e.pos ORDER BY e.job, e.pos),
+           pg_catalog.array_agg(e.src ORDER BY e.job, e.pos)
+      INTO e_job, e_dep, e_pos, e_src
+      FROM (SELECT d.job, d.dep, pg_catalog.min(d.pos)::integer AS pos,
+                   pg_catalog.min(i.first)::integer AS src
+              FROM (SELECT x.ord::integer AS job, t.v::uuid AS dep, t.pos
+                      FROM pg_catalog.jsonb_array_elements(v_jobs) WITH ORDINALITY AS x(job, ord)
+                     CROSS JOIN LATERAL pg_catalog.jsonb_array_elements_text(
+                           CASE WHEN pg_catalog.jsonb_typeof(x.job) = 'object'
+                                THEN x.job -> 'depends_on' END) WITH ORDINALITY AS t(v, pos)
+                   ) AS d
+              -- A hash join, not a scan of the ids per edge: each id's first element.
+              LEFT JOIN (SELECT u.id, pg_catalog.min(u.ord) AS first
+                           FROM pg_catalog.unnest(v_ids) WITH ORDINALITY AS u(id, ord)
+                          GROUP BY u.id) AS i ON i.id = d.dep AND i.first < d.job
+             GROUP BY d.job, d.dep) AS e;
+    e_job := coalesce(e_job, ARRAY[]::integer[]);
+    e_dep := coalesce(e_dep, ARRAY[]::uuid[]);
+    e_pos := coalesce(e_pos, ARRAY[]::integer[]);
+    e_src := coalesce(e_src, ARRAY[]::integer[]);
+
+    -- 3. The jobs outside the call: locked in id order, marked, then read.
+    v_outside := ARRAY(SELECT DISTINCT d.id
+                         FROM ROWS FROM (pg_catalog.unnest(e_dep), pg_catalog.unnest(e_src))
+                              AS d(id, src)
+                        WHERE d.src IS NULL);
     v_gate := pg_catalog.current_setting('soniq.fenced_write', true);
     PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
-    LOOP
-        SELECT q.job_id, q.run_at INTO p
-          FROM {schema}.soniq_key_parked AS q
-         WHERE q.queue = p_queue AND q.key = p_key
-         ORDER BY q.priority, q.created_at
-         LIMIT 1;
-        EXIT WHEN NOT FOUND;
-        DELETE FROM {schema}.soniq_key_parked AS q WHERE q.job_id = p.job_id;
-        v_at := p.run_at;
-        IF v_limit.rate_limit IS NOT NULL THEN
-            v_now := pg_catalog.clock_timestamp();
-            DELETE FROM {schema}.soniq_key_starts AS t
-             WHERE t.queue = p_queue AND t.key = p_key
-               AND t.started_at <= v_now - pg_catalog.make_interval(secs => v_limit.rate_period);
-            SELECT t.started_at INTO v_nth
-              FROM {schema}.soniq_key_starts AS t
-             WHERE t.queue = p_queue AND t.key = p_key
-             ORDER BY t.started_at DESC
-             OFFSET v_limit.rate_limit - 1 LIMIT 1;
-            IF FOUND THEN
-                v_at := GREATEST(coalesce(v_at, '-infinity'::timestamptz),
-                                 v_nth + pg_catalog.make_interval(secs => v_limit.rate_period));
-            END IF;
-        END IF;
-        -- By primary key only: the rest of the predicate is one IS TRUE, so the planner
-        -- cannot take soniq_jobs_claim_due_idx (scheduled_at = 9999-01-01 is every parked
-        -- job) and read them all -- as it would on statistics taken before they came
-        -- (claim protocol v11 does the same for its completion).
-        UPDATE {schema}.soniq_jobs AS j SET scheduled_at = v_at
-         WHERE j.id = p.job_id
-           AND (j.status = 'queued'
-                AND j.scheduled_at = '9999-01-01 00:00:00+00'::timestamptz) IS TRUE;
-        IF FOUND THEN
-            UPDATE {schema}.soniq_key_slots AS k SET head = p.job_id, head_run_at = p.run_at
-             WHERE k.queue = p_queue AND k.key = p_key;
-            IF v_at IS NULL OR v_at <= pg_catalog.clock_timestamp() THEN
-                PERFORM pg_catalog.pg_notify('soniq_new_job', p_queue);
-            END IF;
-            EXIT;
-        END IF;
-        -- A parked row whose job is no longer parked (changed by hand): dropped, next.
-    END LOOP;
+    PERFORM 1 FROM {schema}.soniq_jobs AS j
+     WHERE j.id = ANY (v_outside) ORDER BY j.id FOR UPDATE;
+    UPDATE {schema}.soniq_jobs AS j SET has_dependents = true
+     WHERE j.id = ANY (v_outside) AND j.status IN ('queued', 'processing')
+       AND j.has_dependents IS NOT TRUE;
     PERFORM pg_catalog.set_config('soniq.fenced_write', coalesce(v_gate, 'off'), true);
-END
-$fn$;
-
--- soniq_key_moved_v1 (from claim_protocol_v12.sql) --
-CREATE FUNCTION {schema}.soniq_key_moved_v1() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-DECLARE
-    v_delta integer := 0;
-    v_head uuid;
-    v_limit record;
-    v_gate text;
-BEGIN
-    -- The key's row, locked: every move of the key's jobs takes turns on it.
-    INSERT INTO {schema}.soniq_key_slots AS k (queue, key, running, updated_at)
-    VALUES (OLD.queue, OLD.concurrency_key, 0, pg_catalog.clock_timestamp())
-    ON CONFLICT ON CONSTRAINT soniq_key_slots_key DO NOTHING;
-    SELECT k.head INTO v_head FROM {schema}.soniq_key_slots AS k
-     WHERE k.queue = OLD.queue AND k.key = OLD.concurrency_key
-       FOR UPDATE;
-    -- What it leaves.
-    IF OLD.status = 'processing' THEN
-        IF EXISTS (SELECT 1 FROM {schema}.soniq_queue_holds AS h
-                    WHERE h.job_id = OLD.id AND h.generation = OLD.claim_generation) THEN
-            INSERT INTO {schema}.soniq_key_holds (job_id, generation, queue, key)
-            VALUES (OLD.id, OLD.claim_generation, OLD.queue, OLD.concurrency_key)
-            ON CONFLICT ON CONSTRAINT soniq_key_holds_claim DO NOTHING;
-        ELSE
-            v_delta := v_delta - 1;
-        END IF;
-    ELSIF OLD.status = 'queued' THEN
-        IF v_head = OLD.id THEN
-            v_head := NULL;
-            UPDATE {schema}.soniq_key_slots AS k SET head = NULL, head_run_at = NULL
-             WHERE k.queue = OLD.queue AND k.key = OLD.concurrency_key;
-        ELSE
-            DELETE FROM {schema}.soniq_key_parked AS q WHERE q.job_id = OLD.id;
-        END IF;
+    e_state := ARRAY(
+        SELECT CASE WHEN d.src IS NOT NULL THEN 'inside'
+                    WHEN j.status = 'done' THEN 'done'
+                    WHEN j.status = 'cancelled' THEN 'failed'
+                    WHEN j.status IN ('queued', 'processing') THEN 'waiting'
+                    WHEN j.id IS NULL
+                         AND EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS x
+                                      WHERE x.id = d.id) THEN 'failed'
+               END
+          FROM ROWS FROM (pg_catalog.unnest(e_dep), pg_catalog.unnest(e_src))
+               WITH ORDINALITY AS d(id, src, k)
+          LEFT JOIN {schema}.soniq_jobs AS j ON j.id = d.id AND d.src IS NULL
+         ORDER BY d.k);
+    IF pg_catalog.array_position(e_state, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'a job named in depends_on does not exist'
+            USING ERRCODE = '22023', HINT = 'SONIQ_UNKNOWN_DEPENDENCY',
+                  DETAIL = pg_catalog.format('jobs element %s (counting from 1)',
+                                             e_job[pg_catalog.array_position(e_state, NULL)]);
     END IF;
-    -- Where it goes.
-    IF TG_OP = 'UPDATE' AND NEW.status = 'processing' THEN
-        v_delta := v_delta + 1;
-        v_limit := {schema}.soniq_key_limit_v1(OLD.queue, OLD.concurrency_key);
-        IF v_limit.rate_limit IS NOT NULL THEN
-            INSERT INTO {schema}.soniq_key_starts (queue, key, started_at)
-            VALUES (OLD.queue, OLD.concurrency_key,
-                    coalesce(NEW.claimed_at, pg_catalog.clock_timestamp()));
-        END IF;
-    ELSIF TG_OP = 'UPDATE' AND NEW.status = 'queued' THEN
-        -- Back in the queue (a retry, a deferral, a lapsed lease): parked again.
-        INSERT INTO {schema}.soniq_key_parked (job_id, queue, key, priority, created_at, run_at)
-        VALUES (NEW.id, NEW.queue, NEW.concurrency_key, NEW.priority, NEW.created_at,
-                NEW.scheduled_at)
-        ON CONFLICT (job_id) DO UPDATE SET run_at = EXCLUDED.run_at;
-        v_gate := pg_catalog.current_setting('soniq.fenced_write', true);
+
+    -- 4. The elements cancelled at once: a failed job outside, or a cancelled element
+    --    named (edges inside point back, so the recursion ends).
+    WITH RECURSIVE edge AS (
+        SELECT * FROM ROWS FROM (pg_catalog.unnest(e_job), pg_catalog.unnest(e_src),
+                                 pg_catalog.unnest(e_state)) AS e(job, src, state)
+    ), failed(job) AS (
+        SELECT e.job FROM edge AS e WHERE e.state = 'failed' AND NOT v_any[e.job]
+        UNION
+        SELECT e.job FROM edge AS e JOIN failed AS f ON e.src = f.job WHERE NOT v_any[e.job]
+    )
+    SELECT coalesce(pg_catalog.array_agg(f.job), ARRAY[]::integer[]) INTO v_failed FROM failed AS f;
+    -- By element (index lookups from here on, never a scan of a list per row).
+    v_is_failed := ARRAY(
+        SELECT f.job IS NOT NULL
+          FROM pg_catalog.generate_subscripts(v_ids, 1) AS i(ord)
+          LEFT JOIN pg_catalog.unnest(v_failed) AS f(job) ON f.job = i.ord ORDER BY i.ord);
+    e_state := ARRAY(
+        SELECT CASE WHEN e.state <> 'inside' THEN e.state
+                    WHEN v_is_failed[e.src] THEN 'failed' ELSE 'waiting' END
+          FROM ROWS FROM (pg_catalog.unnest(e_state), pg_catalog.unnest(e_src))
+               WITH ORDINALITY AS e(state, src, k)
+         ORDER BY e.k);
+    v_held := ARRAY(
+        SELECT v_is_failed[i.ord] OR w.job IS NOT NULL
+          FROM pg_catalog.generate_subscripts(v_ids, 1) AS i(ord)
+          LEFT JOIN (SELECT DISTINCT e.job
+                       FROM ROWS FROM (pg_catalog.unnest(e_job), pg_catalog.unnest(e_state))
+                            AS e(job, state)
+                      WHERE e.state = 'waiting') AS w ON w.job = i.ord
+         ORDER BY i.ord);
+
+    -- 5. The jobs, through soniq_enqueue_many: held ones at 9999-01-01.
+    v_found := {schema}.soniq_enqueue_many((
+        SELECT pg_catalog.jsonb_agg(CASE WHEN pg_catalog.jsonb_typeof(x.job) = 'object' THEN
+                   (x.job - 'depends_on' - 'any_outcome')
+                   || pg_catalog.jsonb_build_object('job_id', v_ids[x.ord])
+                   || CASE WHEN v_held[x.ord]
+                           THEN '{"run_at": "9999-01-01T00:00:00+00:00"}'::jsonb
+                           ELSE '{}'::jsonb END
+                   ELSE x.job END ORDER BY x.ord)
+          FROM pg_catalog.jsonb_array_elements(v_jobs) WITH ORDINALITY AS x(job, ord)));
+    -- An element named by another whose job was not written (an equal one was found).
+    SELECT e.job INTO v_bad
+      FROM ROWS FROM (pg_catalog.unnest(e_job), pg_catalog.unnest(e_src)) AS e(job, src)
+     WHERE e.src IS NOT NULL AND v_found[e.src] IS DISTINCT FROM v_ids[e.src]
+     ORDER BY e.job LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'a job named in depends_on does not exist'
+            USING ERRCODE = '22023', HINT = 'SONIQ_UNKNOWN_DEPENDENCY',
+                  DETAIL = pg_catalog.format('jobs element %s (counting from 1): the job it '
+                                             'names was not enqueued (an equal job was found)',
+                                             v_bad);
+    END IF;
+
+    -- 6. Marks, edges, cancellations, waits: of the elements whose job was written.
+    v_named := ARRAY(SELECT DISTINCT e.src FROM pg_catalog.unnest(e_src) AS e(src)
+                      WHERE e.src IS NOT NULL AND NOT v_is_failed[e.src]);
+    IF pg_catalog.cardinality(v_named) > 0 THEN
         PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
-        UPDATE {schema}.soniq_jobs AS j SET scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
-         WHERE j.id = NEW.id;
+        UPDATE {schema}.soniq_jobs AS j SET has_dependents = true
+         WHERE j.id IN (SELECT v_ids[n] FROM pg_catalog.unnest(v_named) AS n);
         PERFORM pg_catalog.set_config('soniq.fenced_write', coalesce(v_gate, 'off'), true);
     END IF;
-    IF v_delta <> 0 THEN
-        UPDATE {schema}.soniq_key_slots AS k
-           SET running = k.running + v_delta, updated_at = pg_catalog.clock_timestamp()
-         WHERE k.queue = OLD.queue AND k.key = OLD.concurrency_key;
-    END IF;
-    PERFORM {schema}.soniq_key_admit_v1(OLD.queue, OLD.concurrency_key);
-    RETURN NULL;
-END
-$fn$;
-
--- soniq_key_deferred_v1 (from claim_protocol_v12.sql) --
-CREATE FUNCTION {schema}.soniq_key_deferred_v1() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-BEGIN
-    DELETE FROM {schema}.soniq_key_starts AS t
-     WHERE t.ctid = (SELECT s.ctid FROM {schema}.soniq_key_starts AS s
-                      WHERE s.queue = OLD.queue AND s.key = OLD.concurrency_key
-                        AND s.started_at = OLD.claimed_at
-                      LIMIT 1);
-    RETURN NULL;
-END
-$fn$;
-
--- soniq_key_hold_gone_v1 (from claim_protocol_v12.sql) --
-CREATE FUNCTION {schema}.soniq_key_hold_gone_v1() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-DECLARE
-    r record;
-BEGIN
-    DELETE FROM {schema}.soniq_key_holds AS h
-     WHERE h.job_id = OLD.job_id AND h.generation = OLD.generation
-    RETURNING h.queue, h.key INTO r;
-    IF FOUND THEN
-        PERFORM 1 FROM {schema}.soniq_key_slots AS k
-         WHERE k.queue = r.queue AND k.key = r.key FOR UPDATE;
-        UPDATE {schema}.soniq_key_slots AS k
-           SET running = k.running - 1, updated_at = pg_catalog.clock_timestamp()
-         WHERE k.queue = r.queue AND k.key = r.key;
-        PERFORM {schema}.soniq_key_admit_v1(r.queue, r.key);
-    END IF;
-    RETURN NULL;
-END
-$fn$;
-
--- soniq_key_moved (from claim_protocol_v12.sql) --
-CREATE TRIGGER soniq_key_moved
-    AFTER UPDATE OF status, claim_generation ON {schema}.soniq_jobs
-    FOR EACH ROW
-    WHEN (OLD.concurrency_key IS NOT NULL
-          AND (OLD.status IS DISTINCT FROM NEW.status
-               OR OLD.claim_generation IS DISTINCT FROM NEW.claim_generation))
-    EXECUTE FUNCTION {schema}.soniq_key_moved_v1();
-
--- soniq_key_gone (from claim_protocol_v12.sql) --
-CREATE TRIGGER soniq_key_gone
-    AFTER DELETE ON {schema}.soniq_jobs
-    FOR EACH ROW
-    WHEN (OLD.concurrency_key IS NOT NULL AND OLD.status IN ('queued', 'processing'))
-    EXECUTE FUNCTION {schema}.soniq_key_moved_v1();
-
--- soniq_key_deferred (from claim_protocol_v12.sql) --
-CREATE TRIGGER soniq_key_deferred
-    AFTER UPDATE OF attempts ON {schema}.soniq_jobs
-    FOR EACH ROW
-    WHEN (OLD.concurrency_key IS NOT NULL AND OLD.status = 'processing'
-          AND NEW.status = 'processing' AND NEW.claim_generation = OLD.claim_generation
-          AND NEW.attempts < OLD.attempts)
-    EXECUTE FUNCTION {schema}.soniq_key_deferred_v1();
-
--- soniq_key_hold_gone (from claim_protocol_v12.sql) --
-CREATE TRIGGER soniq_key_hold_gone
-    AFTER DELETE ON {schema}.soniq_queue_holds
-    FOR EACH ROW
-    EXECUTE FUNCTION {schema}.soniq_key_hold_gone_v1();
-
--- soniq_key_sweep (from claim_protocol_v12.sql) --
-CREATE FUNCTION {schema}.soniq_key_sweep() RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-DECLARE
-    v_count integer;
-BEGIN
-    DELETE FROM {schema}.soniq_queue_holds AS h
-     WHERE h.id IN (SELECT q.id FROM {schema}.soniq_queue_holds AS q
-                      JOIN {schema}.soniq_key_holds AS k
-                        ON k.job_id = q.job_id AND k.generation = q.generation
-                     WHERE q.lease_expires_at <= pg_catalog.clock_timestamp()
-                       FOR UPDATE OF q SKIP LOCKED);
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
-END
-$fn$;
-
--- soniq_key_refresh (from claim_protocol_v12.sql) --
-CREATE FUNCTION {schema}.soniq_key_refresh(p_queue text, p_pattern text) RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-DECLARE
-    r record;
-    v_limit record;
-    v_slot record;
-    v_job record;
-    v_count integer := 0;
-    v_gate text;
-BEGIN
-    FOR r IN
-        SELECT k.queue, k.key FROM {schema}.soniq_key_slots AS k
-         WHERE k.queue = p_queue
-           AND k.key LIKE pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(
-                   pg_catalog.replace(p_pattern, '\', '\\'), '%', '\%'), '_', '\_'), '*', '%')
-         ORDER BY k.key COLLATE "C"
-    LOOP
-        v_count := v_count + 1;
-        PERFORM 1 FROM {schema}.soniq_key_slots AS k
-         WHERE k.queue = r.queue AND k.key = r.key FOR UPDATE;
-        v_limit := {schema}.soniq_key_limit_v1(r.queue, r.key);
-        SELECT k.head, k.head_run_at, k.running INTO v_slot FROM {schema}.soniq_key_slots AS k
-         WHERE k.queue = r.queue AND k.key = r.key;
-        IF v_slot.head IS NOT NULL
-           AND ((v_limit.concurrency IS NOT NULL AND v_slot.running >= v_limit.concurrency)
-                OR v_limit.rate_limit IS NOT NULL) THEN
-            -- Parked again; the admission below offers it (or another) as the limit allows.
-            v_gate := pg_catalog.current_setting('soniq.fenced_write', true);
-            PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
-            UPDATE {schema}.soniq_jobs AS j
-               SET scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
-             WHERE j.id = v_slot.head AND (j.status = 'queued') IS TRUE  -- by primary key
-            RETURNING j.priority, j.created_at INTO v_job;
-            IF FOUND THEN
-                INSERT INTO {schema}.soniq_key_parked
-                       (job_id, queue, key, priority, created_at, run_at)
-                VALUES (v_slot.head, r.queue, r.key, v_job.priority, v_job.created_at,
-                        v_slot.head_run_at)
-                ON CONFLICT (job_id) DO NOTHING;
-            END IF;
-            PERFORM pg_catalog.set_config('soniq.fenced_write', coalesce(v_gate, 'off'), true);
-            UPDATE {schema}.soniq_key_slots AS k SET head = NULL, head_run_at = NULL
-             WHERE k.queue = r.queue AND k.key = r.key;
-        END IF;
-        PERFORM {schema}.soniq_key_admit_v1(r.queue, r.key);
-    END LOOP;
-    RETURN v_count;
-END
-$fn$;
-
--- soniq_enqueue_keyed (from claim_protocol_v12.sql) --
-CREATE FUNCTION {schema}.soniq_enqueue_keyed(
-    concurrency_key text,
-    key_concurrency integer,
-    key_rate text,
-    job_name text,
-    args jsonb DEFAULT '{}'::jsonb,
-    queue text DEFAULT 'default',
-    priority integer DEFAULT 100,
-    run_at timestamptz DEFAULT NULL,
-    max_attempts integer DEFAULT 4,
-    unique_job boolean DEFAULT false,
-    dedup_key text DEFAULT NULL,
-    producer_id text DEFAULT NULL,
-    job_id uuid DEFAULT NULL
-) RETURNS uuid
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-#variable_conflict use_variable
-DECLARE
-    p_key text := soniq_enqueue_keyed.concurrency_key;
-    p_queue text := coalesce(soniq_enqueue_keyed.queue, 'default');
-    v_id uuid := coalesce(soniq_enqueue_keyed.job_id, pg_catalog.gen_random_uuid());
-    v_found uuid;
-    v_rate_limit integer;
-    v_rate_period integer;
-    v_match text[];
-    v_slot record;
-    v_head record;
-    v_new record;
-BEGIN
-    IF p_key IS NULL OR p_key = '' OR pg_catalog.length(p_key) > 255 THEN
-        RAISE EXCEPTION 'concurrency_key must be a non-empty string of at most 255 characters'
-            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
-    END IF;
-    IF key_concurrency IS NOT NULL AND key_concurrency < 1 THEN
-        RAISE EXCEPTION 'key_concurrency must be a positive integer or NULL'
-            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
-    END IF;
-    IF key_rate IS NOT NULL THEN
-        v_match := pg_catalog.regexp_match(key_rate, '^([1-9][0-9]{0,8})/([smh])$');
-        IF v_match IS NULL THEN
-            RAISE EXCEPTION 'key_rate must read N/s, N/m or N/h (N a positive integer)'
-                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
-        END IF;
-        v_rate_limit := v_match[1]::integer;
-        v_rate_period := CASE v_match[2] WHEN 's' THEN 1 WHEN 'm' THEN 60 ELSE 3600 END;
-    END IF;
-    v_found := {schema}.soniq_enqueue(
-        job_name, args, p_queue, priority, '9999-01-01 00:00:00+00'::timestamptz, max_attempts,
-        unique_job, dedup_key, producer_id, v_id);
-    IF v_found IS DISTINCT FROM v_id THEN
-        RETURN v_found;  -- an equal queued job: nothing else changes
-    END IF;
-    UPDATE {schema}.soniq_jobs AS j SET concurrency_key = p_key WHERE j.id = v_id
-    RETURNING j.priority, j.created_at INTO v_new;
-    -- The key's row, locked; the limits declared by this enqueue become its configured ones.
-    INSERT INTO {schema}.soniq_key_slots AS k
-           (queue, key, running, configured_concurrency, configured_rate_limit,
-            configured_rate_period, updated_at)
-    VALUES (p_queue, p_key, 0, key_concurrency, v_rate_limit, v_rate_period,
-            pg_catalog.clock_timestamp())
-    ON CONFLICT ON CONSTRAINT soniq_key_slots_key DO UPDATE
-       SET configured_concurrency = EXCLUDED.configured_concurrency,
-           configured_rate_limit = EXCLUDED.configured_rate_limit,
-           configured_rate_period = EXCLUDED.configured_rate_period
-     WHERE (k.configured_concurrency, k.configured_rate_limit, k.configured_rate_period)
-           IS DISTINCT FROM (EXCLUDED.configured_concurrency, EXCLUDED.configured_rate_limit,
-                             EXCLUDED.configured_rate_period);
-    SELECT k.head, k.head_run_at INTO v_slot FROM {schema}.soniq_key_slots AS k
-     WHERE k.queue = p_queue AND k.key = p_key FOR UPDATE;
-    INSERT INTO {schema}.soniq_key_parked (job_id, queue, key, priority, created_at, run_at)
-    VALUES (v_id, p_queue, p_key, v_new.priority, v_new.created_at, run_at);
-    -- Priorities win inside a key too: a more urgent job takes a queued head's place.
-    IF v_slot.head IS NOT NULL THEN
-        SELECT j.id, j.priority, j.created_at INTO v_head FROM {schema}.soniq_jobs AS j
-         WHERE j.id = v_slot.head AND (j.status = 'queued') IS TRUE;  -- by primary key
-        IF FOUND AND v_head.priority > v_new.priority THEN
-            PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
-            UPDATE {schema}.soniq_jobs AS j
-               SET scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
-             WHERE j.id = v_head.id;
-            PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
-            INSERT INTO {schema}.soniq_key_parked
-                   (job_id, queue, key, priority, created_at, run_at)
-            VALUES (v_head.id, p_queue, p_key, v_head.priority, v_head.created_at,
-                    v_slot.head_run_at);
-            UPDATE {schema}.soniq_key_slots AS k SET head = NULL, head_run_at = NULL
-             WHERE k.queue = p_queue AND k.key = p_key;
-        END IF;
-    END IF;
-    PERFORM {schema}.soniq_key_admit_v1(p_queue, p_key);
-    RETURN v_id;
+    INSERT INTO {schema}.soniq_job_dependencies (job_id, depends_on, any_outcome, state)
+    SELECT v_ids[e.job], e.dep, v_any[e.job], e.state
+      FROM ROWS FROM (pg_catalog.unnest(e_job), pg_catalog.unnest(e_dep),
+                      pg_catalog.unnest(e_state)) AS e(job, dep, state)
+     WHERE v_found[e.job] = v_ids[e.job];
+    v_now := pg_catalog.clock_timestamp();
+    UPDATE {schema}.soniq_jobs AS j
+       SET status = 'cancelled', last_error = 'dependency_failed:' || f.dep::text,
+           scheduled_at = v_run_at[f.job],
+           expires_at = v_now + pg_catalog.make_interval(secs => p_ttl), updated_at = v_now
+      FROM (SELECT DISTINCT ON (e.job) e.job, e.dep
+              FROM ROWS FROM (pg_catalog.unnest(e_job), pg_catalog.unnest(e_dep),
+                              pg_catalog.unnest(e_pos), pg_catalog.unnest(e_state))
+                   AS e(job, dep, pos, state)
+             WHERE v_is_failed[e.job] AND e.state = 'failed'
+             ORDER BY e.job, e.pos) AS f
+     WHERE j.id = v_ids[f.job] AND v_found[f.job] = v_ids[f.job];
+    INSERT INTO {schema}.soniq_job_waits (job_id, pending, run_at, created_at)
+    SELECT v_ids[e.job], pg_catalog.count(*)::integer, v_run_at[e.job], v_now
+      FROM ROWS FROM (pg_catalog.unnest(e_job), pg_catalog.unnest(e_state)) AS e(job, state)
+     WHERE e.state = 'waiting' AND NOT v_is_failed[e.job]
+       AND v_found[e.job] = v_ids[e.job]
+     GROUP BY e.job;
+    RETURN v_found;
 END
 $fn$;

@@ -48,11 +48,13 @@ import logging
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
+from .. import listen
 from ..conf import get_settings
+from ..listen import PROBE_CHANNEL, close as _close
 from .connection import Backoff
 from .wire import Watchdog, tcp_defaults, turn_bound
 
@@ -62,9 +64,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("soniq_django.worker")
 
 CHANNEL = "soniq_new_job"
-PROBE_CHANNEL = "soniq_listener_probe"
 #: How long the self-test waits for its own NOTIFY (it takes milliseconds when it works).
-PROBE_SECONDS = 2.0
+PROBE_SECONDS = listen.PROBE_SECONDS
 #: How often a listener that hears nothing wakes the worker instead.
 FALLBACK_POLL_SECONDS = 0.5
 #: How long one wait for notifications lasts before ``stop`` is looked at again
@@ -73,11 +74,6 @@ LISTEN_SLICE_SECONDS = 0.5
 #: The longest ``interrupt()`` waits to connect: a stopping worker whose server
 #: does not answer gives up on it then (its listener stops within a slice).
 INTERRUPT_CONNECT_SECONDS = 2
-# Attempts at reaching the server session that holds a LISTEN no one hears.
-# A pooler usually hands the session just released to the next transaction,
-# but other clients of a busy pool take it in between: 10 tries missed it
-# once in a loaded test run, so the listener tries for about a second.
-_UNLISTEN_TRIES = 50
 
 
 class Listener(threading.Thread):
@@ -153,38 +149,29 @@ class Listener(threading.Thread):
         """A connection LISTENing on its three channels, and the server session that holds them."""
         raw = self._new_connection(self.listen_alias)
         try:
-            # One transaction: one server session, even when pooled.
-            with self.watchdog.watching(raw, turn_bound()), raw.transaction():
-                raw.execute(f"LISTEN {CHANNEL}")
-                raw.execute(f"LISTEN {PROBE_CHANNEL}")
-                raw.execute(f"LISTEN {self.stop_channel}")
-                (session,) = cast("tuple[int]", raw.execute("SELECT pg_backend_pid()").fetchone())
+            session = listen.listen(raw, (CHANNEL, PROBE_CHANNEL, self.stop_channel), self._watch)
         except Exception:
             _close(raw)
             raise
         return raw, session
 
+    def _watch(self, raw: "Connection[Any]") -> Any:
+        return self.watchdog.watching(raw, turn_bound())
+
     # The self-test ----------------------------------------------------
 
     def _heard(self, raw: "Connection[Any]") -> bool:
         """Whether a NOTIFY sent on the worker's database reaches ``raw`` within PROBE_SECONDS."""
-        token = uuid.uuid4().hex
+        token = listen.new_token()
         sender = self._new_connection(self.using)
         try:
-            with self.watchdog.watching(sender, turn_bound()):
+            with self._watch(sender):
                 sender.execute("SELECT pg_notify(%s, %s)", [PROBE_CHANNEL, token])
         finally:
             _close(sender)
-        heard = False
-        deadline = time.monotonic() + PROBE_SECONDS
-        while not heard and (left := deadline - time.monotonic()) > 0 and not self.stop.is_set():
-            for note in raw.notifies(timeout=left):
-                heard = note.channel == PROBE_CHANNEL and note.payload == token
-                if heard or self.stop.is_set():
-                    break  # the generator holds the connection: leave it before the UNLISTEN
-                self._note(note)  # a job enqueued meanwhile
+        heard = listen.heard(raw, token, PROBE_SECONDS, self.stop.is_set, self._note)
         if heard:
-            with self.watchdog.watching(raw, turn_bound()):
+            with self._watch(raw):
                 raw.execute(f"UNLISTEN {PROBE_CHANNEL}")
         return heard
 
@@ -205,20 +192,9 @@ class Listener(threading.Thread):
         self.deaf.set()
 
     def _unlisten(self, raw: "Connection[Any]", session: int) -> bool:
-        """Take this listener's LISTENs off server session ``session``, if ``raw`` reaches it; whether it did.
-
-        Behind a transaction pooler each transaction may get another server
-        connection: try a few, and UNLISTEN only on the one that holds them.
-        """
-        for _ in range(_UNLISTEN_TRIES):
-            with self.watchdog.watching(raw, turn_bound()), raw.transaction():
-                (here,) = cast("tuple[int]", raw.execute("SELECT pg_backend_pid()").fetchone())
-                if here == session:  # by name: other clients' LISTENs may share it
-                    for channel in (CHANNEL, PROBE_CHANNEL, self.stop_channel):
-                        raw.execute(f"UNLISTEN {channel}")
-                    return True
-            self.stop.wait(0.02)
-        return False
+        """Take this listener's LISTENs off server session ``session``, if ``raw`` reaches it."""
+        return listen.unlisten_session(raw, session, (CHANNEL, PROBE_CHANNEL, self.stop_channel),
+                                       self._watch, self.stop.is_set)
 
     # Waking the worker ------------------------------------------------
 
@@ -266,26 +242,5 @@ class Listener(threading.Thread):
 
 
 def new_connection(alias: str, connect_within: int | None = None) -> "Connection[Any]":
-    """A new autocommit psycopg connection to ``alias``, outside Django's (a LISTEN's own).
-
-    With the worker's TCP options (wire.py), under what the alias's
-    ``OPTIONS`` set; ``connect_within`` caps connect_timeout. The listener
-    and ``wait_for_job`` (soniq_django/waiting.py) make theirs here.
-    """
-    wrapper = connections[alias]
-    params = {**tcp_defaults(wrapper), **wrapper.get_connection_params()}
-    if connect_within is not None:
-        configured = int(params.get("connect_timeout") or 0)  # 0 or unset: no limit
-        params["connect_timeout"] = (min(configured, connect_within) if configured > 0
-                                     else connect_within)
-    raw: Connection[Any] = wrapper.get_new_connection(params)
-    raw.autocommit = True
-    return raw
-
-
-def _close(raw: "Connection[Any] | None") -> None:
-    if raw is not None:
-        try:
-            raw.close()
-        except Exception:
-            pass
+    """A new autocommit connection to ``alias`` with the worker's TCP options (wire.py)."""
+    return listen.new_connection(alias, connect_within, tcp_defaults(connections[alias]))

@@ -238,7 +238,7 @@ def test_queued_jobs_are_split_into_due_scheduled_and_retrying(admin_client):
                                        retry_delay=600)
     row = _live_queue(admin_client, "mail")
     assert row["counts"]["queued"] == 5
-    assert row["queued"] == {"due": 2, "scheduled": 2, "retrying": 1}
+    assert row["queued"] == {"due": 2, "scheduled": 2, "retrying": 1, "waiting": 0}
     page = admin_client.get(reverse("admin:soniq_django_dashboard")).content.decode()
     mail = page.split('data-queue="mail"')[1].split("</tr>")[0]
     assert [mail.split(f'data-status="{key}">')[1].split("</td>")[0].split(">")[-2].split("<")[0]

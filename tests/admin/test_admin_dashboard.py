@@ -58,7 +58,7 @@ def test_live_endpoint_returns_the_figures_and_the_module_bodies(admin_client):
     by_name = {q["queue"]: q for q in figures["queues"]}
     assert by_name["mail"]["counts"] == {"queued": 2, "processing": 0, "done": 0,
                                          "cancelled": 0, "dead_letter": 0}
-    assert by_name["mail"]["queued"] == {"due": 2, "scheduled": 0, "retrying": 0}
+    assert by_name["mail"]["queued"] == {"due": 2, "scheduled": 0, "retrying": 0, "waiting": 0}
     assert by_name["mail"]["limits"] == {"concurrency": None, "running": 0, "rate": None,
                                          "started": 0}
     assert by_name["mail"]["held_back_by"] == ["no_worker"]
@@ -66,7 +66,8 @@ def test_live_endpoint_returns_the_figures_and_the_module_bodies(admin_client):
     assert by_name["reports"]["counts"]["processing"] == 1
     assert by_name["idle"]["paused"] and by_name["idle"]["oldest_wait_seconds"] is None
     assert figures["totals"]["queued"] == 2 and figures["totals"]["processing"] == 1
-    assert figures["queued_totals"] == {"due": 2, "scheduled": 0, "retrying": 0}
+    assert figures["queued_totals"] == {"due": 2, "scheduled": 0, "retrying": 0,
+                                        "waiting": 0}
     assert set(figures) == {"queues", "totals", "queued_totals", "dead_letters_by_reason",
                             "live_workers", "silent_workers", "slots", "slots_in_use",
                             "finished_last_hour", "estimated"}

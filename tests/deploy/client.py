@@ -14,6 +14,11 @@ it and checks the database itself.
   (``SONIQ_TEST_ADMIN_URL``) swaps the server connection underneath. The
   report says which enqueues were written and whether the bystander's
   statement survived.
+- ``wait``: ``SONIQ_TEST_WAITS`` times, enqueue a ``tests.worker.sleep`` job
+  (of varied length) and ``wait_for_job`` it; the report has each job's id,
+  status and the wall-clock time the wait returned. The wait's re-read is
+  put off (``RECHECK_SECONDS``), so only a NOTIFY -- or the fallback's
+  polling -- ends a wait early.
 """
 
 import json
@@ -88,11 +93,23 @@ def bystander() -> dict:
     return report
 
 
+def wait() -> dict:
+    from soniq_django import enqueue, wait_for_job, waiting
+
+    waiting.RECHECK_SECONDS = 60.0
+    waits = []
+    for n in range(int(os.environ["SONIQ_TEST_WAITS"])):
+        job_id = enqueue("tests.worker.sleep", {"seconds": 0.05 + (n % 5) * 0.07})
+        info = wait_for_job(job_id, timeout=30)
+        waits.append({"id": str(job_id), "status": info.status, "returned": time.time()})
+    return {"waits": waits}
+
+
 def main(what: str, out: str) -> None:
     import django
 
     django.setup()
-    report = {"produce": produce, "bystander": bystander}[what]()
+    report = {"produce": produce, "bystander": bystander, "wait": wait}[what]()
     with open(out, "w") as f:
         json.dump(report, f)
 

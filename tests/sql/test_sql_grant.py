@@ -59,6 +59,8 @@ def test_soniq_grant_grants_the_producer_functions_or_refuses_off_postgresql(bac
         f"GRANT EXECUTE ON FUNCTION {quoted_schema}.soniq_args_hash(jsonb) TO {quoted_role}",
         f"GRANT EXECUTE ON FUNCTION {quoted_schema}.soniq_enqueue_many(jsonb) TO {quoted_role}",
         f"GRANT EXECUTE ON FUNCTION {quoted_schema}.{ENQUEUE_AFTER_SIGNATURE} TO {quoted_role}",
+        f"GRANT EXECUTE ON FUNCTION {quoted_schema}.soniq_enqueue_after_many(jsonb, double "
+        f"precision) TO {quoted_role}",
         f"GRANT EXECUTE ON FUNCTION {quoted_schema}.{ENQUEUE_KEYED_SIGNATURE} TO {quoted_role}",
     ]
     assert fetch("SELECT has_schema_privilege(%s, current_schema(), 'USAGE')", [role]) == [(True,)]
@@ -66,7 +68,7 @@ def test_soniq_grant_grants_the_producer_functions_or_refuses_off_postgresql(bac
     assert sorted(name for name, ok in executable.items() if ok) == sorted(PUBLIC_FUNCTIONS)
     assert fetch("SELECT has_table_privilege(%s, 'soniq_jobs', 'SELECT')", [role]) == [(False,)]
     # Granting twice is harmless.
-    assert len(_grant(role)) == 7
+    assert len(_grant(role)) == 8
 
 
 
@@ -83,9 +85,10 @@ def test_an_unknown_role_is_a_command_error():
 def test_any_role_name_is_taken_literally(shape):
     role = shape.format(unique_name("x"))
     _create_role(role)
-    assert len(_grant(role)) == 7
+    assert len(_grant(role)) == 8
     assert _can_execute(role)["soniq_enqueue"] is True
     assert _can_execute(role)["soniq_enqueue_after"] is True
+    assert _can_execute(role)["soniq_enqueue_after_many"] is True
 
 
 @pytest.mark.postgresql_only

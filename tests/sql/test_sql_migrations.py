@@ -120,7 +120,8 @@ def test_reversing_0010_restores_version_1_and_reapplying_gives_version_4(roles)
         assert _function_source("soniq_enqueue") == v1
         assert _function_source("soniq_enqueue_many") is None
         assert set(_installed()) == set(producer_api_functions()) - {
-            "soniq_enqueue_many", "soniq_enqueue_after", "soniq_enqueue_keyed"}
+            "soniq_enqueue_many", "soniq_enqueue_after", "soniq_enqueue_after_many",
+            "soniq_enqueue_keyed"}
         # soniq_enqueue was replaced, not dropped: its grant and its revocation stay.
         assert _may_enqueue(producer)
         assert not any(_installed().values())
@@ -188,12 +189,27 @@ _ADDED_BY_0025 = ("soniq_settle_dependents_v1", "soniq_dependency_ended_v1",
                   "soniq_dependent_guard_v1", "soniq_enqueue_after")
 # 0026 adds the trigger function that takes a job's workflow rows with it.
 _ADDED_BY_0026 = ("soniq_workflow_rows_gone_v1",)
+# 0027 adds soniq_enqueue_after_many (producer API v6).
+_ADDED_BY_0027 = ("soniq_enqueue_after_many",)
 # 0028 adds the durable steps' lookup, fenced record and purge trigger function.
 _ADDED_BY_0028 = ("soniq_get_step", "soniq_record_step", "soniq_job_steps_gone_v1")
 # 0029 adds the key triggers' functions, soniq_key_sweep/refresh and soniq_enqueue_keyed.
 _ADDED_BY_0029 = ("soniq_key_limit_v1", "soniq_key_admit_v1", "soniq_key_moved_v1",
                   "soniq_key_deferred_v1", "soniq_key_hold_gone_v1", "soniq_key_sweep",
                   "soniq_key_refresh", "soniq_enqueue_keyed")
+#: What the migrations after 0026 add, each with its file (number, file, names), in order:
+#: reversing one of them reverses those after it too.
+_LATER = (("0027", "producer_api_v6.sql", _ADDED_BY_0027), ("0028", "steps_v1.sql", _ADDED_BY_0028),
+          ("0029", "claim_protocol_v12.sql", _ADDED_BY_0029))
+_ADDED_AFTER_0026 = tuple(name for _, _, names in _LATER for name in names)
+
+
+def _added_from(number: str) -> dict[str, str]:
+    """The functions migration ``number`` and those after it add (name: released source)."""
+    return {name: _file_source(file, name) for later, file, names in _LATER
+            if later >= number for name in names}
+
+
 _REPLACED_BY_0020 = {"soniq_claim_many": "claim_protocol_v9.sql"}
 #: What migration 0023 (claim protocol v11) replaces (function: released file).
 _REPLACED_BY_0023 = {"soniq_complete_many": "claim_protocol_v8.sql"}
@@ -270,7 +286,7 @@ def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many",
                "soniq_enqueue", *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
                *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0028, *_ADDED_BY_0029}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -325,7 +341,7 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
         assert set(after) == set(before) - {"soniq_queue_budget_v1", *_ADDED_BY_0018,
                                             *_ADDED_BY_0019, *_ADDED_BY_0020,
                                             *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0028, *_ADDED_BY_0029}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
         # 0017 reversed too: version 3's soniq_enqueue.
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         assert fetch("SELECT to_regclass('soniq_queue_settings'), "
@@ -371,11 +387,11 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
         changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_ADDED_BY_0018,
                    *_REPLACED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0028, *_ADDED_BY_0029)
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026)
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
-                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_BY_0028 + _ADDED_BY_0029) & set(after)
+                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_AFTER_0026) & set(after)
         assert _claim_indexes() == {"soniq_jobs_claim_idx", "soniq_jobs_claim_any_idx"}
         # Version 5's claim works again, a due scheduled job and all.
         fetch("SELECT soniq_enqueue('back.to_v5', run_at => now() - interval '1 second')")
@@ -412,7 +428,7 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
         changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018,
                    *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0028, *_ADDED_BY_0029}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
@@ -450,7 +466,7 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
     changed = {"soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018, *_ADDED_BY_0019,
                *_ADDED_BY_0020,
                *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0028, *_ADDED_BY_0029}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
     try:
         call_command("migrate", "soniq_django", "0016", verbosity=0)
         after = _soniq_functions()
@@ -496,10 +512,10 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
         after = _soniq_functions()
         assert {name: after[name] for name in restored} == restored
         assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
-                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_BY_0028 + _ADDED_BY_0029) & set(after)
+                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_AFTER_0026) & set(after)
         changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0028, *_ADDED_BY_0029}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert "soniq_jobs_claim_queue_now_idx" not in _claim_indexes()
@@ -553,10 +569,10 @@ def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9
         after = _soniq_functions()
         assert {name: after[name] for name in restored} == restored
         assert not set(_ADDED_BY_0019 + _ADDED_BY_0020
-                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_BY_0028 + _ADDED_BY_0029) & set(after)
+                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_AFTER_0026) & set(after)
         changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0028, *_ADDED_BY_0029}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8 works again: a lapsed job is settled, a queued one claimed.
@@ -602,10 +618,10 @@ def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back()
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v9
         assert not set(_ADDED_BY_0020 + _ADDED_BY_0021 + _ADDED_BY_0025
-                       + _ADDED_BY_0026 + _ADDED_BY_0028 + _ADDED_BY_0029) & set(after)
+                       + _ADDED_BY_0026 + _ADDED_AFTER_0026) & set(after)
         changed = {*_REPLACED_BY_0020, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0028, *_ADDED_BY_0029}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert attempt_triggers() == []
@@ -656,7 +672,7 @@ def test_reversing_0021_drops_the_trace_contexts_and_reapplying_gives_them_back(
         after = _soniq_functions()
         assert not set(_ADDED_BY_0021) & set(after)
         changed = {*added, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0028, *_ADDED_BY_0029}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert trace_triggers() == []
@@ -691,7 +707,7 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
         assert after["soniq_complete_many"] == v8
         assert claim_settings() == ["search_path=pg_catalog, pg_temp"]
         changed = {*_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0028, *_ADDED_BY_0029}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8's completion works again.
@@ -717,10 +733,9 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
 def test_reversing_0025_drops_the_workflows_and_reapplying_gives_them_back():
     added = {name: _file_source(file, name) for file, names in (
         ("workflows_v1.sql", _ADDED_BY_0025[:3]), ("producer_api_v5.sql", _ADDED_BY_0025[3:]),
-        ("workflows_v2.sql", _ADDED_BY_0026),  # 0026 depends on 0025: reversed with it
-        ("steps_v1.sql", _ADDED_BY_0028),  # and 0028 on 0026
-        ("claim_protocol_v12.sql", _ADDED_BY_0029))  # and 0029 on 0026
+        ("workflows_v2.sql", _ADDED_BY_0026))  # 0026 depends on 0025: reversed with it
         for name in names}
+    added.update(_added_from("0027"))  # and those after 0026
     before = _soniq_functions()
     assert {name: before[name] for name in added} == added
 
@@ -734,7 +749,7 @@ def test_reversing_0025_drops_the_workflows_and_reapplying_gives_them_back():
     try:
         call_command("migrate", "soniq_django", "0024", verbosity=0)
         after = _soniq_functions()
-        assert not set(_ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_BY_0028 + _ADDED_BY_0029) & set(after)
+        assert not set(_ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_AFTER_0026) & set(after)
         assert workflow_triggers() == []
         assert fetch("SELECT count(*) FROM information_schema.columns WHERE table_name = "
                      "'soniq_jobs' AND column_name = 'has_dependents'") == [(0,)]
@@ -749,10 +764,7 @@ def test_reversing_0025_drops_the_workflows_and_reapplying_gives_them_back():
 @pytest.mark.django_db(transaction=True)
 def test_reversing_0026_drops_the_purge_triggers_alone_and_reapplying_gives_them_back():
     added = {name: _file_source("workflows_v2.sql", name) for name in _ADDED_BY_0026}
-    # 0028 depends on 0026: reversed with it.
-    added.update({name: _file_source("steps_v1.sql", name) for name in _ADDED_BY_0028})
-    # 0029 depends on 0026: reversed with it.
-    added.update({name: _file_source("claim_protocol_v12.sql", name) for name in _ADDED_BY_0029})
+    added.update(_added_from("0027"))  # the migrations after 0026 go with it
     before = _soniq_functions()
     assert {name: before[name] for name in added} == added
 
@@ -776,7 +788,7 @@ def test_reversing_0026_drops_the_purge_triggers_alone_and_reapplying_gives_them
 
 @pytest.mark.django_db(transaction=True)
 def test_reversing_0028_drops_the_steps_alone_and_reapplying_gives_them_back():
-    added = {name: _file_source("steps_v1.sql", name) for name in _ADDED_BY_0028}
+    added = _added_from("0028")  # and those after it
     before = _soniq_functions()
     assert {name: before[name] for name in added} == added
 
@@ -787,7 +799,7 @@ def test_reversing_0028_drops_the_steps_alone_and_reapplying_gives_them_back():
 
     assert step_triggers() == ["soniq_job_steps_dead_letter_gone", "soniq_job_steps_job_gone"]
     try:
-        call_command("migrate", "soniq_django", "0026", verbosity=0)
+        call_command("migrate", "soniq_django", "0027", verbosity=0)
         assert step_triggers() == []
         assert _soniq_functions() == {n: b for n, b in before.items() if n not in added}
         assert fetch("SELECT to_regclass('soniq_job_steps')") == [(None,)]
@@ -795,3 +807,22 @@ def test_reversing_0028_drops_the_steps_alone_and_reapplying_gives_them_back():
         call_command("migrate", "soniq_django", verbosity=0)
     assert {name: _soniq_functions()[name] for name in added} == added
     assert len(step_triggers()) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0027_drops_soniq_enqueue_after_many_alone_and_reapplying_gives_it_back():
+    added = _added_from("0027")  # and those after it
+    before = _soniq_functions()
+    assert {name: before[name] for name in added} == added
+    try:
+        call_command("migrate", "soniq_django", "0026", verbosity=0)
+        assert _soniq_functions() == {n: b for n, b in before.items() if n not in added}
+        # One call per job (producer API v5) still works.
+        first = fetch("SELECT soniq_enqueue('back.to_v5')")[0][0]
+        fetch("SELECT soniq_enqueue_after(ARRAY[%s]::uuid[], 'back.after')", [first])
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert {name: _soniq_functions()[name] for name in added} == added
+    [(ids,)] = fetch("SELECT soniq_enqueue_after_many(%s::jsonb)",
+                     ['[{"job_name": "again.v6", "depends_on": []}]'])
+    assert fetch("SELECT job_name FROM soniq_get_job(%s)", [ids[0]]) == [("again.v6",)]

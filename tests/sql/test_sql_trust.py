@@ -172,6 +172,7 @@ def test_a_role_without_the_grant_can_call_nothing(roles):
             ("SELECT soniq_args_hash('{}')", "soniq_args_hash"),
             ("SELECT soniq_enqueue_many('[]')", "soniq_enqueue_many"),
             ("SELECT soniq_enqueue_after('{}'::uuid[], 'trust.job')", "soniq_enqueue_after"),
+            ("SELECT soniq_enqueue_after_many('[]')", "soniq_enqueue_after_many"),
             # Migration 0024's progress: a worker's (under its fence), never a producer's.
             ("SELECT soniq_set_progress(gen_random_uuid()::text, 'w', 1, 't', 'q', 1)",
              "soniq_set_progress"),
@@ -206,6 +207,9 @@ def test_a_granted_producer_can_enqueue_with_dependencies_from_sql(roles):
         assert row[0] == "queued" and row[1].year == 9999  # waits for its dependency
         assert_refused(conn, "SELECT soniq_enqueue_after(ARRAY[gen_random_uuid()], 'trust.x')",
                        "22023", "SONIQ_UNKNOWN_DEPENDENCY")
+        third = conn.execute(
+            "SELECT soniq_enqueue_after_many(%s::jsonb)",
+            [f'[{{"job_name": "trust.third", "depends_on": ["{first}"]}}]']).fetchone()[0][0]
         # Still nothing on the tables themselves.
         for sql in ("SELECT * FROM soniq_job_dependencies", "SELECT * FROM soniq_job_waits",
                     "DELETE FROM soniq_job_waits", "SELECT * FROM soniq_batches"):
@@ -214,7 +218,9 @@ def test_a_granted_producer_can_enqueue_with_dependencies_from_sql(roles):
                  [second])
     assert edge == [(first, "waiting")]
     assert Job.objects.get(id=second).producer_id == role
-    assert Job.objects.count() == 2
+    assert Job.objects.get(id=third).producer_id == role
+    assert Job.objects.get(id=third).scheduled_at.year == 9999
+    assert Job.objects.count() == 3
 
 
 def test_producer_id_is_the_application_name_a_client_chose(roles):

@@ -28,7 +28,7 @@ from soniq_django.sql import SQL_DIR
 
 #: The functions a producer is granted, by name.
 PUBLIC_FUNCTIONS = ("soniq_enqueue", "soniq_get_job", "soniq_args_hash", "soniq_enqueue_many",
-                    "soniq_enqueue_after", "soniq_enqueue_keyed")
+                    "soniq_enqueue_after", "soniq_enqueue_after_many", "soniq_enqueue_keyed")
 
 #: The columns soniq_get_job returns, in the seed's order.
 GET_JOB_COLUMNS = (
@@ -38,7 +38,7 @@ GET_JOB_COLUMNS = (
 
 
 PRODUCER_API_FILES = ("producer_api_v1.sql", "producer_api_v2.sql", "producer_api_v3.sql",
-                      "producer_api_v4.sql", "producer_api_v5.sql")
+                      "producer_api_v4.sql", "producer_api_v5.sql", "producer_api_v6.sql")
 
 
 def producer_api_functions() -> list[str]:

@@ -182,7 +182,7 @@ def test_a_completion_through_the_sql_functions_wakes_the_waiter():
 @PG
 def test_a_completion_nobody_waits_for_sends_no_notify():
     """The cost: a NOTIFY only for a job a waiter's row names."""
-    from soniq_django.worker.wakeup import new_connection
+    from soniq_django.listen import new_connection
 
     source = OwnedJobSource()
     watched, unwatched = enqueue("tests.worker.ok"), enqueue("tests.worker.ok")
@@ -221,11 +221,11 @@ def test_a_lost_notify_is_made_up_for_by_the_re_read(monkeypatch):
 
 @PG
 def test_a_lost_listening_connection_falls_back_to_polling(monkeypatch):
-    from soniq_django.worker import wakeup
+    from soniq_django import listen
 
     made = []
-    monkeypatch.setattr(wakeup, "new_connection",
-                        lambda *args, _new=wakeup.new_connection, **kwargs: made.append(
+    monkeypatch.setattr(listen, "new_connection",
+                        lambda *args, _new=listen.new_connection, **kwargs: made.append(
                             _new(*args, **kwargs)) or made[-1])
     source = OwnedJobSource()
     job_id = enqueue("tests.worker.ok")
@@ -300,3 +300,41 @@ def test_a_bad_id_is_refused():
         wait_for_job("not-a-uuid", timeout=1)
     assert raised.value.code is ErrorCode.INVALID_OPTION
     assert not Job.objects.exists()
+
+
+@PG
+@pytest.mark.django_db(transaction=True, databases=["default", "server_binding"])
+def test_a_listen_database_that_does_not_hear_the_jobs_database_is_found_and_polled(
+        monkeypatch, settings, caplog):
+    """The worker's rule (listen.py): a LISTEN that NOTIFY does not reach -- here
+    LISTEN_DATABASE names another database of the server -- is found by the self-test;
+    the wait warns naming the setting and polls, instead of waiting for a re-read."""
+    monkeypatch.setattr(waiting, "_verdicts", {})
+    monkeypatch.setattr(waiting, "_warned_deaf", set())
+    soniq(settings, LISTEN_DATABASE="server_binding", POLL_INTERVAL=10)
+    wrapper = connections["server_binding"]  # this thread's: the wait runs on this thread
+    monkeypatch.setattr(wrapper, "settings_dict", {**wrapper.settings_dict, "NAME": "postgres"})
+    source = OwnedJobSource()
+    job_id = enqueue("tests.worker.ok")
+    claimed = claim(source)
+    finished_at = []
+
+    def finish() -> None:
+        time.sleep(waiting.PROBE_SECONDS + 0.5)
+        try:
+            source.complete_owned(claimed.claim_fence, result=1)
+            finished_at.append(time.monotonic())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=finish)
+    thread.start()
+    with caplog.at_level("WARNING", logger="soniq_django"):
+        info = wait_for_job(job_id, timeout=20)
+    returned_at = time.monotonic()
+    thread.join()
+    assert info.status == "done"
+    assert returned_at - finished_at[0] < waiting.POLL_SECONDS + 0.5  # not RECHECK_SECONDS
+    [warning] = [r.getMessage() for r in caplog.records if "does not hear NOTIFY" in r.getMessage()]
+    assert "'server_binding'" in warning and "SONIQ['LISTEN_DATABASE']" in warning
+    assert waiting._verdicts[("server_binding", "default")][0] is False

@@ -12,8 +12,8 @@ from soniq_django.management.database import (
 class Command(BaseCommand):
     help = (
         "Let a PostgreSQL role enqueue and read jobs through soniq_enqueue, soniq_enqueue_many, "
-        "soniq_enqueue_after, soniq_get_job and soniq_args_hash, without any access to the "
-        "soniq tables themselves."
+        "soniq_enqueue_after, soniq_enqueue_after_many, soniq_get_job and soniq_args_hash, "
+        "without any access to the soniq tables themselves."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
