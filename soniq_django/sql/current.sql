@@ -3021,3 +3021,170 @@ CREATE TRIGGER soniq_workflow_dead_letter_gone
     REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT
     EXECUTE FUNCTION {schema}.soniq_workflow_rows_gone_v1();
+
+-- soniq_register_worker (from worker_registry_v1.sql) --
+CREATE FUNCTION {schema}.soniq_register_worker(
+    p_worker_id uuid, p_queues text[], p_job_names text[],
+    p_host text DEFAULT NULL, p_pid integer DEFAULT NULL, p_label text DEFAULT NULL,
+    p_max_attempts integer[] DEFAULT NULL, p_concurrency integer DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_host text := coalesce(p_host, pg_catalog.host(pg_catalog.inet_client_addr()), 'local');
+    v_pid integer := coalesce(p_pid, pg_catalog.pg_backend_pid());
+    v_queues text[] := coalesce(p_queues, '{}'::text[]);
+    v_names text[] := coalesce(p_job_names, '{}'::text[]);
+    v_older uuid[];
+    v_now timestamptz;
+    v_try integer;
+BEGIN
+    IF p_worker_id IS NULL
+       OR v_host = '' OR pg_catalog.length(v_host) > 255 OR v_pid < 1
+       OR pg_catalog.length(p_label) > 255
+       OR (p_concurrency IS NOT NULL AND p_concurrency < 1)
+       OR pg_catalog.cardinality(v_queues) > 1000 OR pg_catalog.array_ndims(v_queues) > 1
+       OR EXISTS (SELECT 1 FROM pg_catalog.unnest(v_queues) AS q
+                   WHERE q IS NULL OR q = '' OR pg_catalog.length(q) > 255)
+       OR pg_catalog.cardinality(v_names) > 10000 OR pg_catalog.array_ndims(v_names) > 1
+       OR EXISTS (SELECT 1 FROM pg_catalog.unnest(v_names) AS n
+                   WHERE n IS NULL OR n = '' OR pg_catalog.length(n) > 1000)
+       OR (SELECT pg_catalog.count(DISTINCT n) FROM pg_catalog.unnest(v_names) AS n)
+          <> pg_catalog.cardinality(v_names)
+       OR (p_max_attempts IS NOT NULL AND (
+              pg_catalog.cardinality(p_max_attempts) <> pg_catalog.cardinality(v_names)
+              OR pg_catalog.array_ndims(p_max_attempts) > 1
+              OR EXISTS (SELECT 1 FROM pg_catalog.unnest(p_max_attempts) AS m WHERE m < 1))) THEN
+        RAISE EXCEPTION 'invalid worker registration'
+            USING ERRCODE = '22023', HINT = 'CONFIG',
+                  DETAIL = 'a worker id; host, label and queue names of 1 to 255 characters; '
+                           'distinct job names of 1 to 1000; pid, concurrency and attempt '
+                           'limits >= 1, one limit per name';
+    END IF;
+    FOR v_try IN 1 .. 3 LOOP
+        BEGIN
+            SELECT pg_catalog.array_agg(o.id) INTO v_older
+              FROM (SELECT w.id FROM {schema}.soniq_workers AS w
+                     WHERE w.hostname = v_host AND w.pid = v_pid AND w.id <> p_worker_id
+                       FOR UPDATE) AS o;
+            IF v_older IS NOT NULL THEN
+                -- Only the informational worker_id of owned rows changes: the
+                -- protection trigger lets it through under the fenced-write flag.
+                PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+                UPDATE {schema}.soniq_jobs AS j SET worker_id = NULL
+                 WHERE j.worker_id = ANY (v_older);
+                PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+                DELETE FROM {schema}.soniq_task_registry AS r
+                 WHERE r.worker_id = ANY (v_older::text[]);
+                DELETE FROM {schema}.soniq_workers AS w WHERE w.id = ANY (v_older);
+            END IF;
+            v_now := pg_catalog.clock_timestamp();  -- after the locks
+            INSERT INTO {schema}.soniq_workers AS w
+                (id, hostname, pid, queues, concurrency, status, last_heartbeat, started_at,
+                 version, metadata)
+            VALUES (p_worker_id, v_host, v_pid, v_queues, coalesce(p_concurrency, 1), 'active',
+                    v_now, v_now, p_label, '{}'::jsonb)
+            ON CONFLICT (id) DO UPDATE
+               SET hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
+                   concurrency = EXCLUDED.concurrency, status = 'active',
+                   last_heartbeat = EXCLUDED.last_heartbeat, started_at = EXCLUDED.started_at,
+                   version = EXCLUDED.version;
+            EXIT;
+        EXCEPTION WHEN unique_violation THEN
+            -- Another registration of the same (host, pid) committed between
+            -- our look and our insert: look again.
+            IF v_try = 3 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    DELETE FROM {schema}.soniq_task_registry AS r
+     WHERE r.worker_id = p_worker_id::text AND NOT (r.task_name = ANY (v_names));
+    INSERT INTO {schema}.soniq_task_registry AS r
+        (task_name, worker_id, last_seen_at, max_attempts)
+    SELECT n.name, p_worker_id::text, v_now, p_max_attempts[n.i]
+      FROM pg_catalog.unnest(v_names) WITH ORDINALITY AS n (name, i)
+    ON CONFLICT (task_name, worker_id) DO UPDATE
+       SET last_seen_at = EXCLUDED.last_seen_at, max_attempts = EXCLUDED.max_attempts;
+END
+$fn$;
+
+-- soniq_worker_heartbeat (from worker_registry_v1.sql) --
+CREATE FUNCTION {schema}.soniq_worker_heartbeat(
+    p_worker_id uuid, p_status text DEFAULT 'active'
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF p_worker_id IS NULL OR p_status IS NULL
+       OR p_status NOT IN ('active', 'stopping', 'stopped') THEN
+        RAISE EXCEPTION 'invalid worker heartbeat'
+            USING ERRCODE = '22023', HINT = 'CONFIG',
+                  DETAIL = 'a worker id, and a status of active, stopping or stopped';
+    END IF;
+    UPDATE {schema}.soniq_workers AS w
+       SET last_heartbeat = pg_catalog.clock_timestamp(), status = p_status
+     WHERE w.id = p_worker_id AND w.status <> 'stopped';
+    RETURN FOUND;
+END
+$fn$;
+
+-- soniq_claim_outcome (from worker_registry_v1.sql) --
+CREATE FUNCTION {schema}.soniq_claim_outcome(
+    job_id text, worker_id text, generation bigint, claim_token text
+) RETURNS TABLE (outcome text, status text, current_generation bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    p_job uuid;
+    r record;
+    v_now timestamptz;
+    v_mine boolean := false;
+    v_attempt text;
+BEGIN
+    PERFORM {schema}.soniq_check_identity_v1(soniq_claim_outcome.worker_id, 'worker_id');
+    PERFORM {schema}.soniq_check_identity_v1(soniq_claim_outcome.claim_token, 'claim_token');
+    IF soniq_claim_outcome.generation IS NULL OR soniq_claim_outcome.generation < 1
+       OR soniq_claim_outcome.job_id IS NULL THEN
+        RAISE EXCEPTION 'invalid fence' USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    p_job := soniq_claim_outcome.job_id::uuid;
+    SELECT j.status, j.claim_generation, j.claim_owner, j.claim_token, j.lease_expires_at
+      INTO r
+      FROM {schema}.soniq_jobs AS j
+     WHERE j.id = p_job
+       FOR UPDATE;
+    v_now := pg_catalog.clock_timestamp();  -- after the lock
+    IF FOUND THEN
+        v_mine := r.claim_generation = soniq_claim_outcome.generation
+                  AND r.claim_owner COLLATE "C" = soniq_claim_outcome.worker_id COLLATE "C"
+                  AND r.claim_token COLLATE "C" = soniq_claim_outcome.claim_token COLLATE "C";
+        IF v_mine AND r.status = 'processing' THEN
+            outcome := CASE WHEN r.lease_expires_at > v_now THEN 'live' ELSE 'lapsed' END;
+        ELSIF v_mine AND r.status = 'done' THEN
+            outcome := 'completed';
+        ELSIF v_mine AND r.status = 'cancelled' THEN
+            outcome := 'cancelled';
+        END IF;
+        status := r.status;
+        current_generation := r.claim_generation;
+    ELSIF EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d WHERE d.id = p_job) THEN
+        status := 'dead_letter';
+    END IF;
+    IF outcome IS NULL THEN
+        SELECT a.outcome INTO v_attempt
+          FROM {schema}.soniq_job_attempts AS a
+         WHERE a.job_id = p_job
+           AND a.generation = soniq_claim_outcome.generation
+           AND a.claim_owner COLLATE "C" = soniq_claim_outcome.worker_id COLLATE "C"
+         ORDER BY a.id DESC
+         LIMIT 1;
+        outcome := coalesce(v_attempt, 'unknown');
+    END IF;
+    RETURN NEXT;
+END
+$fn$;

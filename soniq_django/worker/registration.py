@@ -15,6 +15,12 @@ Its times (``started_at``, ``last_heartbeat``, the registry's
 ``last_seen_at``) are the database's (``overview.database_time``), never
 this host's: other workers judge its liveness by the database's clock, so a
 host whose clock is off is not taken for dead (or for alive once silent).
+
+On PostgreSQL the row, the names and the heartbeat are written by the SQL
+functions every worker calls, whatever its language (soniq_register_worker
+and soniq_worker_heartbeat, sql/worker_registry_v1.sql): one rule makes a
+worker live, a Python one or a foreign one. On SQLite, which has no SQL API,
+the functions below are their twins.
 """
 
 import inspect
@@ -52,9 +58,24 @@ def implementation() -> str:
 
 
 def register(using: str, worker_id: str, queues: list[str] | None, concurrency: int) -> None:
-    """Insert (or revive) this worker's row as active, replacing an older row of this process."""
+    """Insert (or revive) this worker's row as active with the job names it handles.
+
+    The row of an older worker of this process is replaced. The names and
+    their attempt limits are this process's handlers (``publish_registry``
+    adds what only soniq_django fills in).
+    """
     wid = uuid.UUID(worker_id)
     hostname, pid = socket.gethostname()[:255], os.getpid()
+    handlers = sorted(registered_handlers().items())
+    if connections[using].vendor == "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                "SELECT soniq_register_worker(%s, %s::text[], %s::text[], %s, %s, %s, "
+                "%s::integer[], %s)",
+                [wid, list(queues or []), [name for name, _ in handlers], hostname, pid,
+                 implementation(), [handler.max_attempts for _, handler in handlers],
+                 concurrency])
+        return
     for attempt in range(3):
         try:
             with transaction.atomic(using=using):
@@ -71,6 +92,8 @@ def register(using: str, worker_id: str, queues: list[str] | None, concurrency: 
                     "concurrency": concurrency, "status": WorkerState.ACTIVE,
                     "started_at": now, "last_heartbeat": now, "version": implementation(),
                 })
+                TaskRegistration.objects.using(using).filter(worker_id=str(wid)).exclude(
+                    task_name__in=[name for name, _ in handlers]).delete()
             return
         except IntegrityError:
             # Another worker of this process registered between our look and
@@ -93,18 +116,24 @@ def _release(using: str, worker_ids: list[uuid.UUID]) -> None:
     Worker.objects.using(using).filter(id__in=worker_ids).delete()
 
 
-def beat(using: str, worker_id: str, state: str = WorkerState.ACTIVE) -> None:
-    """Record that the worker is alive (and whether it is draining)."""
-    Worker.objects.using(using).filter(id=uuid.UUID(worker_id)).update(
-        last_heartbeat=database_time(using), status=STATES[state]
-    )
+def beat(using: str, worker_id: str, state: str = WorkerState.ACTIVE) -> bool:
+    """Record that the worker is alive (and whether it is draining).
+
+    False when it has no row, or a stopped one: it must register again.
+    """
+    status = STATES[state]
+    if connections[using].vendor == "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT soniq_worker_heartbeat(%s, %s)", [uuid.UUID(worker_id), status])
+            written: bool = cursor.fetchone()[0]
+        return written
+    return bool(Worker.objects.using(using).filter(id=uuid.UUID(worker_id)).exclude(
+        status=WorkerState.STOPPED).update(last_heartbeat=database_time(using), status=status))
 
 
 def unregister(using: str, worker_id: str) -> None:
     """Mark the worker stopped; its last heartbeat is when it stopped (as in Soniq)."""
-    Worker.objects.using(using).filter(id=uuid.UUID(worker_id)).update(
-        status=WorkerState.STOPPED, last_heartbeat=database_time(using)
-    )
+    beat(using, worker_id, WorkerState.STOPPED)
 
 
 def publish_registry(using: str, worker_id: str) -> None:
