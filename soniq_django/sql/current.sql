@@ -3143,6 +3143,7 @@ DECLARE
     p_job uuid;
     r record;
     v_now timestamptz;
+    v_found boolean;
     v_mine boolean := false;
     v_attempt text;
 BEGIN
@@ -3158,8 +3159,9 @@ BEGIN
       FROM {schema}.soniq_jobs AS j
      WHERE j.id = p_job
        FOR UPDATE;
+    v_found := FOUND;
     v_now := pg_catalog.clock_timestamp();  -- after the lock
-    IF FOUND THEN
+    IF v_found THEN
         v_mine := r.claim_generation = soniq_claim_outcome.generation
                   AND r.claim_owner COLLATE "C" = soniq_claim_outcome.worker_id COLLATE "C"
                   AND r.claim_token COLLATE "C" = soniq_claim_outcome.claim_token COLLATE "C";
@@ -3175,7 +3177,11 @@ BEGIN
     ELSIF EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d WHERE d.id = p_job) THEN
         status := 'dead_letter';
     END IF;
-    IF outcome IS NULL THEN
+    -- While the row still carries this generation, its nonce is the proof;
+    -- once claimed again (or dead-lettered) the nonce is gone with it, and
+    -- the attempt history names the claim by worker id and generation.
+    IF outcome IS NULL AND NOT (v_found AND r.claim_generation = soniq_claim_outcome.generation
+                                AND NOT v_mine) THEN
         SELECT a.outcome INTO v_attempt
           FROM {schema}.soniq_job_attempts AS a
          WHERE a.job_id = p_job
@@ -3183,8 +3189,9 @@ BEGIN
            AND a.claim_owner COLLATE "C" = soniq_claim_outcome.worker_id COLLATE "C"
          ORDER BY a.id DESC
          LIMIT 1;
-        outcome := coalesce(v_attempt, 'unknown');
+        outcome := v_attempt;
     END IF;
+    outcome := coalesce(outcome, 'unknown');
     RETURN NEXT;
 END
 $fn$;
