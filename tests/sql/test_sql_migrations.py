@@ -188,6 +188,8 @@ _ADDED_BY_0025 = ("soniq_settle_dependents_v1", "soniq_dependency_ended_v1",
                   "soniq_dependent_guard_v1", "soniq_enqueue_after")
 # 0026 adds the trigger function that takes a job's workflow rows with it.
 _ADDED_BY_0026 = ("soniq_workflow_rows_gone_v1",)
+# 0030 adds a worker's registration, its heartbeat and the outcome of a claim (issue 32).
+_ADDED_BY_0030 = ("soniq_register_worker", "soniq_worker_heartbeat", "soniq_claim_outcome")
 _REPLACED_BY_0020 = {"soniq_claim_many": "claim_protocol_v9.sql"}
 #: What migration 0023 (claim protocol v11) replaces (function: released file).
 _REPLACED_BY_0023 = {"soniq_complete_many": "claim_protocol_v8.sql"}
@@ -264,7 +266,7 @@ def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many",
                "soniq_enqueue", *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
                *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0030}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -319,7 +321,7 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
         assert set(after) == set(before) - {"soniq_queue_budget_v1", *_ADDED_BY_0018,
                                             *_ADDED_BY_0019, *_ADDED_BY_0020,
                                             *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0030}
         # 0017 reversed too: version 3's soniq_enqueue.
         assert after["soniq_enqueue"] == _file_source("producer_api_v3.sql", "soniq_enqueue")
         assert fetch("SELECT to_regclass('soniq_queue_settings'), "
@@ -365,11 +367,11 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
         changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_ADDED_BY_0018,
                    *_REPLACED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026)
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0030)
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
-                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026) & set(after)
+                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_BY_0030) & set(after)
         assert _claim_indexes() == {"soniq_jobs_claim_idx", "soniq_jobs_claim_any_idx"}
         # Version 5's claim works again, a due scheduled job and all.
         fetch("SELECT soniq_enqueue('back.to_v5', run_at => now() - interval '1 second')")
@@ -406,7 +408,7 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
         changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018,
                    *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0030}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
@@ -444,7 +446,7 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
     changed = {"soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018, *_ADDED_BY_0019,
                *_ADDED_BY_0020,
                *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0030}
     try:
         call_command("migrate", "soniq_django", "0016", verbosity=0)
         after = _soniq_functions()
@@ -490,10 +492,10 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
         after = _soniq_functions()
         assert {name: after[name] for name in restored} == restored
         assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
-                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026) & set(after)
+                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_BY_0030) & set(after)
         changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0030}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert "soniq_jobs_claim_queue_now_idx" not in _claim_indexes()
@@ -547,10 +549,10 @@ def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9
         after = _soniq_functions()
         assert {name: after[name] for name in restored} == restored
         assert not set(_ADDED_BY_0019 + _ADDED_BY_0020
-                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026) & set(after)
+                       + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_BY_0030) & set(after)
         changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0030}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8 works again: a lapsed job is settled, a queued one claimed.
@@ -596,10 +598,10 @@ def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back()
         after = _soniq_functions()
         assert after["soniq_claim_many"] == v9
         assert not set(_ADDED_BY_0020 + _ADDED_BY_0021 + _ADDED_BY_0025
-                       + _ADDED_BY_0026) & set(after)
+                       + _ADDED_BY_0026 + _ADDED_BY_0030) & set(after)
         changed = {*_REPLACED_BY_0020, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0030}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert attempt_triggers() == []
@@ -650,7 +652,7 @@ def test_reversing_0021_drops_the_trace_contexts_and_reapplying_gives_them_back(
         after = _soniq_functions()
         assert not set(_ADDED_BY_0021) & set(after)
         changed = {*added, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0030}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert trace_triggers() == []
@@ -685,7 +687,7 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
         assert after["soniq_complete_many"] == v8
         assert claim_settings() == ["search_path=pg_catalog, pg_temp"]
         changed = {*_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_BY_0030}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8's completion works again.
@@ -711,7 +713,8 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
 def test_reversing_0025_drops_the_workflows_and_reapplying_gives_them_back():
     added = {name: _file_source(file, name) for file, names in (
         ("workflows_v1.sql", _ADDED_BY_0025[:3]), ("producer_api_v5.sql", _ADDED_BY_0025[3:]),
-        ("workflows_v2.sql", _ADDED_BY_0026))  # 0026 depends on 0025: reversed with it
+        ("workflows_v2.sql", _ADDED_BY_0026),  # 0026 depends on 0025: reversed with it
+        ("worker_registry_v1.sql", _ADDED_BY_0030))  # and so does 0030
         for name in names}
     before = _soniq_functions()
     assert {name: before[name] for name in added} == added
@@ -726,7 +729,7 @@ def test_reversing_0025_drops_the_workflows_and_reapplying_gives_them_back():
     try:
         call_command("migrate", "soniq_django", "0024", verbosity=0)
         after = _soniq_functions()
-        assert not set(_ADDED_BY_0025 + _ADDED_BY_0026) & set(after)
+        assert not set(_ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_BY_0030) & set(after)
         assert workflow_triggers() == []
         assert fetch("SELECT count(*) FROM information_schema.columns WHERE table_name = "
                      "'soniq_jobs' AND column_name = 'has_dependents'") == [(0,)]
@@ -740,7 +743,10 @@ def test_reversing_0025_drops_the_workflows_and_reapplying_gives_them_back():
 
 @pytest.mark.django_db(transaction=True)
 def test_reversing_0026_drops_the_purge_triggers_alone_and_reapplying_gives_them_back():
-    added = {name: _file_source("workflows_v2.sql", name) for name in _ADDED_BY_0026}
+    added = {name: _file_source(file, name) for file, names in (
+        ("workflows_v2.sql", _ADDED_BY_0026),
+        ("worker_registry_v1.sql", _ADDED_BY_0030))  # 0030 depends on 0026: reversed with it
+        for name in names}
     before = _soniq_functions()
     assert {name: before[name] for name in added} == added
 
@@ -759,3 +765,25 @@ def test_reversing_0026_drops_the_purge_triggers_alone_and_reapplying_gives_them
         call_command("migrate", "soniq_django", verbosity=0)
     assert {name: _soniq_functions()[name] for name in added} == added
     assert len(purge_triggers()) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0030_drops_the_worker_registry_functions_alone_and_reapplying_gives_them_back(
+        roles):
+    added = {name: _file_source("worker_registry_v1.sql", name) for name in _ADDED_BY_0030}
+    before = _soniq_functions()
+    assert {name: before[name] for name in added} == added
+    worker = roles.create("soniq_worker")
+    call_command("soniq_grant", worker, "--worker", stdout=io.StringIO())
+    # The migration 0030 follows (0026 here; whatever the integrator chains it after).
+    [(_, target)] = [parent.key for parent in MigrationLoader(connection).graph.node_map[
+        ("soniq_django", "0030_worker_registry")].parents]
+    try:
+        call_command("migrate", "soniq_django", target, verbosity=0)
+        assert _soniq_functions() == {n: b for n, b in before.items() if n not in added}
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert {name: _soniq_functions()[name] for name in added} == added
+    # Dropped and created again: the grant went with them (soniq_grant --worker again).
+    assert fetch("SELECT has_function_privilege(%s, 'soniq_claim_outcome(text, text, bigint, "
+                 "text)', 'EXECUTE')", [worker]) == [(False,)]
