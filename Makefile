@@ -97,7 +97,7 @@ bench-admin: venv-main
 # four runs are part of `make test`. CHAOS_ARGS passes options to the plain,
 # effects and workflows runs, e.g. CHAOS_ARGS="--seed 42"; CHAOS_LIVENESS_ARGS
 # to the liveness run, e.g. "--rounds 5".
-#   make chaos              the four full runs, one after the other (~12 min)
+#   make chaos              the five full runs, one after the other (~15 min)
 #   make chaos-plain        5,000 jobs, 4 workers, kills and restarts (~3 min)
 #   make chaos-effects      5,000 atomic jobs writing one effect row each, kills,
 #                           restarts, SIGSTOP past the lease, terminated backends
@@ -110,12 +110,19 @@ bench-admin: venv-main
 #                           terminated backends (~3 min); each callback once and
 #                           after its members, no dependent early, failed jobs'
 #                           dependents cancelled
+#   make chaos-fleet        3,000 jobs on one queue, drained by soniq_worker and the
+#                           reference Node worker (contrib/node-worker, worker grant
+#                           only), 600 of a name only Node knows; Node workers
+#                           SIGKILLed and SIGSTOPped past the lease, Python workers
+#                           SIGKILLed, Node backends terminated (~3 min); nothing
+#                           dead-lettered, one effect per job; CHAOS_FLEET_ARGS
 CHAOS_ARGS ?=
 CHAOS_LIVENESS_ARGS ?=
+CHAOS_FLEET_ARGS ?=
 
-.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows
+.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-fleet
 
-chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows
+chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-fleet
 
 chaos-plain: venv-main
 	$(PYTHON_VENV) -m tests.chaos $(CHAOS_ARGS)
@@ -128,6 +135,9 @@ chaos-liveness: venv-main
 
 chaos-workflows: venv-main
 	$(PYTHON_VENV) -m tests.chaos --workflows $(CHAOS_ARGS)
+
+chaos-fleet: venv-main
+	$(PYTHON_VENV) -m tests.fleet.chaos $(CHAOS_FLEET_ARGS)
 
 # Soak run (bench/soak.py; see docs/performance.md#hours-of-load). Starts its own
 # throwaway PostgreSQL cluster with stock settings (autovacuum on) under /tmp,
