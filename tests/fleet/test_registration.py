@@ -115,3 +115,22 @@ def test_the_dashboard_shows_a_foreign_workers_label(client, django_user_model):
         "admin", "admin@example.com", password=None))
     html = client.get(reverse("admin:soniq_django_dashboard")).content.decode()
     assert LABEL in html and "node-host" in html and "31337" in html
+
+
+def test_a_worker_whose_row_was_replaced_registers_again_at_its_next_beat():
+    from soniq_django.worker import Worker
+    from tests.support.workers import WorkerThread, wait_until
+
+    worker = Worker(queues=["fleet"])
+    with WorkerThread(worker) as running:
+        wait_until(lambda: WorkerRow.objects.filter(id=worker.worker_id, status="active").exists(),
+                   10, "the worker row")
+        # A registration of another worker under this host and pid replaces its row.
+        other = foreign([], host=WorkerRow.objects.get(id=worker.worker_id).hostname,
+                        pid=WorkerRow.objects.get(id=worker.worker_id).pid)
+        assert not WorkerRow.objects.filter(id=worker.worker_id).exists()
+        wait_until(lambda: WorkerRow.objects.filter(id=worker.worker_id, status="active").exists(),
+                   10, "the worker to register again")
+        assert names_of(worker.worker_id)  # its handlers too
+        assert running.stop() == 0
+    assert not WorkerRow.objects.filter(id=other).exists()  # replaced in turn
