@@ -159,3 +159,22 @@ def test_a_registration_is_taken_whole_or_refused_with_22023(names, limits, queu
                                 [worker]).fetchone() == (0,)
         conn.execute("DELETE FROM soniq_task_registry WHERE worker_id = %s", [worker])
         conn.execute("DELETE FROM soniq_workers WHERE id = %s", [worker])
+
+
+def test_a_registered_attempt_limit_counts_for_jobs_without_their_own():
+    fetch("SELECT soniq_register_worker(gen_random_uuid(), NULL, ARRAY['fleet.limited'], 'h', 9, "
+          "NULL, ARRAY[1])")
+    limited = fetch("SELECT soniq_enqueue('fleet.limited', '{}', queue => 'o', "
+                    "max_attempts => NULL)")[0][0]
+    other = fetch("SELECT soniq_enqueue('fleet.unlimited', '{}', queue => 'o', "
+                  "max_attempts => NULL)")[0][0]
+    for nonce in ("n-1", "n-2"):
+        claim(nonce, lease=0.1)
+    time.sleep(0.2)
+    fetch("SELECT count(*) FROM soniq_claim('other', 'n-x', ARRAY['none'])")  # reaps both
+    # One attempt spent: the registered limit (1) sends it to the dead letters; the
+    # name nobody registered falls back to 4 and is queued again.
+    assert fetch("SELECT dead_letter_reason FROM soniq_dead_letter_jobs WHERE id = %s",
+                 [limited]) == [("max_retries_exceeded",)]
+    assert fetch("SELECT status, max_attempts FROM soniq_jobs WHERE id = %s", [other]) == [
+        ("queued", None)]
