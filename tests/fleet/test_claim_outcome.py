@@ -136,7 +136,8 @@ _names = st.lists(st.text(st.characters(codec="utf-8", exclude_characters="\x00"
 @hsettings(max_examples=60, deadline=None)
 @given(names=_names, limits=st.one_of(st.none(), st.lists(
     st.one_of(st.none(), st.integers(-2, 5)), max_size=4)),
-    queues=st.lists(st.text(min_size=0, max_size=3), max_size=3))
+    queues=st.lists(st.one_of(st.text(st.characters(codec="utf-8", exclude_characters="\x00"),
+                                      min_size=0, max_size=3), st.just("q" * 256)), max_size=3))
 def test_a_registration_is_taken_whole_or_refused_with_22023(names, limits, queues):
     valid = (all(1 <= len(n) <= 1000 for n in names) and len(set(names)) == len(names)
              and all(1 <= len(q) <= 255 for q in queues)

@@ -163,3 +163,15 @@ def test_a_role_without_the_grant_cannot_register(roles):
         assert error.sqlstate == "42501"
     with raw() as admin:  # the stranger wrote nothing
         assert admin.execute("SELECT count(*) FROM soniq_workers").fetchone() == (0,)
+
+
+def test_the_worker_functions_run_as_definer_with_a_fixed_search_path_and_no_public_execute():
+    rows = fetch(
+        "SELECT p.oid::regprocedure::text, p.prosecdef, p.proconfig, "
+        "       has_function_privilege('public', p.oid, 'EXECUTE') "
+        "  FROM pg_proc AS p WHERE p.pronamespace = current_schema()::regnamespace "
+        "   AND p.proname = ANY(%s)", [sorted(names(WORKER_FUNCTIONS))])
+    assert len(rows) == len(WORKER_FUNCTIONS)  # one function per name
+    for signature, secdef, config, public in rows:
+        assert secdef and not public, signature
+        assert config[0] == "search_path=pg_catalog, pg_temp", signature
