@@ -210,14 +210,16 @@ class Worker {
     while (!this.stopping) {
       const client = await this.pool.connect().catch(() => null);
       if (!client) { await sleep(1000); continue; }
+      let released = false;
+      const release = () => { if (!released) { released = true; client.release(true); } };
       const lost = new Promise((resolve) => client.on('error', resolve).on('end', resolve));
       client.on('notification', () => this.wake());
       try {
         await client.query('LISTEN soniq_new_job');
-        this.unlisten = () => client.release(true);
+        this.unlisten = release;
         await lost;
       } catch (err) { /* reconnect below */ }
-      client.release(true);
+      release();
       await sleep(500);
     }
   }

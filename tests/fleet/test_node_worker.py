@@ -132,6 +132,12 @@ def test_a_node_worker_with_the_worker_grant_alone_runs_the_protocol(node):
     assert not child.events("retry") and "worker failed" not in child.log()
 
 
+def unfinished(ids) -> list:
+    return list(Job.objects.filter(id__in=ids).exclude(status="done").values_list(
+        "id", "job_name", "status", "claim_owner", "claim_generation", "attempts",
+        "lease_expires_at", "scheduled_at", "last_error"))
+
+
 def holding(wid: str) -> list[tuple[str, int]]:
     return [(str(job), generation) for job, generation in Job.objects.filter(
         status="processing", claim_owner=wid).values_list("id", "claim_generation")]
@@ -141,8 +147,10 @@ def test_a_mixed_fleet_loses_nothing_to_kills_stops_and_broken_connections(node,
     rng = random.Random(32)
     shared = [enqueue("fleet.effect", {"ms": rng.randint(100, 300)}, queue="fleet")
               for _ in range(40)]
+    # Each soniq_worker that claims one gives it back for 5 s, then 10, 20, 30
+    # (decision 0033): a handful keeps the test short and still crosses both kinds.
     node_only = [enqueue("fleet.node_only", {"ms": rng.randint(100, 300)}, queue="fleet")
-                 for _ in range(6)]
+                 for _ in range(4)]
     python = Children(tmp_path, database_url(connection))
     try:
         py = python.worker("--queues", "fleet", "--concurrency", "2", LEASE_SECONDS=LEASE,
@@ -151,18 +159,24 @@ def test_a_mixed_fleet_loses_nothing_to_kills_stops_and_broken_connections(node,
         stopped, killed = node.start(), node.start()
         stopped_id, killed_id = worker_id(stopped), worker_id(killed)
 
-        # SIGSTOP one Node worker mid-run, for three leases.
-        wait_until(lambda: holding(stopped_id) or stopped.exited(), 60, "a claim to stop on")
-        stopped.signal(signal.SIGSTOP)
-        held = holding(stopped_id)
-        time.sleep(3 * LEASE)
-        stopped.signal(signal.SIGCONT)
-
-        # SIGKILL the other mid-run; a new one takes its place.
+        # SIGKILL one Node worker mid-run; a new one takes its place.
         wait_until(lambda: holding(killed_id) or killed.exited(), 60, "a claim to kill")
         killed.signal(signal.SIGKILL)
         lost = holding(killed_id)
         replacement = node.start()
+
+        # A second wave, then SIGSTOP another mid-run, for three leases.
+        shared += [enqueue("fleet.effect", {"ms": rng.randint(100, 300)}, queue="fleet")
+                   for _ in range(30)]
+        held = []
+        while not held:  # stopped while it holds a claim (between two, try again)
+            wait_until(lambda: holding(stopped_id) or stopped.exited(), 60, "a claim to stop on")
+            stopped.signal(signal.SIGSTOP)
+            held = holding(stopped_id)
+            if not held:
+                stopped.signal(signal.SIGCONT)
+        time.sleep(3 * LEASE)
+        stopped.signal(signal.SIGCONT)
 
         # Terminate the Node workers' backends a few times while they run.
         terminated = 0
@@ -174,8 +188,11 @@ def test_a_mixed_fleet_loses_nothing_to_kills_stops_and_broken_connections(node,
                 "ORDER BY random() LIMIT 1", [APP_NAME]))
 
         everything = shared + node_only
-        wait_until(lambda: statuses(everything)["done"] == len(everything) or py.exited(),
-                   150, "every job of the fleet")
+        try:
+            wait_until(lambda: statuses(everything)["done"] == len(everything) or py.exited(),
+                       240, "every job of the fleet")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; not done: {unfinished(everything)}") from None
     finally:
         for child in [*node.started, *python.started]:
             if child.alive:
