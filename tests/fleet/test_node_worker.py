@@ -65,8 +65,10 @@ def node_role(effects):
 @pytest.fixture
 def node(tmp_path, node_role):
     try:
+        # Polling faster than the soniq_worker's 0.5 s, the Node workers win most races
+        # for the Node-only jobs it gave back (each give-back delays the job 5 to 30 s).
         workers = NodeWorkers(tmp_path, node_role, HANDLERS, queues="fleet",
-                              lease_seconds=LEASE, heartbeat_seconds=0.5, poll_interval=0.5)
+                              lease_seconds=LEASE, heartbeat_seconds=0.5, poll_interval=0.2)
     except NodeUnavailable as error:
         unavailable(str(error))
     yield workers
