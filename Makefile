@@ -104,7 +104,7 @@ bench-admin: venv-main
 # four runs are part of `make test`. CHAOS_ARGS passes options to the plain,
 # effects and workflows runs, e.g. CHAOS_ARGS="--seed 42"; CHAOS_LIVENESS_ARGS
 # to the liveness run, e.g. "--rounds 5".
-#   make chaos              the four full runs, one after the other (~12 min)
+#   make chaos              the five full runs, one after the other (~15 min)
 #   make chaos-plain        5,000 jobs, 4 workers, kills and restarts (~3 min)
 #   make chaos-effects      5,000 atomic jobs writing one effect row each, kills,
 #                           restarts, SIGSTOP past the lease, terminated backends
@@ -124,12 +124,19 @@ bench-admin: venv-main
 #                           effect row, kills, restarts, SIGSTOP, terminated
 #                           backends (~1 min); each (job, step) effect exactly once,
 #                           no step function called after its record committed
+#   make chaos-fleet        3,000 jobs on one queue, drained by soniq_worker and the
+#                           reference Node worker (contrib/node-worker, worker grant
+#                           only), 600 of a name only Node knows; Node workers
+#                           SIGKILLed and SIGSTOPped past the lease, Python workers
+#                           SIGKILLed, Node backends terminated (~3 min); nothing
+#                           dead-lettered, one effect per job; CHAOS_FLEET_ARGS
 CHAOS_ARGS ?=
 CHAOS_LIVENESS_ARGS ?=
+CHAOS_FLEET_ARGS ?=
 
-.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps chaos-keys
+.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps chaos-keys chaos-fleet
 
-chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps chaos-keys
+chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps chaos-keys chaos-fleet
 
 chaos-plain: venv-main
 	$(PYTHON_VENV) -m tests.chaos $(CHAOS_ARGS)
@@ -148,6 +155,9 @@ chaos-steps: venv-main
 
 chaos-keys: venv-main
 	$(PYTHON_VENV) -m tests.chaos --keys $(CHAOS_ARGS)
+
+chaos-fleet: venv-main
+	$(PYTHON_VENV) -m tests.fleet.chaos $(CHAOS_FLEET_ARGS)
 
 # Soak run (bench/soak.py; see docs/performance.md#hours-of-load). Starts its own
 # throwaway PostgreSQL cluster with stock settings (autovacuum on) under /tmp,

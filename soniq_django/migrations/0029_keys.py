@@ -19,7 +19,7 @@ from soniq_django.sql import run_file, run_sqlite_file
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('soniq_django', '0026_workflow_purge'),
+        ('soniq_django', '0028_job_steps'),
     ]
 
     operations = [

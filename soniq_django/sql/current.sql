@@ -3236,3 +3236,726 @@ BEGIN
     RETURN v_found;
 END
 $fn$;
+
+-- soniq_get_step (from steps_v1.sql) --
+CREATE FUNCTION {schema}.soniq_get_step(
+    job_id text, worker_id text, generation bigint, claim_token text, queue text, name text
+) RETURNS TABLE (held boolean, recorded boolean, result jsonb)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    PERFORM {schema}.soniq_check_identity_v1(soniq_get_step.worker_id, 'worker_id');
+    PERFORM {schema}.soniq_check_identity_v1(soniq_get_step.claim_token, 'claim_token');
+    IF soniq_get_step.generation IS NULL OR soniq_get_step.generation < 1
+       OR soniq_get_step.queue IS NULL OR soniq_get_step.job_id IS NULL THEN
+        RAISE EXCEPTION 'invalid fence' USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    SELECT j.id, j.queue, j.claim_owner, j.claim_generation, j.claim_token, j.status,
+           j.lease_expires_at
+      INTO r
+      FROM {schema}.soniq_jobs AS j
+     WHERE j.id = soniq_get_step.job_id::uuid;
+    IF NOT FOUND
+       OR r.id::text COLLATE "C" <> soniq_get_step.job_id COLLATE "C"
+       OR r.queue COLLATE "C" <> soniq_get_step.queue COLLATE "C"
+       OR r.claim_owner IS NULL
+       OR r.claim_owner COLLATE "C" <> soniq_get_step.worker_id COLLATE "C"
+       OR r.claim_token IS NULL
+       OR r.claim_token COLLATE "C" <> soniq_get_step.claim_token COLLATE "C"
+       OR r.claim_generation <> soniq_get_step.generation
+       OR r.status <> 'processing'
+       OR r.lease_expires_at IS NULL OR r.lease_expires_at <= pg_catalog.clock_timestamp() THEN
+        RETURN QUERY SELECT false, false, NULL::jsonb;
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT true, true, s.result
+          FROM {schema}.soniq_job_steps AS s
+         WHERE s.job_id = r.id AND s.name = soniq_get_step.name;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT true, false, NULL::jsonb;
+    END IF;
+END
+$fn$;
+
+-- soniq_record_step (from steps_v1.sql) --
+CREATE FUNCTION {schema}.soniq_record_step(
+    job_id text, worker_id text, generation bigint, claim_token text, queue text,
+    name text, result jsonb, max_bytes integer DEFAULT 65536
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz;
+    v_size integer;
+    v_cancel boolean;
+    v_attempts integer;
+BEGIN
+    IF soniq_record_step.name IS NULL OR soniq_record_step.name = ''
+       OR pg_catalog.length(soniq_record_step.name) > 200 THEN
+        RAISE EXCEPTION 'a step name is a string of 1 to 200 characters'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    IF soniq_record_step.max_bytes IS NULL OR soniq_record_step.max_bytes < 1
+       OR soniq_record_step.max_bytes > 67108864 THEN
+        RAISE EXCEPTION 'max_bytes must be from 1 to 67108864'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    v_size := pg_catalog.octet_length(COALESCE(soniq_record_step.result, 'null'::jsonb)::text);
+    IF v_size > soniq_record_step.max_bytes THEN
+        RAISE EXCEPTION 'the step result is larger than max_bytes'
+            USING ERRCODE = '54000', HINT = 'SONIQ_STEP_TOO_LARGE';
+    END IF;
+    v_now := {schema}.soniq_lock_fence_v1(
+        soniq_record_step.job_id, soniq_record_step.worker_id, soniq_record_step.generation,
+        soniq_record_step.claim_token, soniq_record_step.queue);
+    IF v_now IS NULL THEN
+        RETURN false;
+    END IF;
+    -- The row is locked by this transaction: what it says holds to the COMMIT.
+    SELECT j.cancel_requested, j.attempts INTO v_cancel, v_attempts
+      FROM {schema}.soniq_jobs AS j
+     WHERE j.id = soniq_record_step.job_id::uuid;
+    IF v_cancel THEN
+        RETURN false;
+    END IF;
+    INSERT INTO {schema}.soniq_job_steps AS s
+           (job_id, name, result, size, attempt, generation, recorded_at)
+    VALUES (soniq_record_step.job_id::uuid, soniq_record_step.name,
+            COALESCE(soniq_record_step.result, 'null'::jsonb), v_size, v_attempts,
+            soniq_record_step.generation, v_now)
+    ON CONFLICT (job_id, name) DO NOTHING;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'this step is already recorded for the job'
+            USING ERRCODE = '23505', HINT = 'SONIQ_STEP_DUPLICATE';
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+-- soniq_job_steps_gone_v1 (from steps_v1.sql) --
+CREATE FUNCTION {schema}.soniq_job_steps_gone_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM {schema}.soniq_job_steps) THEN
+        RETURN NULL;  -- no steps at all: one probe of an empty table
+    END IF;
+    IF TG_TABLE_NAME = 'soniq_jobs' THEN
+        DELETE FROM {schema}.soniq_job_steps AS s
+         USING gone AS g
+         WHERE s.job_id = g.id
+           AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d WHERE d.id = g.id);
+    ELSE
+        DELETE FROM {schema}.soniq_job_steps AS s
+         USING gone AS g
+         WHERE s.job_id = g.id
+           AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_jobs AS j WHERE j.id = g.id);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- soniq_job_steps_job_gone (from steps_v1.sql) --
+CREATE TRIGGER soniq_job_steps_job_gone
+    AFTER DELETE ON {schema}.soniq_jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.soniq_job_steps_gone_v1();
+
+-- soniq_job_steps_dead_letter_gone (from steps_v1.sql) --
+CREATE TRIGGER soniq_job_steps_dead_letter_gone
+    AFTER DELETE ON {schema}.soniq_dead_letter_jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION {schema}.soniq_job_steps_gone_v1();
+
+-- soniq_key_limit_v1 (from claim_protocol_v12.sql) --
+CREATE FUNCTION {schema}.soniq_key_limit_v1(
+    p_queue text, p_key text,
+    OUT concurrency integer, OUT rate_limit integer, OUT rate_period integer)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    o record;
+    s record;
+BEGIN
+    SELECT l.concurrency, l.rate_limit, l.rate_period INTO o
+      FROM {schema}.soniq_key_limits AS l
+     WHERE l.queue = p_queue
+       AND (l.key_pattern = p_key
+            OR p_key LIKE pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(
+                   pg_catalog.replace(l.key_pattern, '\', '\\'), '%', '\%'), '_', '\_'),
+                   '*', '%'))
+     ORDER BY (l.key_pattern = p_key) DESC, pg_catalog.length(l.key_pattern) DESC
+     LIMIT 1;
+    SELECT k.configured_concurrency, k.configured_rate_limit, k.configured_rate_period INTO s
+      FROM {schema}.soniq_key_slots AS k
+     WHERE k.queue = p_queue AND k.key = p_key;
+    concurrency := coalesce(o.concurrency, s.configured_concurrency);
+    IF o.rate_limit IS NOT NULL THEN
+        rate_limit := o.rate_limit; rate_period := o.rate_period;
+    ELSE
+        rate_limit := s.configured_rate_limit; rate_period := s.configured_rate_period;
+    END IF;
+END
+$fn$;
+
+-- soniq_key_admit_v1 (from claim_protocol_v12.sql) --
+CREATE FUNCTION {schema}.soniq_key_admit_v1(p_queue text, p_key text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_slot record;
+    v_limit record;
+    p record;
+    v_at timestamptz;
+    v_now timestamptz;
+    v_nth timestamptz;
+    v_gate text;
+BEGIN
+    SELECT k.running, k.head INTO v_slot
+      FROM {schema}.soniq_key_slots AS k WHERE k.queue = p_queue AND k.key = p_key;
+    IF NOT FOUND OR v_slot.head IS NOT NULL THEN
+        RETURN;
+    END IF;
+    v_limit := {schema}.soniq_key_limit_v1(p_queue, p_key);
+    IF v_limit.concurrency IS NOT NULL AND v_slot.running >= v_limit.concurrency THEN
+        RETURN;
+    END IF;
+    v_gate := pg_catalog.current_setting('soniq.fenced_write', true);
+    PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+    LOOP
+        SELECT q.job_id, q.run_at INTO p
+          FROM {schema}.soniq_key_parked AS q
+         WHERE q.queue = p_queue AND q.key = p_key
+         ORDER BY q.priority, q.created_at
+         LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        DELETE FROM {schema}.soniq_key_parked AS q WHERE q.job_id = p.job_id;
+        v_at := p.run_at;
+        IF v_limit.rate_limit IS NOT NULL THEN
+            v_now := pg_catalog.clock_timestamp();
+            DELETE FROM {schema}.soniq_key_starts AS t
+             WHERE t.queue = p_queue AND t.key = p_key
+               AND t.started_at <= v_now - pg_catalog.make_interval(secs => v_limit.rate_period);
+            SELECT t.started_at INTO v_nth
+              FROM {schema}.soniq_key_starts AS t
+             WHERE t.queue = p_queue AND t.key = p_key
+             ORDER BY t.started_at DESC
+             OFFSET v_limit.rate_limit - 1 LIMIT 1;
+            IF FOUND THEN
+                v_at := GREATEST(coalesce(v_at, '-infinity'::timestamptz),
+                                 v_nth + pg_catalog.make_interval(secs => v_limit.rate_period));
+            END IF;
+        END IF;
+        -- By primary key only: the rest of the predicate is one IS TRUE, so the planner
+        -- cannot take soniq_jobs_claim_due_idx (scheduled_at = 9999-01-01 is every parked
+        -- job) and read them all -- as it would on statistics taken before they came
+        -- (claim protocol v11 does the same for its completion).
+        UPDATE {schema}.soniq_jobs AS j SET scheduled_at = v_at
+         WHERE j.id = p.job_id
+           AND (j.status = 'queued'
+                AND j.scheduled_at = '9999-01-01 00:00:00+00'::timestamptz) IS TRUE;
+        IF FOUND THEN
+            UPDATE {schema}.soniq_key_slots AS k SET head = p.job_id, head_run_at = p.run_at
+             WHERE k.queue = p_queue AND k.key = p_key;
+            IF v_at IS NULL OR v_at <= pg_catalog.clock_timestamp() THEN
+                PERFORM pg_catalog.pg_notify('soniq_new_job', p_queue);
+            END IF;
+            EXIT;
+        END IF;
+        -- A parked row whose job is no longer parked (changed by hand): dropped, next.
+    END LOOP;
+    PERFORM pg_catalog.set_config('soniq.fenced_write', coalesce(v_gate, 'off'), true);
+END
+$fn$;
+
+-- soniq_key_moved_v1 (from claim_protocol_v12.sql) --
+CREATE FUNCTION {schema}.soniq_key_moved_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_delta integer := 0;
+    v_head uuid;
+    v_limit record;
+    v_gate text;
+BEGIN
+    -- The key's row, locked: every move of the key's jobs takes turns on it.
+    INSERT INTO {schema}.soniq_key_slots AS k (queue, key, running, updated_at)
+    VALUES (OLD.queue, OLD.concurrency_key, 0, pg_catalog.clock_timestamp())
+    ON CONFLICT ON CONSTRAINT soniq_key_slots_key DO NOTHING;
+    SELECT k.head INTO v_head FROM {schema}.soniq_key_slots AS k
+     WHERE k.queue = OLD.queue AND k.key = OLD.concurrency_key
+       FOR UPDATE;
+    -- What it leaves.
+    IF OLD.status = 'processing' THEN
+        IF EXISTS (SELECT 1 FROM {schema}.soniq_queue_holds AS h
+                    WHERE h.job_id = OLD.id AND h.generation = OLD.claim_generation) THEN
+            INSERT INTO {schema}.soniq_key_holds (job_id, generation, queue, key)
+            VALUES (OLD.id, OLD.claim_generation, OLD.queue, OLD.concurrency_key)
+            ON CONFLICT ON CONSTRAINT soniq_key_holds_claim DO NOTHING;
+        ELSE
+            v_delta := v_delta - 1;
+        END IF;
+    ELSIF OLD.status = 'queued' THEN
+        IF v_head = OLD.id THEN
+            v_head := NULL;
+            UPDATE {schema}.soniq_key_slots AS k SET head = NULL, head_run_at = NULL
+             WHERE k.queue = OLD.queue AND k.key = OLD.concurrency_key;
+        ELSE
+            DELETE FROM {schema}.soniq_key_parked AS q WHERE q.job_id = OLD.id;
+        END IF;
+    END IF;
+    -- Where it goes.
+    IF TG_OP = 'UPDATE' AND NEW.status = 'processing' THEN
+        v_delta := v_delta + 1;
+        v_limit := {schema}.soniq_key_limit_v1(OLD.queue, OLD.concurrency_key);
+        IF v_limit.rate_limit IS NOT NULL THEN
+            INSERT INTO {schema}.soniq_key_starts (queue, key, started_at)
+            VALUES (OLD.queue, OLD.concurrency_key,
+                    coalesce(NEW.claimed_at, pg_catalog.clock_timestamp()));
+        END IF;
+    ELSIF TG_OP = 'UPDATE' AND NEW.status = 'queued' THEN
+        -- Back in the queue (a retry, a deferral, a lapsed lease): parked again.
+        INSERT INTO {schema}.soniq_key_parked (job_id, queue, key, priority, created_at, run_at)
+        VALUES (NEW.id, NEW.queue, NEW.concurrency_key, NEW.priority, NEW.created_at,
+                NEW.scheduled_at)
+        ON CONFLICT (job_id) DO UPDATE SET run_at = EXCLUDED.run_at;
+        v_gate := pg_catalog.current_setting('soniq.fenced_write', true);
+        PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+        UPDATE {schema}.soniq_jobs AS j SET scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
+         WHERE j.id = NEW.id;
+        PERFORM pg_catalog.set_config('soniq.fenced_write', coalesce(v_gate, 'off'), true);
+    END IF;
+    IF v_delta <> 0 THEN
+        UPDATE {schema}.soniq_key_slots AS k
+           SET running = k.running + v_delta, updated_at = pg_catalog.clock_timestamp()
+         WHERE k.queue = OLD.queue AND k.key = OLD.concurrency_key;
+    END IF;
+    PERFORM {schema}.soniq_key_admit_v1(OLD.queue, OLD.concurrency_key);
+    RETURN NULL;
+END
+$fn$;
+
+-- soniq_key_deferred_v1 (from claim_protocol_v12.sql) --
+CREATE FUNCTION {schema}.soniq_key_deferred_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    DELETE FROM {schema}.soniq_key_starts AS t
+     WHERE t.ctid = (SELECT s.ctid FROM {schema}.soniq_key_starts AS s
+                      WHERE s.queue = OLD.queue AND s.key = OLD.concurrency_key
+                        AND s.started_at = OLD.claimed_at
+                      LIMIT 1);
+    RETURN NULL;
+END
+$fn$;
+
+-- soniq_key_hold_gone_v1 (from claim_protocol_v12.sql) --
+CREATE FUNCTION {schema}.soniq_key_hold_gone_v1() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    r record;
+BEGIN
+    DELETE FROM {schema}.soniq_key_holds AS h
+     WHERE h.job_id = OLD.job_id AND h.generation = OLD.generation
+    RETURNING h.queue, h.key INTO r;
+    IF FOUND THEN
+        PERFORM 1 FROM {schema}.soniq_key_slots AS k
+         WHERE k.queue = r.queue AND k.key = r.key FOR UPDATE;
+        UPDATE {schema}.soniq_key_slots AS k
+           SET running = k.running - 1, updated_at = pg_catalog.clock_timestamp()
+         WHERE k.queue = r.queue AND k.key = r.key;
+        PERFORM {schema}.soniq_key_admit_v1(r.queue, r.key);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- soniq_key_moved (from claim_protocol_v12.sql) --
+CREATE TRIGGER soniq_key_moved
+    AFTER UPDATE OF status, claim_generation ON {schema}.soniq_jobs
+    FOR EACH ROW
+    WHEN (OLD.concurrency_key IS NOT NULL
+          AND (OLD.status IS DISTINCT FROM NEW.status
+               OR OLD.claim_generation IS DISTINCT FROM NEW.claim_generation))
+    EXECUTE FUNCTION {schema}.soniq_key_moved_v1();
+
+-- soniq_key_gone (from claim_protocol_v12.sql) --
+CREATE TRIGGER soniq_key_gone
+    AFTER DELETE ON {schema}.soniq_jobs
+    FOR EACH ROW
+    WHEN (OLD.concurrency_key IS NOT NULL AND OLD.status IN ('queued', 'processing'))
+    EXECUTE FUNCTION {schema}.soniq_key_moved_v1();
+
+-- soniq_key_deferred (from claim_protocol_v12.sql) --
+CREATE TRIGGER soniq_key_deferred
+    AFTER UPDATE OF attempts ON {schema}.soniq_jobs
+    FOR EACH ROW
+    WHEN (OLD.concurrency_key IS NOT NULL AND OLD.status = 'processing'
+          AND NEW.status = 'processing' AND NEW.claim_generation = OLD.claim_generation
+          AND NEW.attempts < OLD.attempts)
+    EXECUTE FUNCTION {schema}.soniq_key_deferred_v1();
+
+-- soniq_key_hold_gone (from claim_protocol_v12.sql) --
+CREATE TRIGGER soniq_key_hold_gone
+    AFTER DELETE ON {schema}.soniq_queue_holds
+    FOR EACH ROW
+    EXECUTE FUNCTION {schema}.soniq_key_hold_gone_v1();
+
+-- soniq_key_sweep (from claim_protocol_v12.sql) --
+CREATE FUNCTION {schema}.soniq_key_sweep() RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_count integer;
+BEGIN
+    DELETE FROM {schema}.soniq_queue_holds AS h
+     WHERE h.id IN (SELECT q.id FROM {schema}.soniq_queue_holds AS q
+                      JOIN {schema}.soniq_key_holds AS k
+                        ON k.job_id = q.job_id AND k.generation = q.generation
+                     WHERE q.lease_expires_at <= pg_catalog.clock_timestamp()
+                       FOR UPDATE OF q SKIP LOCKED);
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END
+$fn$;
+
+-- soniq_key_refresh (from claim_protocol_v12.sql) --
+CREATE FUNCTION {schema}.soniq_key_refresh(p_queue text, p_pattern text) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    r record;
+    v_limit record;
+    v_slot record;
+    v_job record;
+    v_count integer := 0;
+    v_gate text;
+BEGIN
+    FOR r IN
+        SELECT k.queue, k.key FROM {schema}.soniq_key_slots AS k
+         WHERE k.queue = p_queue
+           AND k.key LIKE pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(
+                   pg_catalog.replace(p_pattern, '\', '\\'), '%', '\%'), '_', '\_'), '*', '%')
+         ORDER BY k.key COLLATE "C"
+    LOOP
+        v_count := v_count + 1;
+        PERFORM 1 FROM {schema}.soniq_key_slots AS k
+         WHERE k.queue = r.queue AND k.key = r.key FOR UPDATE;
+        v_limit := {schema}.soniq_key_limit_v1(r.queue, r.key);
+        SELECT k.head, k.head_run_at, k.running INTO v_slot FROM {schema}.soniq_key_slots AS k
+         WHERE k.queue = r.queue AND k.key = r.key;
+        IF v_slot.head IS NOT NULL
+           AND ((v_limit.concurrency IS NOT NULL AND v_slot.running >= v_limit.concurrency)
+                OR v_limit.rate_limit IS NOT NULL) THEN
+            -- Parked again; the admission below offers it (or another) as the limit allows.
+            v_gate := pg_catalog.current_setting('soniq.fenced_write', true);
+            PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+            UPDATE {schema}.soniq_jobs AS j
+               SET scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
+             WHERE j.id = v_slot.head AND (j.status = 'queued') IS TRUE  -- by primary key
+            RETURNING j.priority, j.created_at INTO v_job;
+            IF FOUND THEN
+                INSERT INTO {schema}.soniq_key_parked
+                       (job_id, queue, key, priority, created_at, run_at)
+                VALUES (v_slot.head, r.queue, r.key, v_job.priority, v_job.created_at,
+                        v_slot.head_run_at)
+                ON CONFLICT (job_id) DO NOTHING;
+            END IF;
+            PERFORM pg_catalog.set_config('soniq.fenced_write', coalesce(v_gate, 'off'), true);
+            UPDATE {schema}.soniq_key_slots AS k SET head = NULL, head_run_at = NULL
+             WHERE k.queue = r.queue AND k.key = r.key;
+        END IF;
+        PERFORM {schema}.soniq_key_admit_v1(r.queue, r.key);
+    END LOOP;
+    RETURN v_count;
+END
+$fn$;
+
+-- soniq_enqueue_keyed (from claim_protocol_v12.sql) --
+CREATE FUNCTION {schema}.soniq_enqueue_keyed(
+    concurrency_key text,
+    key_concurrency integer,
+    key_rate text,
+    job_name text,
+    args jsonb DEFAULT '{}'::jsonb,
+    queue text DEFAULT 'default',
+    priority integer DEFAULT 100,
+    run_at timestamptz DEFAULT NULL,
+    max_attempts integer DEFAULT 4,
+    unique_job boolean DEFAULT false,
+    dedup_key text DEFAULT NULL,
+    producer_id text DEFAULT NULL,
+    job_id uuid DEFAULT NULL
+) RETURNS uuid
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_variable
+DECLARE
+    p_key text := soniq_enqueue_keyed.concurrency_key;
+    p_queue text := coalesce(soniq_enqueue_keyed.queue, 'default');
+    v_id uuid := coalesce(soniq_enqueue_keyed.job_id, pg_catalog.gen_random_uuid());
+    v_found uuid;
+    v_rate_limit integer;
+    v_rate_period integer;
+    v_match text[];
+    v_slot record;
+    v_head record;
+    v_new record;
+BEGIN
+    IF p_key IS NULL OR p_key = '' OR pg_catalog.length(p_key) > 255 THEN
+        RAISE EXCEPTION 'concurrency_key must be a non-empty string of at most 255 characters'
+            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
+    END IF;
+    IF key_concurrency IS NOT NULL AND key_concurrency < 1 THEN
+        RAISE EXCEPTION 'key_concurrency must be a positive integer or NULL'
+            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
+    END IF;
+    IF key_rate IS NOT NULL THEN
+        v_match := pg_catalog.regexp_match(key_rate, '^([1-9][0-9]{0,8})/([smh])$');
+        IF v_match IS NULL THEN
+            RAISE EXCEPTION 'key_rate must read N/s, N/m or N/h (N a positive integer)'
+                USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
+        END IF;
+        v_rate_limit := v_match[1]::integer;
+        v_rate_period := CASE v_match[2] WHEN 's' THEN 1 WHEN 'm' THEN 60 ELSE 3600 END;
+    END IF;
+    v_found := {schema}.soniq_enqueue(
+        job_name, args, p_queue, priority, '9999-01-01 00:00:00+00'::timestamptz, max_attempts,
+        unique_job, dedup_key, producer_id, v_id);
+    IF v_found IS DISTINCT FROM v_id THEN
+        RETURN v_found;  -- an equal queued job: nothing else changes
+    END IF;
+    UPDATE {schema}.soniq_jobs AS j SET concurrency_key = p_key WHERE j.id = v_id
+    RETURNING j.priority, j.created_at INTO v_new;
+    -- The key's row, locked; the limits declared by this enqueue become its configured ones.
+    INSERT INTO {schema}.soniq_key_slots AS k
+           (queue, key, running, configured_concurrency, configured_rate_limit,
+            configured_rate_period, updated_at)
+    VALUES (p_queue, p_key, 0, key_concurrency, v_rate_limit, v_rate_period,
+            pg_catalog.clock_timestamp())
+    ON CONFLICT ON CONSTRAINT soniq_key_slots_key DO UPDATE
+       SET configured_concurrency = EXCLUDED.configured_concurrency,
+           configured_rate_limit = EXCLUDED.configured_rate_limit,
+           configured_rate_period = EXCLUDED.configured_rate_period
+     WHERE (k.configured_concurrency, k.configured_rate_limit, k.configured_rate_period)
+           IS DISTINCT FROM (EXCLUDED.configured_concurrency, EXCLUDED.configured_rate_limit,
+                             EXCLUDED.configured_rate_period);
+    SELECT k.head, k.head_run_at INTO v_slot FROM {schema}.soniq_key_slots AS k
+     WHERE k.queue = p_queue AND k.key = p_key FOR UPDATE;
+    INSERT INTO {schema}.soniq_key_parked (job_id, queue, key, priority, created_at, run_at)
+    VALUES (v_id, p_queue, p_key, v_new.priority, v_new.created_at, run_at);
+    -- Priorities win inside a key too: a more urgent job takes a queued head's place.
+    IF v_slot.head IS NOT NULL THEN
+        SELECT j.id, j.priority, j.created_at INTO v_head FROM {schema}.soniq_jobs AS j
+         WHERE j.id = v_slot.head AND (j.status = 'queued') IS TRUE;  -- by primary key
+        IF FOUND AND v_head.priority > v_new.priority THEN
+            PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+            UPDATE {schema}.soniq_jobs AS j
+               SET scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
+             WHERE j.id = v_head.id;
+            PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+            INSERT INTO {schema}.soniq_key_parked
+                   (job_id, queue, key, priority, created_at, run_at)
+            VALUES (v_head.id, p_queue, p_key, v_head.priority, v_head.created_at,
+                    v_slot.head_run_at);
+            UPDATE {schema}.soniq_key_slots AS k SET head = NULL, head_run_at = NULL
+             WHERE k.queue = p_queue AND k.key = p_key;
+        END IF;
+    END IF;
+    PERFORM {schema}.soniq_key_admit_v1(p_queue, p_key);
+    RETURN v_id;
+END
+$fn$;
+
+-- soniq_register_worker (from worker_registry_v1.sql) --
+CREATE FUNCTION {schema}.soniq_register_worker(
+    p_worker_id uuid, p_queues text[], p_job_names text[],
+    p_host text DEFAULT NULL, p_pid integer DEFAULT NULL, p_label text DEFAULT NULL,
+    p_max_attempts integer[] DEFAULT NULL, p_concurrency integer DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_host text := coalesce(p_host, pg_catalog.host(pg_catalog.inet_client_addr()), 'local');
+    v_pid integer := coalesce(p_pid, pg_catalog.pg_backend_pid());
+    v_queues text[] := coalesce(p_queues, '{}'::text[]);
+    v_names text[] := coalesce(p_job_names, '{}'::text[]);
+    v_older uuid[];
+    v_now timestamptz;
+    v_try integer;
+BEGIN
+    IF p_worker_id IS NULL
+       OR v_host = '' OR pg_catalog.length(v_host) > 255 OR v_pid < 1
+       OR pg_catalog.length(p_label) > 255
+       OR (p_concurrency IS NOT NULL AND p_concurrency < 1)
+       OR pg_catalog.cardinality(v_queues) > 1000 OR pg_catalog.array_ndims(v_queues) > 1
+       OR EXISTS (SELECT 1 FROM pg_catalog.unnest(v_queues) AS q
+                   WHERE q IS NULL OR q = '' OR pg_catalog.length(q) > 255)
+       OR pg_catalog.cardinality(v_names) > 10000 OR pg_catalog.array_ndims(v_names) > 1
+       OR EXISTS (SELECT 1 FROM pg_catalog.unnest(v_names) AS n
+                   WHERE n IS NULL OR n = '' OR pg_catalog.length(n) > 1000)
+       OR (SELECT pg_catalog.count(DISTINCT n) FROM pg_catalog.unnest(v_names) AS n)
+          <> pg_catalog.cardinality(v_names)
+       OR (p_max_attempts IS NOT NULL AND (
+              pg_catalog.cardinality(p_max_attempts) <> pg_catalog.cardinality(v_names)
+              OR pg_catalog.array_ndims(p_max_attempts) > 1
+              OR EXISTS (SELECT 1 FROM pg_catalog.unnest(p_max_attempts) AS m WHERE m < 1))) THEN
+        RAISE EXCEPTION 'invalid worker registration'
+            USING ERRCODE = '22023', HINT = 'CONFIG',
+                  DETAIL = 'a worker id; host, label and queue names of 1 to 255 characters; '
+                           'distinct job names of 1 to 1000; pid, concurrency and attempt '
+                           'limits >= 1, one limit per name';
+    END IF;
+    FOR v_try IN 1 .. 3 LOOP
+        BEGIN
+            SELECT pg_catalog.array_agg(o.id) INTO v_older
+              FROM (SELECT w.id FROM {schema}.soniq_workers AS w
+                     WHERE w.hostname = v_host AND w.pid = v_pid AND w.id <> p_worker_id
+                       FOR UPDATE) AS o;
+            IF v_older IS NOT NULL THEN
+                -- Only the informational worker_id of owned rows changes: the
+                -- protection trigger lets it through under the fenced-write flag.
+                PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+                UPDATE {schema}.soniq_jobs AS j SET worker_id = NULL
+                 WHERE j.worker_id = ANY (v_older);
+                PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+                DELETE FROM {schema}.soniq_task_registry AS r
+                 WHERE r.worker_id = ANY (v_older::text[]);
+                DELETE FROM {schema}.soniq_workers AS w WHERE w.id = ANY (v_older);
+            END IF;
+            v_now := pg_catalog.clock_timestamp();  -- after the locks
+            INSERT INTO {schema}.soniq_workers AS w
+                (id, hostname, pid, queues, concurrency, status, last_heartbeat, started_at,
+                 version, metadata)
+            VALUES (p_worker_id, v_host, v_pid, v_queues, coalesce(p_concurrency, 1), 'active',
+                    v_now, v_now, p_label, '{}'::jsonb)
+            ON CONFLICT (id) DO UPDATE
+               SET hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, queues = EXCLUDED.queues,
+                   concurrency = EXCLUDED.concurrency, status = 'active',
+                   last_heartbeat = EXCLUDED.last_heartbeat, started_at = EXCLUDED.started_at,
+                   version = EXCLUDED.version;
+            EXIT;
+        EXCEPTION WHEN unique_violation THEN
+            -- Another registration of the same (host, pid) committed between
+            -- our look and our insert: look again.
+            IF v_try = 3 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    DELETE FROM {schema}.soniq_task_registry AS r
+     WHERE r.worker_id = p_worker_id::text AND NOT (r.task_name = ANY (v_names));
+    INSERT INTO {schema}.soniq_task_registry AS r
+        (task_name, worker_id, last_seen_at, max_attempts)
+    SELECT n.name, p_worker_id::text, v_now, p_max_attempts[n.i]
+      FROM pg_catalog.unnest(v_names) WITH ORDINALITY AS n (name, i)
+    ON CONFLICT (task_name, worker_id) DO UPDATE
+       SET last_seen_at = EXCLUDED.last_seen_at, max_attempts = EXCLUDED.max_attempts;
+END
+$fn$;
+
+-- soniq_worker_heartbeat (from worker_registry_v1.sql) --
+CREATE FUNCTION {schema}.soniq_worker_heartbeat(
+    p_worker_id uuid, p_status text DEFAULT 'active'
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF p_worker_id IS NULL OR p_status IS NULL
+       OR p_status NOT IN ('active', 'stopping', 'stopped') THEN
+        RAISE EXCEPTION 'invalid worker heartbeat'
+            USING ERRCODE = '22023', HINT = 'CONFIG',
+                  DETAIL = 'a worker id, and a status of active, stopping or stopped';
+    END IF;
+    UPDATE {schema}.soniq_workers AS w
+       SET last_heartbeat = pg_catalog.clock_timestamp(), status = p_status
+     WHERE w.id = p_worker_id AND w.status <> 'stopped';
+    RETURN FOUND;
+END
+$fn$;
+
+-- soniq_claim_outcome (from worker_registry_v1.sql) --
+CREATE FUNCTION {schema}.soniq_claim_outcome(
+    job_id text, worker_id text, generation bigint, claim_token text
+) RETURNS TABLE (outcome text, status text, current_generation bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    p_job uuid;
+    r record;
+    v_now timestamptz;
+    v_found boolean;
+    v_mine boolean := false;
+    v_attempt text;
+BEGIN
+    PERFORM {schema}.soniq_check_identity_v1(soniq_claim_outcome.worker_id, 'worker_id');
+    PERFORM {schema}.soniq_check_identity_v1(soniq_claim_outcome.claim_token, 'claim_token');
+    IF soniq_claim_outcome.generation IS NULL OR soniq_claim_outcome.generation < 1
+       OR soniq_claim_outcome.job_id IS NULL THEN
+        RAISE EXCEPTION 'invalid fence' USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    p_job := soniq_claim_outcome.job_id::uuid;
+    SELECT j.status, j.claim_generation, j.claim_owner, j.claim_token, j.lease_expires_at
+      INTO r
+      FROM {schema}.soniq_jobs AS j
+     WHERE j.id = p_job
+       FOR UPDATE;
+    v_found := FOUND;
+    v_now := pg_catalog.clock_timestamp();  -- after the lock
+    IF v_found THEN
+        v_mine := r.claim_generation = soniq_claim_outcome.generation
+                  AND r.claim_owner COLLATE "C" = soniq_claim_outcome.worker_id COLLATE "C"
+                  AND r.claim_token COLLATE "C" = soniq_claim_outcome.claim_token COLLATE "C";
+        IF v_mine AND r.status = 'processing' THEN
+            outcome := CASE WHEN r.lease_expires_at > v_now THEN 'live' ELSE 'lapsed' END;
+        ELSIF v_mine AND r.status = 'done' THEN
+            outcome := 'completed';
+        ELSIF v_mine AND r.status = 'cancelled' THEN
+            outcome := 'cancelled';
+        END IF;
+        status := r.status;
+        current_generation := r.claim_generation;
+    ELSIF EXISTS (SELECT 1 FROM {schema}.soniq_dead_letter_jobs AS d WHERE d.id = p_job) THEN
+        status := 'dead_letter';
+    END IF;
+    -- While the row still carries this generation, its nonce is the proof;
+    -- once claimed again (or dead-lettered) the nonce is gone with it, and
+    -- the attempt history names the claim by worker id and generation.
+    IF outcome IS NULL AND NOT (v_found AND r.claim_generation = soniq_claim_outcome.generation
+                                AND NOT v_mine) THEN
+        SELECT a.outcome INTO v_attempt
+          FROM {schema}.soniq_job_attempts AS a
+         WHERE a.job_id = p_job
+           AND a.generation = soniq_claim_outcome.generation
+           AND a.claim_owner COLLATE "C" = soniq_claim_outcome.worker_id COLLATE "C"
+         ORDER BY a.id DESC
+         LIMIT 1;
+        outcome := v_attempt;
+    END IF;
+    outcome := coalesce(outcome, 'unknown');
+    RETURN NEXT;
+END
+$fn$;

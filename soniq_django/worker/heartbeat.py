@@ -70,8 +70,11 @@ class Heartbeat:
 
     def __init__(self, *, source: OwnedJobSource, shared: SharedConnection, worker_id: str,
                  flights: Flights, throughput: ThroughputCounter, stopping: threading.Event,
-                 aborted: threading.Event):
+                 aborted: threading.Event, queues: list[str] | None = None,
+                 concurrency: int = 1):
         self.source = source
+        self.queues = queues  # what the worker registered: a re-registration says it again
+        self.concurrency = concurrency
         self.shared = shared
         self.using = source.using
         self.worker_id = worker_id
@@ -155,7 +158,13 @@ class Heartbeat:
         """The worker's own row and its throughput counts."""
         try:
             state = "stopping" if self.stopping.is_set() else "running"
-            registration.beat(self.using, self.worker_id, state)
+            if not registration.beat(self.using, self.worker_id, state) and state == "running":
+                # No row, or one marked stopped (replaced by another worker of
+                # this host and pid): register again, or peers take it for gone.
+                logger.warning("worker %s: its row was gone or stopped; registering again",
+                               self.worker_id[:8])
+                registration.register(self.using, self.worker_id, self.queues, self.concurrency)
+                registration.publish_registry(self.using, self.worker_id)
             signals.heartbeat(self.worker_id, using=self.using, state=state,
                               in_flight=len(self.flights))
             self.throughput.flush(self.using)

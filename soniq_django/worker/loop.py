@@ -185,7 +185,8 @@ class Worker:
         self.heartbeat = Heartbeat(source=self.source, shared=self.shared,
                                    worker_id=self.worker_id,
                                    flights=self.flights, throughput=self.throughput,
-                                   stopping=self.stopping, aborted=self.aborted)
+                                   stopping=self.stopping, aborted=self.aborted,
+                                   queues=queues, concurrency=concurrency)
         self.deadlines = Deadlines(time_out=self.completer.time_out, concurrency=concurrency,
                                    is_atomic=is_atomic, is_async=_is_async)
         self.rate_poll = RatePoll(using, queues, self.shared)

@@ -15,6 +15,12 @@ Its times (``started_at``, ``last_heartbeat``, the registry's
 ``last_seen_at``) are the database's (``overview.database_time``), never
 this host's: other workers judge its liveness by the database's clock, so a
 host whose clock is off is not taken for dead (or for alive once silent).
+
+On PostgreSQL the row, the names and the heartbeat are written by the SQL
+functions every worker calls, whatever its language (soniq_register_worker
+and soniq_worker_heartbeat, sql/worker_registry_v1.sql): one rule makes a
+worker live, a Python one or a foreign one. On SQLite, which has no SQL API,
+the functions below are their twins.
 """
 
 import inspect
@@ -52,25 +58,61 @@ def implementation() -> str:
 
 
 def register(using: str, worker_id: str, queues: list[str] | None, concurrency: int) -> None:
-    """Insert (or revive) this worker's row as active, replacing an older row of this process."""
+    """Insert (or revive) this worker's row as active, with this process's handlers' names.
+
+    The row of an older worker of this process is replaced (``register_worker``).
+    """
+    handlers = sorted(registered_handlers().items())
+    register_worker(
+        using, worker_id, queues, [name for name, _ in handlers],
+        host=socket.gethostname()[:255], pid=os.getpid(), label=implementation(),
+        max_attempts=[handler.max_attempts for _, handler in handlers], concurrency=concurrency)
+
+
+def register_worker(using: str, worker_id: str, queues: list[str] | None, job_names: list[str],
+                    *, host: str, pid: int, label: str | None,
+                    max_attempts: list[int | None] | None = None, concurrency: int = 1) -> None:
+    """``soniq_register_worker``: the worker's row, active, and exactly ``job_names`` registered.
+
+    ``max_attempts[i]`` is the attempt limit of ``job_names[i]`` for jobs
+    whose own is NULL. On PostgreSQL the SQL function (the one every
+    worker calls); on SQLite its twin. Raises IntegrityError when three
+    tries in a row met a concurrent registration of the same host and pid.
+    """
+    if connections[using].vendor == "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                "SELECT soniq_register_worker(%s, %s::text[], %s::text[], %s, %s, %s, "
+                "%s::integer[], %s)",
+                [uuid.UUID(worker_id), list(queues or []), job_names, host, pid, label,
+                 max_attempts, concurrency])
+        return
     wid = uuid.UUID(worker_id)
-    hostname, pid = socket.gethostname()[:255], os.getpid()
+    limits = max_attempts or [None] * len(job_names)
     for attempt in range(3):
         try:
             with transaction.atomic(using=using):
                 older = list(
                     Worker.objects.using(using).select_for_update()
-                    .filter(hostname=hostname, pid=pid).exclude(id=wid)
+                    .filter(hostname=host, pid=pid).exclude(id=wid)
                     .values_list("id", flat=True)
                 )
                 if older:
                     _release(using, older)
                 now = database_time(using)
                 Worker.objects.using(using).update_or_create(id=wid, defaults={
-                    "hostname": hostname, "pid": pid, "queues": list(queues or []),
+                    "hostname": host, "pid": pid, "queues": list(queues or []),
                     "concurrency": concurrency, "status": WorkerState.ACTIVE,
-                    "started_at": now, "last_heartbeat": now, "version": implementation(),
+                    "started_at": now, "last_heartbeat": now, "version": label,
                 })
+                names = TaskRegistration.objects.using(using).filter(worker_id=str(wid))
+                names.exclude(task_name__in=job_names).delete()
+                TaskRegistration.objects.using(using).bulk_create(
+                    [TaskRegistration(task_name=name, worker_id=str(wid), last_seen_at=now,
+                                      max_attempts=limit)
+                     for name, limit in zip(job_names, limits)],
+                    update_conflicts=True, unique_fields=["task_name", "worker_id"],
+                    update_fields=["last_seen_at", "max_attempts"])
             return
         except IntegrityError:
             # Another worker of this process registered between our look and
@@ -93,22 +135,33 @@ def _release(using: str, worker_ids: list[uuid.UUID]) -> None:
     Worker.objects.using(using).filter(id__in=worker_ids).delete()
 
 
-def beat(using: str, worker_id: str, state: str = WorkerState.ACTIVE) -> None:
-    """Record that the worker is alive (and whether it is draining)."""
-    Worker.objects.using(using).filter(id=uuid.UUID(worker_id)).update(
-        last_heartbeat=database_time(using), status=STATES[state]
-    )
+def beat(using: str, worker_id: str, state: str = WorkerState.ACTIVE) -> bool:
+    """Record that the worker is alive (and whether it is draining).
+
+    False when it has no row, or a stopped one: it must register again.
+    """
+    status = STATES[state]
+    if connections[using].vendor == "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT soniq_worker_heartbeat(%s, %s)", [uuid.UUID(worker_id), status])
+            written: bool = cursor.fetchone()[0]
+        return written
+    return bool(Worker.objects.using(using).filter(id=uuid.UUID(worker_id)).exclude(
+        status=WorkerState.STOPPED).update(last_heartbeat=database_time(using), status=status))
 
 
 def unregister(using: str, worker_id: str) -> None:
     """Mark the worker stopped; its last heartbeat is when it stopped (as in Soniq)."""
-    Worker.objects.using(using).filter(id=uuid.UUID(worker_id)).update(
-        status=WorkerState.STOPPED, last_heartbeat=database_time(using)
-    )
+    beat(using, worker_id, WorkerState.STOPPED)
 
 
 def publish_registry(using: str, worker_id: str) -> None:
-    """Write one soniq_task_registry row per handler this process knows, for this worker."""
+    """Write one soniq_task_registry row per handler this process knows, for this worker.
+
+    ``register`` wrote the names and attempt limits (as any worker's
+    registration does); this adds what only soniq_django knows: each
+    handler's signature, queue and uniqueness.
+    """
     now = database_time(using)
     rows = [
         TaskRegistration(

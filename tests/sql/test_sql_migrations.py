@@ -197,10 +197,13 @@ _ADDED_BY_0028 = ("soniq_get_step", "soniq_record_step", "soniq_job_steps_gone_v
 _ADDED_BY_0029 = ("soniq_key_limit_v1", "soniq_key_admit_v1", "soniq_key_moved_v1",
                   "soniq_key_deferred_v1", "soniq_key_hold_gone_v1", "soniq_key_sweep",
                   "soniq_key_refresh", "soniq_enqueue_keyed")
+# 0030 adds a worker's registration, its heartbeat and the outcome of a claim (issue 32).
+_ADDED_BY_0030 = ("soniq_register_worker", "soniq_worker_heartbeat", "soniq_claim_outcome")
 #: What the migrations after 0026 add, each with its file (number, file, names), in order:
 #: reversing one of them reverses those after it too.
 _LATER = (("0027", "producer_api_v6.sql", _ADDED_BY_0027), ("0028", "steps_v1.sql", _ADDED_BY_0028),
-          ("0029", "claim_protocol_v12.sql", _ADDED_BY_0029))
+          ("0029", "claim_protocol_v12.sql", _ADDED_BY_0029),
+          ("0030", "worker_registry_v1.sql", _ADDED_BY_0030))
 _ADDED_AFTER_0026 = tuple(name for _, _, names in _LATER for name in names)
 
 
@@ -733,7 +736,8 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
 def test_reversing_0025_drops_the_workflows_and_reapplying_gives_them_back():
     added = {name: _file_source(file, name) for file, names in (
         ("workflows_v1.sql", _ADDED_BY_0025[:3]), ("producer_api_v5.sql", _ADDED_BY_0025[3:]),
-        ("workflows_v2.sql", _ADDED_BY_0026))  # 0026 depends on 0025: reversed with it
+        ("workflows_v2.sql", _ADDED_BY_0026),  # 0026 depends on 0025: reversed with it
+        ("worker_registry_v1.sql", _ADDED_BY_0030))  # and so does 0030
         for name in names}
     added.update(_added_from("0027"))  # and those after 0026
     before = _soniq_functions()
@@ -826,3 +830,25 @@ def test_reversing_0027_drops_soniq_enqueue_after_many_alone_and_reapplying_give
     [(ids,)] = fetch("SELECT soniq_enqueue_after_many(%s::jsonb)",
                      ['[{"job_name": "again.v6", "depends_on": []}]'])
     assert fetch("SELECT job_name FROM soniq_get_job(%s)", [ids[0]]) == [("again.v6",)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0030_drops_the_worker_registry_functions_alone_and_reapplying_gives_them_back(
+        roles):
+    added = _added_from("0030")
+    before = _soniq_functions()
+    assert {name: before[name] for name in added} == added
+    worker = roles.create("soniq_worker")
+    call_command("soniq_grant", worker, "--worker", stdout=io.StringIO())
+    # The migration 0030 follows (0026 here; whatever the integrator chains it after).
+    [(_, target)] = [parent.key for parent in MigrationLoader(connection).graph.node_map[
+        ("soniq_django", "0030_worker_registry")].parents]
+    try:
+        call_command("migrate", "soniq_django", target, verbosity=0)
+        assert _soniq_functions() == {n: b for n, b in before.items() if n not in added}
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert {name: _soniq_functions()[name] for name in added} == added
+    # Dropped and created again: the grant went with them (soniq_grant --worker again).
+    assert fetch("SELECT has_function_privilege(%s, 'soniq_claim_outcome(text, text, bigint, "
+                 "text)', 'EXECUTE')", [worker]) == [(False,)]

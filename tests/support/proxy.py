@@ -16,6 +16,11 @@ Faults, each aimed at one connection by its upstream port:
   whatever locks the transaction took -- a COMMIT lost in a partition.
 - ``stall(port)`` / ``resume(port)``: stop forwarding in both directions
   without closing anything, then go on.
+- ``lose_answers(marker, times)``: on any connection, the next ``times``
+  client-to-server chunks that hold ``marker`` are forwarded, with what the
+  client sends in the next half second; no answer goes back, and then the
+  connection is closed on both sides: the server runs the statement (a
+  COMMIT commits), the client never hears of it.
 
 And for every connection at once:
 
@@ -50,6 +55,7 @@ class _Pair:
         self.running = threading.Event()   # set: forwarding; clear: stalled
         self.running.set()
         self.closed = threading.Event()
+        self.mute = threading.Event()      # lose_answers: nothing goes back to the client
 
 
 class Proxy:
@@ -64,6 +70,8 @@ class Proxy:
         self.answers_only = False  # while frozen: only the server's answers are held
         self.pairs: list[_Pair] = []
         self.lock = threading.Lock()
+        self.answer_marker: bytes | None = None  # lose_answers
+        self.answers_to_lose = 0
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._accept, name="proxy-accept", daemon=True)
         self.thread.start()
@@ -79,6 +87,17 @@ class Proxy:
         if pair is not None:
             pair.lose_marker = marker
         return pair
+
+    def lose_answers(self, marker: bytes, times: int = 1) -> None:
+        with self.lock:
+            self.answer_marker, self.answers_to_lose = marker, times
+
+    def _loses_answer(self, data: bytes) -> bool:
+        with self.lock:
+            if self.answers_to_lose < 1 or self.answer_marker not in data:
+                return False
+            self.answers_to_lose -= 1
+            return True
 
     def stall(self, upstream_port: int) -> bool:
         pair = self.pair(upstream_port)
@@ -162,6 +181,8 @@ class Proxy:
                 pair.lost.set()
                 self._reset(pair.client)
                 return
+            if not upward and pair.mute.is_set():
+                continue  # lose_answers: swallowed
             while self._held(pair, upward) and not self.stopping.is_set():
                 self.stopping.wait(_TICK)  # stalled mid-chunk: hold it
             try:
@@ -169,6 +190,15 @@ class Proxy:
             except OSError:
                 self._end(pair)
                 return
+            if upward and self.answer_marker is not None and self._loses_answer(data):
+                # The statement went up (the rest of its messages follow it for a
+                # moment); from now on its answers go nowhere, then the line drops.
+                pair.mute.set()
+                threading.Timer(0.5, self._drop, args=(pair,)).start()
+
+    def _drop(self, pair: _Pair) -> None:
+        self._reset(pair.client)
+        self._end(pair)
 
     @staticmethod
     def _reset(sock: socket.socket) -> None:

@@ -22,6 +22,7 @@ import secrets
 import uuid
 
 import psycopg
+from urllib.parse import quote
 from django.db import DatabaseError, connection, transaction
 
 from soniq_django.sql import SQL_DIR
@@ -188,6 +189,14 @@ class Roles:
             autocommit=autocommit,
             **conninfo(user=role, password=self._passwords[role], **overrides),
         )
+
+    def url(self, role: str) -> str:
+        """A postgres:// URL logging in as ``role`` to the test database. Never print it."""
+        params = conninfo(user=role, password=self._passwords[role])
+        host = params.get("host", "127.0.0.1")
+        port = params.get("port", "5432")
+        return (f"postgres://{quote(role, safe='')}:{quote(params['password'], safe='')}"
+                f"@{quote(host, safe='')}:{port}/{quote(params['dbname'], safe='')}")
 
     def drop_all(self):
         with raw() as admin:

@@ -1,0 +1,276 @@
+'use strict';
+// A soniq_django worker in Node, built on the SQL claim protocol alone
+// (docs/claim-protocol.md). Copy it as the skeleton of a worker in any
+// language: every call below is one SQL function its role may EXECUTE
+// (`manage.py soniq_grant --worker ROLE`), and nothing touches a table.
+//
+//   node worker.js ./handlers.js        (DATABASE_URL or the PG* variables)
+//
+// A handlers module exports { 'job.name': { run, transactional, maxAttempts } }:
+//   run(args, { job, signal, client }) returns the job's result (JSON);
+//   transactional: run gets `client` inside a transaction, and soniq_complete
+//     is that transaction's last statement: its writes commit with the
+//     completion, or not at all (effects exactly once);
+//   signal aborts with reason 'cancel' (soniq_request_cancel) or 'lost' (the
+//     claim lapsed: nothing this run writes will be accepted).
+
+const crypto = require('node:crypto');
+const os = require('node:os');
+const { Pool } = require('pg');
+
+const LABEL = 'soniq node worker 1.0';
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// What a failed call means (docs/claim-protocol.md, "Errors").
+function outcomeOf(err) {
+  const code = err && err.code;
+  if (!code || !/^[0-9A-Z]{5}$/.test(code)) return 'unknown'; // the connection broke
+  if (code === '55P03' || code === '57014') return 'nothing'; // our own bound: rolled back
+  if (code === '55000' && err.hint) return 'refused'; // the protection trigger said no
+  if (/^(08|40|53|55|57|58)/.test(code)) return 'unknown';
+  return 'refused'; // a constraint, a trigger, bad input: the same call gets the same answer
+}
+
+class Worker {
+  constructor({ pool, handlers, queues = null, leaseSeconds = 30, heartbeatSeconds = 10,
+    pollSeconds = 5, log = (event) => console.log(JSON.stringify(event)) }) {
+    Object.assign(this, { pool, handlers, queues, leaseSeconds, heartbeatSeconds, pollSeconds, log });
+    this.id = crypto.randomUUID(); // a uuid: jobs then name this worker (soniq_jobs.worker_id)
+    // A connection that breaks while checked out rejects the query in flight; without
+    // a listener its 'error' event would end the process.
+    pool.on('connect', (client) => client.on('error', () => {}));
+    this.stopping = false;
+    this.wake = () => {};
+  }
+
+  // One call, answered: an unknown outcome is asked again until the database answers.
+  async call(sql, params) {
+    for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
+      try {
+        return (await this.pool.query(sql, params)).rows;
+      } catch (err) {
+        if (outcomeOf(err) === 'refused') throw err;
+        this.log({ event: 'retry', sql: sql.slice(0, 40), code: err.code || 'connection' });
+        await sleep(delay);
+      }
+    }
+  }
+
+  async register() {
+    const names = Object.keys(this.handlers);
+    const limits = names.map((name) => this.handlers[name].maxAttempts ?? null);
+    await this.call(
+      'SELECT soniq_register_worker($1, $2, $3, $4, $5, $6, $7, 1)',
+      [this.id, this.queues || [], names, os.hostname(), process.pid, LABEL, limits]);
+  }
+
+  async beatWorker(status = 'active') {
+    const [{ alive }] = await this.call(
+      'SELECT soniq_worker_heartbeat($1, $2) AS alive', [this.id, status]);
+    if (!alive && status === 'active') await this.register(); // our row was replaced
+  }
+
+  // Claim one job under a fresh nonce; after an unknown outcome, recover it by that nonce.
+  async claim() {
+    const nonce = crypto.randomUUID();
+    const claim = ['SELECT * FROM soniq_claim($1, $2, $3, $4, pid => $5)',
+      [this.id, nonce, this.queues, this.leaseSeconds, process.pid]];
+    try {
+      return (await this.pool.query(...claim)).rows[0] || null;
+    } catch (err) {
+      const outcome = outcomeOf(err);
+      if (outcome === 'refused') throw err;
+      if (outcome === 'nothing') return null;
+      const rows = await this.call('SELECT * FROM soniq_recover_claim($1, $2)', [this.id, nonce]);
+      this.log({ event: 'recovered-claim', found: rows.length });
+      return rows[0] || null;
+    }
+  }
+
+  fence(job) {
+    return [job.job_id, this.id, job.generation, job.token, job.queue];
+  }
+
+  // After a write whose answer was lost: what became of this claim?
+  async settle(job) {
+    const [row] = await this.call('SELECT * FROM soniq_claim_outcome($1, $2, $3, $4)',
+      this.fence(job).slice(0, 4));
+    return row.outcome;
+  }
+
+  // A final write (soniq_complete, soniq_fail, soniq_defer, soniq_acknowledge_cancel):
+  // true when it applied, false when the claim is no longer ours.
+  async finish(fn, job, extra = []) {
+    const args = [...this.fence(job), ...extra];
+    const marks = args.map((_, i) => `$${i + 1}`).join(', ');
+    for (;;) {
+      try {
+        const [{ ok }] = (await this.pool.query(`SELECT ${fn}(${marks}) AS ok`, args)).rows;
+        return ok;
+      } catch (err) {
+        if (outcomeOf(err) === 'refused') throw err;
+        const outcome = await this.settle(job);
+        if (outcome !== 'live') return outcome !== 'unknown' && outcome !== 'lapsed';
+      }
+    }
+  }
+
+  // Renew the lease every third of it; hear a cancel request; notice a lost claim.
+  keepAlive(job, abort) {
+    const timer = setInterval(async () => {
+      try {
+        const [{ ok }] = (await this.pool.query(
+          'SELECT soniq_heartbeat($1, $2, $3, $4, $5, $6) AS ok',
+          [...this.fence(job), this.leaseSeconds])).rows;
+        if (!ok) return abort.abort('lost');
+        const [state] = (await this.pool.query(
+          'SELECT cancel_requested FROM soniq_get_state($1, $2, $3, $4, $5)',
+          this.fence(job))).rows;
+        if (state && state.cancel_requested) abort.abort('cancel');
+      } catch (err) { /* the next beat tries again, within the lease */ }
+    }, (this.leaseSeconds * 1000) / 3);
+    return () => clearInterval(timer);
+  }
+
+  async run(job) {
+    const handler = this.handlers[job.job_name];
+    if (!handler) { // another worker knows it: give the claim back, no attempt spent
+      const ok = await this.finish('soniq_defer', job, ['no handler in this node worker', 5]);
+      return this.log({ event: 'deferred', job: job.job_id, ok });
+    }
+    const abort = new AbortController();
+    const stop = this.keepAlive(job, abort);
+    try {
+      const ended = handler.transactional
+        ? await this.runInTransaction(job, handler, abort.signal)
+        : await this.runPlain(job, handler, abort.signal);
+      this.log({ event: ended, job: job.job_id, generation: Number(job.generation) });
+    } finally {
+      stop();
+    }
+  }
+
+  async runPlain(job, handler, signal) {
+    let result;
+    try {
+      result = await handler.run(job.args, { job, signal });
+    } catch (err) {
+      return this.afterError(job, err, signal);
+    }
+    const ok = await this.finish('soniq_complete', job, [JSON.stringify(result ?? null)]);
+    return ok ? 'completed' : 'refused';
+  }
+
+  // The handler's writes and soniq_complete in one transaction; after a COMMIT
+  // whose answer was lost, soniq_claim_outcome says whether it landed.
+  async runInTransaction(job, handler, signal) {
+    for (;;) {
+      const client = await this.pool.connect();
+      let step = 'handler';
+      let ok;
+      try {
+        await client.query('BEGIN');
+        const result = await handler.run(job.args, { job, signal, client });
+        step = 'complete';
+        [{ ok }] = (await client.query(
+          'SELECT soniq_complete($1, $2, $3, $4, $5, $6) AS ok',
+          [...this.fence(job), JSON.stringify(result ?? null)])).rows;
+        step = 'commit';
+        await client.query(ok ? 'COMMIT' : 'ROLLBACK');
+        client.release();
+      } catch (err) {
+        client.release(true); // never reuse a connection whose transaction state is unknown
+        if (step === 'handler' && err && !err.code) return this.afterError(job, err, signal);
+        if (outcomeOf(err) === 'refused') return this.afterError(job, err, signal);
+        const outcome = await this.settle(job); // the answer was lost: ask what happened
+        this.log({ event: 'settled', job: job.job_id, step, outcome });
+        if (outcome === 'completed') return 'completed';
+        if (outcome !== 'live') return 'refused';
+        this.log({ event: 'rerun', job: job.job_id }); // rolled back: run the transaction again
+        continue;
+      }
+      if (ok) return 'completed';
+      // Refused: a cancel was requested, or the claim is no longer ours.
+      return signal.reason === 'cancel' ? this.afterError(job, null, signal) : 'refused';
+    }
+  }
+
+  // The handler failed, was cancelled, or lost its claim.
+  async afterError(job, err, signal) {
+    if (signal.reason === 'lost') return 'refused';
+    if (signal.reason === 'cancel') {
+      return (await this.finish('soniq_acknowledge_cancel', job)) ? 'cancelled' : 'refused';
+    }
+    const message = String((err && err.message) || err).slice(0, 2000);
+    return (await this.finish('soniq_fail', job, [message, true])) ? 'failed' : 'refused';
+  }
+
+  // LISTEN on soniq_new_job (sent at the commit of every enqueue): a wake-up, never a must.
+  async listen() {
+    while (!this.stopping) {
+      const client = await this.pool.connect().catch(() => null);
+      if (!client) { await sleep(1000); continue; }
+      let released = false;
+      const release = () => { if (!released) { released = true; client.release(true); } };
+      const lost = new Promise((resolve) => client.on('error', resolve).on('end', resolve));
+      client.on('notification', () => this.wake());
+      try {
+        await client.query('LISTEN soniq_new_job');
+        this.unlisten = release;
+        await lost;
+      } catch (err) { /* reconnect below */ }
+      release();
+      await sleep(500);
+    }
+  }
+
+  async start() {
+    await this.register();
+    this.listen();
+    const beats = setInterval(() => this.beatWorker().catch(() => {}),
+      this.heartbeatSeconds * 1000);
+    this.log({ event: 'started', worker: this.id, queues: this.queues });
+    while (!this.stopping) {
+      const job = await this.claim().catch((err) => {
+        this.log({ event: 'claim-refused', code: err.code });
+        return null;
+      });
+      if (job) { await this.run(job); continue; }
+      await new Promise((resolve) => {
+        const timer = setTimeout(resolve, this.pollSeconds * 1000);
+        this.wake = () => { clearTimeout(timer); resolve(); };
+      });
+    }
+    clearInterval(beats);
+    await this.beatWorker('stopped');
+    if (this.unlisten) this.unlisten();
+    this.log({ event: 'stopped', worker: this.id });
+  }
+
+  stop() {
+    this.stopping = true;
+    this.wake();
+  }
+}
+
+module.exports = { Worker, outcomeOf };
+
+if (require.main === module) {
+  const path = require('node:path');
+  const handlers = require(path.resolve(process.argv[2] || './handlers.js'));
+  const pool = new Pool({ connectionString: process.env.DATABASE_URL, max: 4 });
+  pool.on('error', () => {}); // an idle connection broke: the pool makes a new one
+  const env = (name, fallback) => Number(process.env[name] || fallback);
+  const worker = new Worker({
+    pool, handlers,
+    queues: process.env.SONIQ_QUEUES ? process.env.SONIQ_QUEUES.split(',') : null,
+    leaseSeconds: env('SONIQ_LEASE_SECONDS', 30),
+    heartbeatSeconds: env('SONIQ_HEARTBEAT_SECONDS', 10),
+    pollSeconds: env('SONIQ_POLL_INTERVAL', 5),
+  });
+  for (const signal of ['SIGTERM', 'SIGINT']) process.on(signal, () => worker.stop());
+  worker.start().then(() => pool.end()).then(() => process.exit(0), (err) => {
+    console.error(`worker failed: ${err.code || ''} ${err.message}`);
+    process.exit(1);
+  });
+}
