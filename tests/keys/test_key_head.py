@@ -1,0 +1,107 @@
+"""Issue 31 follow-up: a key's head is a due job whenever the key has one.
+
+A keyed job scheduled for later (an enqueue's run_at, a retry's backoff) must
+not become the head while another job of the key is due now: the head is the
+due job first by priority and age, and only a key with no due job offers its
+earliest-due job, at its due time. On both databases, through OwnedJobSource.
+"""
+
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from soniq_django import enqueue
+from soniq_django.keys.models import KEY_PARKED_AT, KeyParked, KeySlot
+from soniq_django.models import Job
+from tests.support.owned import nonce
+
+pytestmark = pytest.mark.django_db
+
+
+def put(run_at=None, priority=100, key="acme"):
+    return enqueue("keys.job", {}, concurrency_key=key, key_concurrency=1, run_at=run_at,
+                   priority=priority)
+
+
+def claim(source, n=10):
+    return source.claim_many_owned("w-1", claim_tokens=[nonce() for _ in range(n)])
+
+
+def head(key="acme"):
+    return KeySlot.objects.get(key=key).head
+
+
+def test_a_job_scheduled_for_later_does_not_block_the_keys_due_job(source):
+    later = timezone.now() + dt.timedelta(hours=1)
+    a = put(run_at=later)
+    b = put()
+    assert head() == b
+    assert [c.job_id for c in claim(source)] == [b]
+    # A stays parked with its own due time; once B is done it is offered at that time.
+    assert KeyParked.objects.get(job_id=a).run_at == later
+    assert Job.objects.get(id=b).status == "processing"
+    assert source.complete_owned(claim_fence_of(b)) is True
+    assert head() == a
+    row = Job.objects.get(id=a)
+    assert abs((row.scheduled_at - later).total_seconds()) < 0.01
+    assert claim(source) == []
+
+
+def claim_fence_of(job_id):
+    return Job.objects.get(id=job_id).claim_fence
+
+
+def test_a_retried_job_with_a_backoff_does_not_block_the_keys_due_jobs(source, settings):
+    settings.SONIQ = {"RETRY_BASE_SECONDS": 3600, "RETRY_MAX_SECONDS": 3600}
+    first, second, third = put(), put(), put()
+    (got,) = claim(source)
+    assert got.job_id == first
+    assert source.fail_owned(got.claim_fence, "boom", retry=True) is True
+    assert Job.objects.get(id=first).status == "queued"
+    assert head() == second
+    (got,) = claim(source)
+    assert got.job_id == second
+    assert source.complete_owned(got.claim_fence) is True
+    assert [c.job_id for c in claim(source)] == [third]
+
+
+def test_among_due_jobs_priority_then_age_wins(source):
+    later = timezone.now() + dt.timedelta(hours=1)
+    urgent_later = put(run_at=later, priority=1)
+    put(priority=100)
+    middle = put(priority=50)
+    put(priority=50)
+    assert head() == middle
+    assert [c.job_id for c in claim(source)] == [middle]
+    assert Job.objects.get(id=urgent_later).scheduled_at == KEY_PARKED_AT
+
+
+def test_a_due_new_job_takes_the_place_of_a_head_not_yet_due(source):
+    a = put(run_at=timezone.now() + dt.timedelta(hours=1), priority=1)
+    assert head() == a
+    b = put(priority=200)  # less urgent, but due
+    assert head() == b
+    assert Job.objects.get(id=a).scheduled_at == KEY_PARKED_AT
+    assert [c.job_id for c in claim(source)] == [b]
+
+
+def test_with_no_due_job_the_earliest_due_is_offered_at_its_time(source):
+    now = timezone.now()
+    put(run_at=now + dt.timedelta(hours=2), priority=1)
+    soon = put(run_at=now + dt.timedelta(hours=1), priority=100)
+    assert head() == soon
+    assert claim(source) == []
+    # A later job does not take the place of an earlier-due head, even if more urgent.
+    put(run_at=now + dt.timedelta(hours=3), priority=0)
+    assert head() == soon
+    assert abs((Job.objects.get(id=soon).scheduled_at - (now + dt.timedelta(hours=1)))
+               .total_seconds()) < 0.01
+
+
+def test_a_past_run_at_is_due(source):
+    later = timezone.now() + dt.timedelta(hours=1)
+    put(run_at=later)
+    past = put(run_at=timezone.now() - dt.timedelta(minutes=5))
+    assert head() == past
+    assert [c.job_id for c in claim(source)] == [past]
