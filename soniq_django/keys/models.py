@@ -118,7 +118,11 @@ class KeyParked(models.Model):
         db_table = "soniq_key_parked"
         verbose_name = "parked keyed job"
         indexes = [models.Index(fields=["queue", "key", "priority", "created_at"],
-                                name="soniq_key_parked_order_idx")]
+                                name="soniq_key_parked_order_idx"),
+                   # The head's other two descents: the key's unscheduled jobs (run_at
+                   # NULL) by priority and age, and its earliest-due scheduled job.
+                   models.Index(fields=["queue", "key", "run_at", "priority", "created_at"],
+                                name="soniq_key_parked_due_idx")]
 
     def __str__(self) -> str:
         return f"{self.job_id} ({self.key})"
