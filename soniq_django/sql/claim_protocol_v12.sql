@@ -81,8 +81,8 @@ $fn$;
 -- scheduled for later never blocks the key; with none due, the earliest due,
 -- offered at its time. Three index descents, never a sort of the backlog:
 -- the first job by (priority, created_at) (soniq_key_parked_order_idx), the
--- first with no run_at by (priority, created_at) and the earliest run_at
--- (soniq_key_parked_due_idx); of these, the due one first by (priority,
+-- first with no run_at by (priority, created_at) (soniq_key_parked_now_idx,
+-- partial) and the earliest run_at (soniq_key_parked_due_idx); of these, the due one first by (priority,
 -- created_at), else the earliest due. The first job is the head whenever it
 -- is due; when it is not, a due job with no run_at is preferred by priority,
 -- and the scheduled jobs whose time has come by their due time (decision 0047).
