@@ -19,8 +19,8 @@ from tests.support.owned import nonce
 pytestmark = pytest.mark.django_db
 
 
-def put(run_at=None, priority=100, key="acme"):
-    return enqueue("keys.job", {}, concurrency_key=key, key_concurrency=1, run_at=run_at,
+def put(run_at=None, priority=100, key="acme", limit=1):
+    return enqueue("keys.job", {}, concurrency_key=key, key_concurrency=limit, run_at=run_at,
                    priority=priority)
 
 
@@ -101,6 +101,21 @@ def test_a_past_run_at_is_due(source):
     past = put(run_at=timezone.now() - dt.timedelta(minutes=5))
     assert head() == past
     assert [c.job_id for c in claim(source)] == [past]
+
+
+def test_a_job_put_back_due_sooner_takes_the_place_of_a_head_not_yet_due(source, settings):
+    settings.SONIQ = {"RETRY_BASE_SECONDS": 60, "RETRY_MAX_SECONDS": 60}
+    first = put(limit=2)
+    (got,) = claim(source)
+    assert got.job_id == first
+    later = put(run_at=timezone.now() + dt.timedelta(hours=2), limit=2)
+    assert head() == later
+    # The retry is due in a minute, before the head: it is offered in its place.
+    assert source.fail_owned(got.claim_fence, "boom", retry=True) is True
+    assert head() == first
+    assert Job.objects.get(id=later).scheduled_at == KEY_PARKED_AT
+    assert KeyParked.objects.filter(job_id=later).exists()
+    assert claim(source) == []
 
 
 def parked_reads():
