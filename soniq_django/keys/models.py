@@ -118,7 +118,14 @@ class KeyParked(models.Model):
         db_table = "soniq_key_parked"
         verbose_name = "parked keyed job"
         indexes = [models.Index(fields=["queue", "key", "priority", "created_at"],
-                                name="soniq_key_parked_order_idx")]
+                                name="soniq_key_parked_order_idx"),
+                   # The head's other two descents: the key's earliest-due scheduled
+                   # job, and its unscheduled jobs (run_at NULL) by priority and age.
+                   models.Index(fields=["queue", "key", "run_at"],
+                                name="soniq_key_parked_due_idx"),
+                   models.Index(fields=["queue", "key", "priority", "created_at"],
+                                condition=models.Q(run_at__isnull=True),
+                                name="soniq_key_parked_now_idx")]
 
     def __str__(self) -> str:
         return f"{self.job_id} ({self.key})"

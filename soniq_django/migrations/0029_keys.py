@@ -87,7 +87,7 @@ class Migration(migrations.Migration):
             options={
                 'verbose_name': 'parked keyed job',
                 'db_table': 'soniq_key_parked',
-                'indexes': [models.Index(fields=['queue', 'key', 'priority', 'created_at'], name='soniq_key_parked_order_idx')],
+                'indexes': [models.Index(fields=['queue', 'key', 'priority', 'created_at'], name='soniq_key_parked_order_idx'), models.Index(fields=['queue', 'key', 'run_at'], name='soniq_key_parked_due_idx'), models.Index(condition=models.Q(('run_at__isnull', True)), fields=['queue', 'key', 'priority', 'created_at'], name='soniq_key_parked_now_idx')],
             },
         ),
         migrations.CreateModel(

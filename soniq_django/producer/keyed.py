@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 
 from ..errors import translating
 from ..keys.models import KEY_PARKED_AT, KeyParked, KeySlot
@@ -79,10 +80,17 @@ def _enqueue_keyed_portable(job: PreparedJob, alias: str) -> uuid.UUID:
     parked = KeyParked.objects.using(alias)
     parked.create(job_id=job.job_id, queue=job.queue, key=key.key, priority=job.priority,
                   created_at=created_at, run_at=job.scheduled_at)
-    if slot.head is not None:  # priorities win inside a key too
+    if slot.head is not None:  # priorities win inside a key too; a due job, a head not due
         head = jobs.filter(id=slot.head, status=JobStatus.QUEUED).values_list(
             "priority", "created_at").first()
-        if head is not None and head[0] > job.priority:
+        now = timezone.now()
+        head_later = slot.head_run_at is not None and slot.head_run_at > now
+        if job.scheduled_at is None or job.scheduled_at <= now:
+            better = head_later or (head is not None and head[0] > job.priority)
+        else:
+            better = (slot.head_run_at is not None and slot.head_run_at > now
+                      and job.scheduled_at < slot.head_run_at)
+        if head is not None and better:
             jobs.filter(id=slot.head).update(scheduled_at=KEY_PARKED_AT)
             parked.create(job_id=slot.head, queue=job.queue, key=key.key, priority=head[0],
                           created_at=head[1], run_at=slot.head_run_at)

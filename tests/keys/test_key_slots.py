@@ -82,8 +82,16 @@ def test_a_retried_failure_gives_the_slot_back_and_is_parked_with_its_backoff(so
     (got,) = claim(source)
     assert source.fail_owned(got.claim_fence, "boom", retry=True) is True
     assert consistent() == 0
-    # The retried job is the oldest: it is offered again, due after its backoff.
-    assert slot().head == ids[0]
+    # The retried job is parked with its backoff; the key's due job is offered meanwhile
+    # (decision 0047: a job scheduled for later never blocks the key).
+    assert slot().head == ids[1]
+    row = KeyParked.objects.get(job_id=ids[0])
+    assert row.run_at > timezone.now()
+    (second,) = claim(source)
+    assert second.job_id == ids[1]
+    assert source.complete_owned(second.claim_fence) is True
+    # Then the retried job is offered, due after its backoff.
+    assert consistent() == 0 and slot().head == ids[0]
     row = Job.objects.get(id=ids[0])
     assert row.status == "queued" and row.scheduled_at > timezone.now()
     assert claim(source) == []

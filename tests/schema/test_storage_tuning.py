@@ -47,7 +47,9 @@ LATER_OBJECTS = {"soniq_queue_holds", "soniq_jobs_claim_queue_now_idx",
                  "soniq_key_holds", "soniq_key_slots_key", "soniq_key_slots_concurrency_valid",
                  "soniq_key_slots_rate_valid", "soniq_key_limits_pattern",
                  "soniq_key_limits_concurrency_valid", "soniq_key_limits_rate_valid",
-                 "soniq_key_parked_order_idx", "soniq_key_starts_idx", "soniq_key_holds_claim",
+                 "soniq_key_parked_order_idx", "soniq_key_parked_due_idx",
+                 "soniq_key_parked_now_idx",
+                 "soniq_key_starts_idx", "soniq_key_holds_claim",
                  "soniq_key_moved", "soniq_key_gone", "soniq_key_deferred",
                  "soniq_key_hold_gone", "soniq_key_admit", "concurrency_key"}
 #: The columns 0020, 0025 and 0029 add to soniq_jobs, as SQLite's table definition ends

@@ -44,6 +44,22 @@ BEGIN
      WHERE NEW.status = 'queued';
     UPDATE soniq_jobs SET scheduled_at = '9999-01-01 00:00:00'
      WHERE id = NEW.id AND NEW.status = 'queued';
+    -- A head not yet due gives its place to this job when it is due sooner.
+    INSERT OR IGNORE INTO soniq_key_parked (job_id, queue, key, priority, created_at, run_at)
+    SELECT j.id, j.queue, j.concurrency_key, j.priority, j.created_at, s.head_run_at
+      FROM soniq_key_slots AS s JOIN soniq_jobs AS j ON j.id = s.head
+     WHERE NEW.status = 'queued' AND s.queue = OLD.queue AND s.key = OLD.concurrency_key
+       AND j.status = 'queued' AND s.head_run_at > strftime('%Y-%m-%d %H:%M:%f', 'now')
+       AND (NEW.scheduled_at IS NULL OR NEW.scheduled_at < s.head_run_at);
+    UPDATE soniq_jobs SET scheduled_at = '9999-01-01 00:00:00'
+     WHERE status = 'queued' AND id = (SELECT s.head FROM soniq_key_slots AS s
+              WHERE NEW.status = 'queued' AND s.queue = OLD.queue AND s.key = OLD.concurrency_key
+                AND s.head_run_at > strftime('%Y-%m-%d %H:%M:%f', 'now')
+                AND (NEW.scheduled_at IS NULL OR NEW.scheduled_at < s.head_run_at));
+    UPDATE soniq_key_slots SET head = NULL, head_run_at = NULL
+     WHERE NEW.status = 'queued' AND queue = OLD.queue AND key = OLD.concurrency_key
+       AND head_run_at > strftime('%Y-%m-%d %H:%M:%f', 'now')
+       AND (NEW.scheduled_at IS NULL OR NEW.scheduled_at < head_run_at);
     UPDATE soniq_key_slots SET pokes = pokes + 1 WHERE queue = OLD.queue AND key = OLD.concurrency_key;
 END;
 
@@ -90,8 +106,9 @@ BEGIN
     DELETE FROM soniq_key_holds WHERE job_id = OLD.job_id AND generation = OLD.generation;
 END;
 
--- The admission: with no head and room under the concurrency, the parked job
--- first by (priority, created_at) becomes the head, due at its own time or, for a
+-- The admission: with no head and room under the concurrency, the key's next job
+-- becomes the head -- a due one when it has one, of three index descents (read the
+-- PostgreSQL file's soniq_key_admit_v1) -- due at its own time or, for a
 -- rate, no earlier than the N-th latest start plus the period.
 CREATE TRIGGER soniq_key_admit AFTER UPDATE OF pokes ON soniq_key_slots
 FOR EACH ROW
@@ -107,9 +124,30 @@ BEGIN
                  (SELECT s.configured_rate_period FROM soniq_key_slots AS s
                    WHERE s.queue = NEW.queue AND s.key = NEW.key)) || ' seconds');
     UPDATE soniq_key_slots
-       SET head = (SELECT p.job_id FROM soniq_key_parked AS p
-                    WHERE p.queue = NEW.queue AND p.key = NEW.key
-                    ORDER BY p.priority, p.created_at LIMIT 1)
+       SET head = (SELECT c.job_id FROM (
+                      SELECT * FROM (SELECT p.job_id, p.run_at, p.priority, p.created_at
+                                       FROM soniq_key_parked AS p
+                                      WHERE p.queue = NEW.queue AND p.key = NEW.key
+                                      ORDER BY p.priority, p.created_at LIMIT 1)
+                      UNION ALL
+                      SELECT * FROM (SELECT p.job_id, p.run_at, p.priority, p.created_at
+                                       FROM soniq_key_parked AS p
+                                      WHERE p.queue = NEW.queue AND p.key = NEW.key
+                                        AND p.run_at IS NULL
+                                      ORDER BY p.priority, p.created_at LIMIT 1)
+                      UNION ALL
+                      SELECT * FROM (SELECT p.job_id, p.run_at, p.priority, p.created_at
+                                       FROM soniq_key_parked AS p
+                                      WHERE p.queue = NEW.queue AND p.key = NEW.key
+                                        AND p.run_at IS NOT NULL
+                                      ORDER BY p.run_at LIMIT 1)) AS c
+                    ORDER BY (c.run_at IS NULL OR c.run_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')) DESC,
+                             CASE WHEN c.run_at IS NULL OR c.run_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+                                  THEN c.priority END,
+                             CASE WHEN c.run_at IS NULL OR c.run_at <= strftime('%Y-%m-%d %H:%M:%f', 'now')
+                                  THEN c.created_at END,
+                             c.run_at
+                    LIMIT 1)
      WHERE id = NEW.id AND head IS NULL
        AND (coalesce((SELECT l.concurrency FROM soniq_key_limits AS l
                   WHERE l.queue = NEW.queue AND (l.key_pattern = NEW.key OR NEW.key GLOB replace(replace(
