@@ -3435,10 +3435,26 @@ BEGIN
     v_gate := pg_catalog.current_setting('soniq.fenced_write', true);
     PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
     LOOP
-        SELECT q.job_id, q.run_at INTO p
-          FROM {schema}.soniq_key_parked AS q
-         WHERE q.queue = p_queue AND q.key = p_key
-         ORDER BY q.priority, q.created_at
+        v_now := pg_catalog.clock_timestamp();
+        SELECT c.job_id, c.run_at INTO p
+          FROM ((SELECT q.job_id, q.run_at, q.priority, q.created_at
+                   FROM {schema}.soniq_key_parked AS q
+                  WHERE q.queue = p_queue AND q.key = p_key
+                  ORDER BY q.priority, q.created_at LIMIT 1)
+                UNION ALL
+                (SELECT q.job_id, q.run_at, q.priority, q.created_at
+                   FROM {schema}.soniq_key_parked AS q
+                  WHERE q.queue = p_queue AND q.key = p_key AND q.run_at IS NULL
+                  ORDER BY q.priority, q.created_at LIMIT 1)
+                UNION ALL
+                (SELECT q.job_id, q.run_at, q.priority, q.created_at
+                   FROM {schema}.soniq_key_parked AS q
+                  WHERE q.queue = p_queue AND q.key = p_key AND q.run_at IS NOT NULL
+                  ORDER BY q.run_at LIMIT 1)) AS c
+         ORDER BY (c.run_at IS NULL OR c.run_at <= v_now) DESC,
+                  CASE WHEN c.run_at IS NULL OR c.run_at <= v_now THEN c.priority END,
+                  CASE WHEN c.run_at IS NULL OR c.run_at <= v_now THEN c.created_at END,
+                  c.run_at
          LIMIT 1;
         EXIT WHEN NOT FOUND;
         DELETE FROM {schema}.soniq_key_parked AS q WHERE q.job_id = p.job_id;
@@ -3488,6 +3504,8 @@ AS $fn$
 DECLARE
     v_delta integer := 0;
     v_head uuid;
+    v_head_at timestamptz;
+    v_job record;
     v_limit record;
     v_gate text;
 BEGIN
@@ -3536,6 +3554,26 @@ BEGIN
         PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
         UPDATE {schema}.soniq_jobs AS j SET scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
          WHERE j.id = NEW.id;
+        -- A head not yet due gives its place to this job when it is due sooner (the
+        -- admission below picks the key's head again).
+        SELECT k.head_run_at INTO v_head_at FROM {schema}.soniq_key_slots AS k
+         WHERE k.queue = OLD.queue AND k.key = OLD.concurrency_key;
+        IF v_head IS NOT NULL AND v_head_at > pg_catalog.clock_timestamp()
+           AND (NEW.scheduled_at IS NULL OR NEW.scheduled_at < v_head_at) THEN
+            UPDATE {schema}.soniq_jobs AS j
+               SET scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
+             WHERE j.id = v_head AND (j.status = 'queued') IS TRUE  -- by primary key
+            RETURNING j.priority, j.created_at INTO v_job;
+            IF FOUND THEN
+                INSERT INTO {schema}.soniq_key_parked
+                       (job_id, queue, key, priority, created_at, run_at)
+                VALUES (v_head, OLD.queue, OLD.concurrency_key, v_job.priority,
+                        v_job.created_at, v_head_at)
+                ON CONFLICT (job_id) DO NOTHING;
+            END IF;
+            UPDATE {schema}.soniq_key_slots AS k SET head = NULL, head_run_at = NULL
+             WHERE k.queue = OLD.queue AND k.key = OLD.concurrency_key;
+        END IF;
         PERFORM pg_catalog.set_config('soniq.fenced_write', coalesce(v_gate, 'off'), true);
     END IF;
     IF v_delta <> 0 THEN
@@ -3720,6 +3758,7 @@ DECLARE
     v_slot record;
     v_head record;
     v_new record;
+    v_now timestamptz;
 BEGIN
     IF p_key IS NULL OR p_key = '' OR pg_catalog.length(p_key) > 255 THEN
         RAISE EXCEPTION 'concurrency_key must be a non-empty string of at most 255 characters'
@@ -3763,11 +3802,16 @@ BEGIN
      WHERE k.queue = p_queue AND k.key = p_key FOR UPDATE;
     INSERT INTO {schema}.soniq_key_parked (job_id, queue, key, priority, created_at, run_at)
     VALUES (v_id, p_queue, p_key, v_new.priority, v_new.created_at, run_at);
-    -- Priorities win inside a key too: a more urgent job takes a queued head's place.
+    -- Priorities win inside a key too: a more urgent due job takes a queued head's
+    -- place; so does a due job, or one due sooner, the place of a head not yet due.
     IF v_slot.head IS NOT NULL THEN
         SELECT j.id, j.priority, j.created_at INTO v_head FROM {schema}.soniq_jobs AS j
          WHERE j.id = v_slot.head AND (j.status = 'queued') IS TRUE;  -- by primary key
-        IF FOUND AND v_head.priority > v_new.priority THEN
+        v_now := pg_catalog.clock_timestamp();
+        IF FOUND AND (((run_at IS NULL OR run_at <= v_now)
+                       AND (v_slot.head_run_at > v_now OR v_head.priority > v_new.priority))
+                      OR (run_at > v_now AND v_slot.head_run_at > v_now
+                          AND run_at < v_slot.head_run_at)) THEN
             PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
             UPDATE {schema}.soniq_jobs AS j
                SET scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
