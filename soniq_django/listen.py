@@ -35,8 +35,11 @@ PROBE_SECONDS = 2.0
 # Attempts at reaching the server session that holds a LISTEN no one hears.
 # A pooler usually hands the session just released to the next transaction,
 # but other clients of a busy pool take it in between: 10 tries missed it
-# once in a loaded test run, so the listener tries for about a second.
-UNLISTEN_TRIES = 50
+# once in a loaded test run, and 50 (about a second) missed it once in a full
+# suite's two lanes with the worker's own connections in the same pool; so the
+# listener and a waiter try for about five seconds (only on a pooled connection,
+# once per process, before polling).
+UNLISTEN_TRIES = 250
 UNLISTEN_PAUSE_SECONDS = 0.02
 
 Watch = Callable[["Connection[Any]"], ContextManager[Any]]

@@ -120,10 +120,11 @@ SCENARIOS = {
 def test_a_claim_reads_none_of_a_backlog_it_does_not_serve(backlog, scenario, scheduled):
     setup, queues = SCENARIOS[scenario]
     with raw() as conn:
-        # The earlier cases' deleted rows, left as dead index entries while another
-        # session's transaction holds the horizon, would be counted as this claim's reads.
+        # Rows earlier cases and earlier tests deleted (jobs, and the queue settings and
+        # holds the budget reads), left as dead index entries while another session's
+        # transaction held the horizon, would be counted as this claim's reads.
         wait_for_older_transactions(conn)
-        conn.execute("VACUUM soniq_jobs")
+        conn.execute("VACUUM soniq_jobs, soniq_queue_settings, soniq_queue_holds")
         try:
             conn.execute(setup)
             ready = conn.execute("SELECT soniq_enqueue('cost.ready')").fetchone()[0]
