@@ -12,6 +12,12 @@ database (the way an enqueue's or a completion's NOTIFY comes), whether it
 is heard (``heard``); when it is not, take the LISTENs off the server
 session that holds them (``unlisten_session``) and poll instead.
 
+Before any LISTEN, ``transaction_pooled`` looks for proof that the
+connection is behind a transaction pooler. With that proof there is no
+LISTEN at all, so none can be left behind on a pooled server session:
+taking one off again means reaching that one session among the pool's,
+which a busy pool may never hand back in time.
+
 Every function takes ``watch``: a context manager factory that bounds a
 statement on the wire (the worker passes its ``Watchdog``; the default
 watches nothing, the TCP options of the connection bound it).
@@ -24,6 +30,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ContextManager, cast
 
 from django.db import connections
+
+from .pooling import pooled
 
 if TYPE_CHECKING:
     from psycopg import Connection, Notify
@@ -41,6 +49,8 @@ PROBE_SECONDS = 2.0
 # once per process, before polling).
 UNLISTEN_TRIES = 250
 UNLISTEN_PAUSE_SECONDS = 0.02
+#: Attempts at catching a pooler handing a server session from one client to another.
+HANDOVER_TRIES = 10
 
 Watch = Callable[["Connection[Any]"], ContextManager[Any]]
 
@@ -88,6 +98,42 @@ def listen(raw: "Connection[Any]", channels: Iterable[str], watch: Watch = _unwa
             raw.execute(f"LISTEN {name}")
         (session,) = cast("tuple[int]", raw.execute("SELECT pg_backend_pid()").fetchone())
     return session
+
+
+def transaction_pooled(raw: "Connection[Any]", alias: str,
+                       tcp: Mapping[str, int] | None = None, watch: Watch = _unwatched,
+                       connect_within: int | None = None) -> bool:
+    """Whether ``raw`` (autocommit, to ``alias``) is proved to be behind a transaction pooler.
+
+    Straight to PostgreSQL: False after one query (pooling.pooled). Behind
+    a pooler, session and transaction pooling look alike from one
+    connection, so a second one, to the same alias, helps: a session pooler
+    gives each client a server session for the client's whole life, a
+    transaction pooler hands a session to whichever client's transaction
+    comes next (PgBouncer hands out the one released last first). Proof is
+    ``raw``'s own session changing between two of its transactions, or the
+    other client's transaction landing on the session ``raw`` just used;
+    HANDOVER_TRIES rounds without either count as a session pooler (the
+    NOTIFY self-test then decides). Raises the driver's error when a query
+    or the connect fails.
+    """
+    with watch(raw):
+        if not pooled(raw):
+            return False
+        (ours,) = cast("tuple[int]", raw.execute("SELECT pg_backend_pid()").fetchone())
+    other = new_connection(alias, connect_within, tcp)
+    try:
+        for _ in range(HANDOVER_TRIES):
+            with watch(other):
+                (theirs,) = cast("tuple[int]",
+                                 other.execute("SELECT pg_backend_pid()").fetchone())
+            with watch(raw):
+                (now,) = cast("tuple[int]", raw.execute("SELECT pg_backend_pid()").fetchone())
+            if theirs == ours or now != ours:
+                return True
+    finally:
+        close(other)
+    return False
 
 
 def send_probe(alias: str, token: str, tcp: Mapping[str, int] | None = None,

@@ -30,7 +30,11 @@ new connection to the wait's database and waits up to ``PROBE_SECONDS``
 aliases listen from then on. Not heard: one warning naming
 ``LISTEN_DATABASE``, the probe's LISTEN taken off the server session that
 holds it, and the waits poll every ``POLL_SECONDS``; the verdict is tested
-again after ``DEAF_RETEST_SECONDS``. SQLite: read every ``POLL_SECONDS``
+again after ``DEAF_RETEST_SECONDS``. A connection proved to go through a
+transaction pooler (listen.transaction_pooled) gets that verdict without
+the test: no LISTEN is ever taken on a pooled server session. The test's
+statements are watched (worker/wire.py's ``Watchdog``): one unanswered
+after the test's time is ended. SQLite: read every ``POLL_SECONDS``
 (from 20 ms, doubling).
 
 The job is read with ``get_job`` on the wait's alias (``using``, else the
@@ -58,6 +62,8 @@ from .producer.request import coerce_job_id
 if TYPE_CHECKING:
     from psycopg import Connection
 
+    from .worker.wire import Watchdog
+
 logger = logging.getLogger("soniq_django")
 
 #: While listening, the job is read again this often all the same (a lost NOTIFY).
@@ -80,10 +86,16 @@ DEAF_RETEST_SECONDS = 600.0
 
 CHANNEL_PREFIX = "soniq_job_"
 
-# (listen alias, wait alias) -> (heard, when tested); tested under _probing.
-_verdicts: dict[tuple[str, str], tuple[bool, float]] = {}
+# Why a self-test's verdict is "not heard", as its warning says.
+POOLED = "it goes through a transaction pooler"
+UNHEARD = "a transaction pooler in between?"
+
+# (listen alias, wait alias) -> (heard, when tested, why not heard); tested under _probing.
+_verdicts: dict[tuple[str, str], tuple[bool, float, str]] = {}
 _probing = threading.Lock()
 _warned_deaf: set[tuple[str, str]] = set()
+# Watches the self-test's statements; made by the first test (used under _probing).
+_watchdog: "Watchdog | None" = None
 
 
 def channel(job_id: uuid.UUID) -> str:
@@ -232,30 +244,47 @@ def _hears(raw: "Connection[Any]", listen_alias: str, alias: str, deadline: floa
         known = _verdicts.get(pair)
         if known is None or (not known[0]
                              and time.monotonic() - known[1] >= DEAF_RETEST_SECONDS):
-            known = _probe(raw, alias, min(PROBE_SECONDS, deadline - time.monotonic()))
+            known = _probe(raw, listen_alias, alias,
+                           min(PROBE_SECONDS, deadline - time.monotonic()))
             if known is None:
                 return False
             _verdicts[pair] = known
     finally:
         _probing.release()
     if not known[0]:
-        _warn_deaf(pair)
+        _warn_deaf(pair, known[2])
     return known[0]
 
 
-def _probe(raw: "Connection[Any]", alias: str, seconds: float) -> tuple[bool, float] | None:
-    """The verdict of a self-test on ``raw`` (heard, when); None when cut short unheard."""
-    session = listen.listen(raw, [listen.PROBE_CHANNEL])
+def _probe(raw: "Connection[Any]", listen_alias: str, alias: str, seconds: float
+           ) -> tuple[bool, float, str] | None:
+    """The verdict of a self-test on ``raw`` (heard, when, why not); None when cut short unheard."""
+    watch, within = _watch(seconds), max(1, math.ceil(seconds))
+    if listen.transaction_pooled(raw, listen_alias, _tcp(listen_alias), watch, within):
+        return False, time.monotonic(), POOLED  # nothing to hear there: no LISTEN taken
+    session = listen.listen(raw, [listen.PROBE_CHANNEL], watch)
     token = listen.new_token()
-    listen.send_probe(alias, token, _tcp(alias), connect_within=max(1, math.ceil(seconds)))
+    listen.send_probe(alias, token, _tcp(alias), watch, connect_within=within)
     heard = listen.heard(raw, token, seconds)
     if heard:
-        raw.execute(f"UNLISTEN {listen.PROBE_CHANNEL}")
+        with watch(raw):
+            raw.execute(f"UNLISTEN {listen.PROBE_CHANNEL}")
     else:  # through a pooler: off the server session that holds it, not another one
-        listen.unlisten_session(raw, session, [listen.PROBE_CHANNEL])
+        listen.unlisten_session(raw, session, [listen.PROBE_CHANNEL], watch)
     if not heard and seconds < PROBE_SECONDS:
         return None
-    return heard, time.monotonic()
+    return heard, time.monotonic(), "" if heard else UNHEARD
+
+
+def _watch(seconds: float) -> listen.Watch:
+    """Watch the self-test's statements: one unanswered after ``seconds`` (at least 1) is ended."""
+    global _watchdog
+    from .worker.wire import Watchdog  # a public helper; the worker never imports waiting
+
+    if _watchdog is None:
+        _watchdog = Watchdog("waiter's")
+    watchdog, bound = _watchdog, max(1.0, seconds)
+    return lambda raw: watchdog.watching(raw, bound)
 
 
 def _tcp(alias: str) -> dict[str, int]:
@@ -291,11 +320,11 @@ def _forget(raw: "Connection[Any]", job_id: uuid.UUID, waiter: uuid.UUID) -> Non
         pass
 
 
-def _warn_deaf(pair: tuple[str, str]) -> None:
+def _warn_deaf(pair: tuple[str, str], why: str) -> None:
     if pair not in _warned_deaf:
         _warned_deaf.add(pair)
         logger.warning(
             "wait_for_job: a LISTEN on database %r does not hear NOTIFY sent on database %r "
-            "(a transaction pooler in between?): polling every %g s instead. Set "
-            "SONIQ['LISTEN_DATABASE'] to a direct or session-mode connection to the same "
-            "database (docs/deployment.md).", pair[0], pair[1], POLL_SECONDS)
+            "(%s): polling every %g s instead. Set SONIQ['LISTEN_DATABASE'] to a direct or "
+            "session-mode connection to the same database (docs/deployment.md).",
+            pair[0], pair[1], why, POLL_SECONDS)

@@ -8,8 +8,11 @@ LISTEN needs a session of its own: through a transaction pooler
 the pooler then hands to other clients, and no notification reaches the
 listener.
 
-So the listener tests itself each time it connects: it also LISTENs on a
-probe channel, sends a NOTIFY with a fresh token there over a new
+So the listener tests itself each time it connects. A connection proved
+to go through a transaction pooler (listen.transaction_pooled: a server
+session handed from one client to another) fails the test before any
+LISTEN, so none is left on a pooled server session. Otherwise it also
+LISTENs on a probe channel, sends a NOTIFY with a fresh token there over a new
 connection to the worker's database (the way an enqueue's NOTIFY comes) and
 waits up to ``PROBE_SECONDS`` for it.
 
@@ -100,7 +103,7 @@ class Listener(threading.Thread):
             raw = None
             try:
                 raw, session = self._connect()
-                heard = self._heard(raw)
+                heard = session is not None and self._heard(raw)
                 if self.stop.is_set():
                     return
                 if not heard:
@@ -145,10 +148,18 @@ class Listener(threading.Thread):
         """
         return new_connection(alias, connect_within)
 
-    def _connect(self) -> "tuple[Connection[Any], int]":
-        """A connection LISTENing on its three channels, and the server session that holds them."""
+    def _connect(self) -> "tuple[Connection[Any], int | None]":
+        """A connection LISTENing on its three channels, and the server session that holds them.
+
+        Session None: the connection goes through a transaction pooler
+        (proved before any LISTEN), and it LISTENs on nothing.
+        """
         raw = self._new_connection(self.listen_alias)
         try:
+            if listen.transaction_pooled(raw, self.listen_alias,
+                                         tcp_defaults(connections[self.listen_alias]),
+                                         self._watch):
+                return raw, None
             session = listen.listen(raw, (CHANNEL, PROBE_CHANNEL, self.stop_channel), self._watch)
         except Exception:
             _close(raw)
@@ -175,13 +186,17 @@ class Listener(threading.Thread):
                 raw.execute(f"UNLISTEN {PROBE_CHANNEL}")
         return heard
 
-    def _give_up(self, raw: "Connection[Any]", session: int) -> None:
+    def _give_up(self, raw: "Connection[Any]", session: int | None) -> None:
         interval = min(FALLBACK_POLL_SECONDS, float(get_settings().POLL_INTERVAL))
         logger.warning(
-            "the listener on database %r does not hear NOTIFY (a transaction pooler in "
-            "between?): polling every %.1f s instead of listening. Set "
-            "SONIQ['LISTEN_DATABASE'] to a direct or session-mode connection to the worker's "
-            "database (docs/deployment.md).", self.listen_alias, interval)
+            "the listener on database %r does not hear NOTIFY (%s): polling every %.1f s "
+            "instead of listening. Set SONIQ['LISTEN_DATABASE'] to a direct or session-mode "
+            "connection to the worker's database (docs/deployment.md).", self.listen_alias,
+            "it goes through a transaction pooler" if session is None
+            else "a transaction pooler in between?", interval)
+        if session is None:  # it LISTENs on nothing
+            self.deaf.set()
+            return
         try:
             reached = self._unlisten(raw, session)
         except Exception:  # the connection went: so did its session, unless pooled

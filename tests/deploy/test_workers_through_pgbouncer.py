@@ -3,9 +3,10 @@
 - three workers drain 2,000 jobs, each run and completed exactly once;
 - with ``SONIQ["LISTEN_DATABASE"]`` naming a session-mode pool, a job
   enqueued through the transaction pool starts within milliseconds;
-- without it, the worker's start-up self-test finds that NOTIFY does not
-  reach its LISTEN (PgBouncer hands the LISTEN's server connection to other
-  clients), says so, polls every 0.5 s instead of every ``POLL_INTERVAL``,
+- without it, the worker's start-up self-test proves that its connection
+  goes through a transaction pool (PgBouncer hands a server session from
+  one client to another, so a LISTEN there hears nothing) before any
+  LISTEN, says so, polls every 0.5 s instead of every ``POLL_INTERVAL``,
   and leaves no LISTEN behind on a pooled server connection.
 """
 
@@ -16,9 +17,8 @@ from collections import Counter
 
 import psycopg
 import pytest
-from django.db import connection
 
-from soniq_django import bulk_enqueue
+from soniq_django import bulk_enqueue, listen
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.models import Worker as WorkerRow
 from soniq_django.producer.request import JobRequest
@@ -98,32 +98,6 @@ def test_with_the_listen_database_a_job_starts_within_milliseconds(processes, bo
     assert worker.wait(30) == 0
 
 
-def _holders_hear_a_stray_listen(bouncer) -> bool:
-    """Hold every server connection of the transaction pool; does any of them LISTEN?
-
-    The pool has 6 server connections at most: 6 clients in a transaction
-    each hold one. A NOTIFY sent meanwhile is delivered, at their commit, to
-    whichever of them still listens on soniq_new_job.
-    """
-    heard, holders = [], []
-    try:
-        for _ in range(6):
-            holder = psycopg.connect(bouncer.url("soniq_tx"))
-            holder.add_notify_handler(heard.append)
-            holder.execute("SELECT pg_backend_pid()")  # BEGIN: a server connection is held
-            holders.append(holder)
-        with connection.cursor() as cursor:  # straight to the server
-            cursor.execute("NOTIFY soniq_new_job, 'stray?'")
-        for holder in holders:
-            holder.commit()
-            holder.execute("SELECT 1")
-            holder.commit()
-    finally:
-        for holder in holders:
-            holder.close()
-    return bool(heard)
-
-
 def test_without_it_the_worker_warns_polls_faster_and_leaves_no_listen_behind(
         processes, bouncer, run_log):
     worker = processes.worker(POLL_INTERVAL=5)
@@ -131,6 +105,7 @@ def test_without_it_the_worker_warns_polls_faster_and_leaves_no_listen_behind(
                "the listener's self-test to fail")
     log = worker.log()
     assert "SONIQ['LISTEN_DATABASE']" in log and "polling every 0.5 s" in log, log[-2000:]
+    assert "it goes through a transaction pooler" in log, log[-2000:]
 
     latencies = _latencies(bouncer, run_log, 12)
     print(f"\nenqueue -> start, LISTEN through the transaction pool: {_summary(latencies)}")
@@ -138,4 +113,6 @@ def test_without_it_the_worker_warns_polls_faster_and_leaves_no_listen_behind(
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0
     assert WorkerRow.objects.get(pid=worker.pid).status == "stopped"
-    assert not _holders_hear_a_stray_listen(bouncer)
+    # The pooler was proved before any LISTEN: none is left on a pooled server session.
+    assert not bouncer.listening("soniq_tx", "soniq_new_job")
+    assert not bouncer.listening("soniq_tx", listen.PROBE_CHANNEL)

@@ -166,6 +166,36 @@ class PgBouncer:
         time.sleep(downtime)
         self.start()
 
+    def listening(self, pool: str, channel: str) -> bool:
+        """Whether a server connection of ``pool`` LISTENs on ``channel``.
+
+        Holds every server connection of the pool (each client in a
+        transaction holds one), sends a NOTIFY on ``channel`` straight to the
+        server, and lets each holder's session deliver what it queued.
+        """
+        size = next(entry.size for entry in self.pools if entry.name == pool)
+        dbname = next(entry.dbname for entry in self.pools if entry.name == pool)
+        heard: list[psycopg.Notify] = []
+        holders: list[psycopg.Connection] = []
+        try:
+            for _ in range(size):
+                holder = psycopg.connect(self.url(pool))
+                holder.add_notify_handler(heard.append)
+                holder.execute("SELECT pg_backend_pid()")
+                holders.append(holder)
+            with psycopg.connect(host=self.server.host, port=self.server.port,
+                                 user=self.server.user, password=self.server.password or None,
+                                 dbname=dbname, autocommit=True) as direct:
+                direct.execute("SELECT pg_notify(%s, 'stray?')", [channel])
+            for holder in holders:
+                holder.commit()
+                holder.execute("SELECT 1")
+                holder.commit()
+        finally:
+            for holder in holders:
+                holder.close()
+        return bool(heard)
+
     def admin(self, command: str) -> list[tuple]:
         """Run one admin-console command (``SHOW SERVERS``, ``RECONNECT db``…); its rows."""
         with psycopg.connect(self.url("pgbouncer"), autocommit=True, connect_timeout=3) as conn:
