@@ -15,7 +15,10 @@ returns. ``check_keys`` proves from those stamps, beyond what
 1. **Never two runs of a key at once.** A run holds its key from its start
    until it returned, or until its claim lapsed and was reaped (a killed or
    stopped worker: the attempt history's ``lapsed`` attempt, ended by the
-   reaper), whichever is first. Per key, no two such intervals overlap.
+   reaper), or -- a handler running on past its timeout -- until its hold
+   lapsed and was deleted (a stopped worker renews no hold:
+   ``chaos_hold_ends``, tests/chaos/schema.py), whichever is first (docs/keys.md,
+   "The guarantee"). Per key, no two such intervals overlap.
 2. **Every job done**, and no key left counting: every ``soniq_key_slots``
    row at 0 with no offered job, no parked row, no key hold.
 """
@@ -45,7 +48,10 @@ def specs(rng, *, jobs: int, keys: int, job_seconds: tuple, flaky_fraction: floa
 RUNS_SQL = """
 SELECT e.job_id, e.attempt, e.started_at, e.finished_at,
        coalesce(j.concurrency_key, d.args ->> 'key'),
-       CASE WHEN a.outcome = 'lapsed' THEN a.ended_at END, a.ended_at
+       CASE WHEN a.outcome = 'lapsed' THEN a.ended_at END, a.ended_at,
+       (SELECT min(h.at) FROM chaos_hold_ends AS h
+         WHERE h.job_id = e.job_id AND h.generation = e.attempt
+           AND h.lease_expires_at <= h.at)
   FROM chaos_executions AS e
   LEFT JOIN soniq_jobs AS j ON j.id = e.job_id
   LEFT JOIN soniq_dead_letter_jobs AS d ON d.id = e.job_id
@@ -58,6 +64,7 @@ class KeyReport:
     keys: int = 0
     runs: int = 0
     runs_cut_by_lapse: int = 0
+    runs_cut_by_hold_lapse: int = 0
     runs_killed_after_their_end: int = 0
     overlaps: int = 0
     closest_gap_ms: float | None = None
@@ -74,8 +81,8 @@ def check_keys(conn) -> KeyReport:
     """Check the keyed scenario from the database (see the module's docstring)."""
     report = KeyReport()
     by_key: dict[str, list[tuple]] = defaultdict(list)
-    for (job_id, attempt, started, finished, key, lapsed,
-         ended) in conn.execute(RUNS_SQL).fetchall():
+    for (job_id, attempt, started, finished, key, lapsed, ended,
+         hold_lapsed) in conn.execute(RUNS_SQL).fetchall():
         if key is None:
             report.violations.append(f"{job_id}: an execution of a job with no key")
             continue
@@ -83,6 +90,9 @@ def check_keys(conn) -> KeyReport:
         if lapsed is not None and (end is None or lapsed < end):
             end = lapsed
             report.runs_cut_by_lapse += 1
+        if hold_lapsed is not None and (end is None or hold_lapsed < end):
+            end = hold_lapsed
+            report.runs_cut_by_hold_lapse += 1
         if end is None and ended is not None:
             # Killed after its attempt ended (a timeout's failure, its handler running on):
             # its hold kept the slot until it lapsed; the attempt's end is a lower bound.
@@ -124,6 +134,8 @@ def summary_lines(report: KeyReport) -> list[str]:
     return [
         f"  keys:                    {report.keys} keys at key_concurrency=1, {report.runs} "
         f"runs ({report.runs_cut_by_lapse} ended by their claim's lapse, "
+        f"{report.runs_cut_by_hold_lapse} running on past their timeout by their hold's "
+        f"lapse, "
         f"{report.runs_killed_after_their_end} killed running on after a timeout), "
         f"{report.overruns} timed out and ran on holding their slot",
         f"  runs of a key at once:   overlaps {report.overlaps}; closest hand-over "

@@ -27,6 +27,12 @@ driver picks a run mid-flight to SIGSTOP, and a backend to terminate.
 tests/chaos/steps.py): each call of a step's function, noted over the
 handler's own connection, and its effect row, written in the step's
 transaction.
+
+``chaos_hold_ends``: every ``soniq_queue_holds`` row deleted (the slot a
+timed-out handler that runs on keeps), written by a trigger in the deleting
+transaction, with the hold's lease at that moment: a hold deleted at or past
+its lease had lapsed (its worker stopped renewing it), and its key's slot
+was given back then, not when the handler returned (tests/chaos/keys.py).
 """
 
 SCHEMA_SQL = r"""
@@ -128,6 +134,28 @@ BEGIN
     RETURN NEW;
 END
 $fn$;
+
+CREATE TABLE chaos_hold_ends (
+    id bigserial PRIMARY KEY,
+    job_id uuid NOT NULL,
+    generation bigint NOT NULL,
+    lease_expires_at timestamptz NOT NULL,  -- the hold's lease when it was deleted
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX ON chaos_hold_ends (job_id);
+
+CREATE FUNCTION chaos_hold_end() RETURNS trigger LANGUAGE plpgsql
+SET search_path = public, pg_catalog
+AS $fn$
+BEGIN
+    INSERT INTO chaos_hold_ends (job_id, generation, lease_expires_at)
+    VALUES (OLD.job_id, OLD.generation, OLD.lease_expires_at);
+    RETURN OLD;
+END
+$fn$;
+
+CREATE TRIGGER chaos_hold_end AFTER DELETE ON soniq_queue_holds FOR EACH ROW
+    EXECUTE FUNCTION chaos_hold_end();
 
 CREATE TRIGGER chaos_audit_update AFTER UPDATE ON soniq_jobs FOR EACH ROW
     WHEN (OLD.status IS DISTINCT FROM NEW.status

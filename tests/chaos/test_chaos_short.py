@@ -352,17 +352,30 @@ def _show_the_checker_a_key_overlap(url: str, outcome) -> None:
     with psycopg.connect(url) as conn:
         try:
             first, second = conn.execute(
-                "SELECT e.exec_id, e.started_at FROM chaos_executions AS e "
+                "SELECT e.exec_id, e.started_at, e.job_id, e.attempt FROM chaos_executions AS e "
                 "JOIN soniq_jobs AS j ON j.id = e.job_id WHERE j.concurrency_key = 'k0' "
                 "ORDER BY e.started_at LIMIT 2").fetchall()
             conn.execute("UPDATE chaos_executions SET finished_at = %s + interval '1 hour' "
                          "WHERE exec_id = %s", [first[1], first[0]])
+            # Its hold given back a second in, its lease still running: no lapse, so the
+            # run still held its key (only a lapsed hold ends a run early).
+            conn.execute("DELETE FROM chaos_hold_ends WHERE job_id = %s", [first[2]])
+            conn.execute("INSERT INTO chaos_hold_ends (job_id, generation, lease_expires_at, at) "
+                         "VALUES (%s, %s, %s + interval '1 minute', %s + interval '1 second')",
+                         [first[2], first[3], first[1], first[1]])
             conn.execute("UPDATE soniq_key_slots SET running = 1 WHERE key = 'k1'")
             found = check_keys(conn)
+            # The same hold lapsed instead, as the run started (deleted at its lease's end):
+            # the run gave its key back then, and the overlap made above is gone.
+            conn.execute("UPDATE chaos_hold_ends SET lease_expires_at = %s, at = %s "
+                         "WHERE job_id = %s", [first[1], first[1], first[2]])
+            cut = check_keys(conn)
         finally:
             conn.rollback()
     assert found.overlaps >= 1, found.violations
     assert any("still counting" in line for line in found.leftovers), found.leftovers
+    assert cut.overlaps == found.overlaps - 1, cut.violations
+    assert cut.runs_cut_by_hold_lapse == found.runs_cut_by_hold_lapse + 1
 
 
 def test_short_keys_run_never_runs_two_jobs_of_a_key_at_once(tmp_path):
