@@ -16,12 +16,12 @@ from collections import Counter
 
 import psycopg
 import pytest
-from django.db import connection
 
 from soniq_django import bulk_enqueue
 from soniq_django.models import DeadLetterJob, Job
 from soniq_django.models import Worker as WorkerRow
 from soniq_django.producer.request import JobRequest
+from tests.support.pgbouncer import pool_hears
 from tests.support.workers import wait_until
 
 # Processes behind PgBouncer: run in the Django 5.2 passes only.
@@ -98,32 +98,6 @@ def test_with_the_listen_database_a_job_starts_within_milliseconds(processes, bo
     assert worker.wait(30) == 0
 
 
-def _holders_hear_a_stray_listen(bouncer) -> bool:
-    """Hold every server connection of the transaction pool; does any of them LISTEN?
-
-    The pool has 6 server connections at most: 6 clients in a transaction
-    each hold one. A NOTIFY sent meanwhile is delivered, at their commit, to
-    whichever of them still listens on soniq_new_job.
-    """
-    heard, holders = [], []
-    try:
-        for _ in range(6):
-            holder = psycopg.connect(bouncer.url("soniq_tx"))
-            holder.add_notify_handler(heard.append)
-            holder.execute("SELECT pg_backend_pid()")  # BEGIN: a server connection is held
-            holders.append(holder)
-        with connection.cursor() as cursor:  # straight to the server
-            cursor.execute("NOTIFY soniq_new_job, 'stray?'")
-        for holder in holders:
-            holder.commit()
-            holder.execute("SELECT 1")
-            holder.commit()
-    finally:
-        for holder in holders:
-            holder.close()
-    return bool(heard)
-
-
 def test_without_it_the_worker_warns_polls_faster_and_leaves_no_listen_behind(
         processes, bouncer, run_log):
     worker = processes.worker(POLL_INTERVAL=5)
@@ -138,4 +112,4 @@ def test_without_it_the_worker_warns_polls_faster_and_leaves_no_listen_behind(
     worker.signal(signal.SIGTERM)
     assert worker.wait(30) == 0
     assert WorkerRow.objects.get(pid=worker.pid).status == "stopped"
-    assert not _holders_hear_a_stray_listen(bouncer)
+    assert not pool_hears(bouncer.url("soniq_tx"), "soniq_new_job")

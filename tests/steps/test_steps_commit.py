@@ -9,8 +9,7 @@ from soniq_django import enqueue, get_job
 from soniq_django.models import Job
 from soniq_django.steps import recorded_steps
 from soniq_django.worker import Worker
-from tests.support.commits import (backend_in_commit, lose_the_first_job_thread_commit,
-                                   slow_commit)
+from tests.support.commits import backend_in_commit, lose_the_first_job_thread_commit, slow_commit
 from tests.support.workers import WorkerThread, wait_until
 from tests.testapp.models import Effect
 

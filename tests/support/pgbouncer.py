@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import psycopg
+from django.db import connection
 
 
 class PgBouncerUnavailable(RuntimeError):
@@ -189,3 +190,28 @@ class PgBouncer:
         """Stop PgBouncer and delete its directory."""
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def pool_hears(url: str, channel: str, *, size: int = 6) -> bool:
+    """Does a server connection of the transaction pool at ``url`` still LISTEN on
+    ``channel``? ``size`` clients, each in a transaction, hold every server connection of a
+    pool of that size; a NOTIFY sent straight to the server meanwhile is delivered, at their
+    commit, to whichever of them still listens."""
+    heard: list[object] = []
+    holders: list[psycopg.Connection] = []
+    try:
+        for _ in range(size):
+            holder = psycopg.connect(url)
+            holder.add_notify_handler(heard.append)
+            holder.execute("SELECT pg_backend_pid()")  # BEGIN: a server connection is held
+            holders.append(holder)
+        with connection.cursor() as cursor:  # straight to the server
+            cursor.execute(f"NOTIFY {channel}, 'stray?'")
+        for holder in holders:
+            holder.commit()
+            holder.execute("SELECT 1")
+            holder.commit()
+    finally:
+        for holder in holders:
+            holder.close()
+    return bool(heard)

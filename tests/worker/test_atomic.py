@@ -19,8 +19,7 @@ from soniq_django import enqueue
 from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker import Worker
-from tests.support.commits import (backend_in_commit, lose_the_first_job_thread_commit,
-                                   slow_commit)
+from tests.support.commits import backend_in_commit, lose_the_first_job_thread_commit, slow_commit
 from tests.support.owned import nonce, rewrite
 from tests.support.workers import WorkerThread, run_burst, soniq, wait_until
 from tests.testapp.models import Effect
