@@ -259,3 +259,49 @@ def test_lost_answers_are_recovered_never_guessed(tmp_path, node_role):
     assert [(event["step"], event["outcome"]) for event in settled] == [
         ("commit", "completed")] * 3
     assert not child.events("rerun") and not child.events("refused")
+
+
+def _node_backend_in_transaction() -> int | None:
+    """The client port (at the proxy) of a Node worker's backend idle in its job's transaction."""
+    rows = fetch("SELECT client_port FROM pg_stat_activity WHERE application_name = %s "
+                 "AND state = 'idle in transaction' AND query LIKE 'INSERT INTO fleet_effects%%'",
+                 [APP_NAME])
+    return rows[0][0] if rows else None
+
+
+def test_a_commit_lost_in_a_partition_is_settled_within_the_bounds(tmp_path, node_role):
+    """The COMMIT of a job's transaction never reaches the server, which keeps the transaction
+    open, holding the job's row. The server ends it after a third of the lease (set with the
+    completion); meanwhile soniq_claim_outcome's tries give up at their lock bound (55P03)
+    and are asked again; then the claim is live, and the transaction runs again, once."""
+    from tests.support.proxy import Proxy
+    from tests.support.sql import conninfo
+
+    info = conninfo()
+    with Proxy(info.get("host", "127.0.0.1"), int(info.get("port", 5432))) as proxy:
+        url = node_role.replace(f":{info.get('port', 5432)}/", f":{proxy.port}/", 1)
+        try:
+            workers = NodeWorkers(tmp_path, url, HANDLERS, queues="fleet", lease_seconds=LEASE,
+                                  heartbeat_seconds=0.5, poll_interval=0.2)
+        except NodeUnavailable as error:
+            unavailable(str(error))
+        try:
+            child = workers.start()
+            job = enqueue("fleet.effect", {"ms": 1500}, queue="fleet")
+            port = wait_until(lambda: _node_backend_in_transaction() or child.exited(), 30,
+                              "the job's transaction")
+            assert proxy.lose_next(port, b"COMMIT") is not None
+            wait_until(lambda: statuses([job])["done"] == 1 or child.exited(), 30,
+                       "the job done after its lost COMMIT")
+            child.signal(signal.SIGTERM)
+            assert child.wait(30) == 0
+        finally:
+            workers.cleanup()
+    assert_exactly_once([job])
+    assert [(event["step"], event["outcome"]) for event in child.events("settled")] == [
+        ("commit", "live")]
+    assert len(child.events("rerun")) == 1
+    # Each try of soniq_claim_outcome gave up at its lock bound while the lost transaction
+    # held the row (without the bound, one try waits until the server ends that transaction).
+    assert any(event.get("code") == "55P03" and "soniq_claim_outcome" in event.get("sql", "")
+               for event in child.events("retry")), child.log()[-2000:]
