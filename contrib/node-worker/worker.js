@@ -48,7 +48,7 @@ class Worker {
   async call(sql, params, bounded = false) {
     for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
       try {
-        if (bounded) return await this.inBounds(sql, params);
+        if (bounded) return await this.readInBounds(sql, params);
         return (await this.pool.query(sql, params)).rows;
       } catch (err) {
         if (outcomeOf(err) === 'refused') throw err;
@@ -64,26 +64,29 @@ class Worker {
     return Math.max(1, Math.round((this.leaseSeconds * 1000) / 16));
   }
 
-  // lock_timeout and statement_timeout for the rest of the transaction (simple protocol:
-  // with BEGIN in one round trip).
+  // lock_timeout and statement_timeout for the rest of the transaction: local settings,
+  // which leave nothing on the session (safe behind a transaction pooler).
   boundsSql() {
     const ms = this.lockWait();
     return `SELECT set_config('lock_timeout', '${ms}', true), `
       + `set_config('statement_timeout', '${2 * ms}', true)`;
   }
 
-  // One statement in a transaction of its own, within boundsSql()'s bounds.
-  async inBounds(sql, params) {
+  // A read that locks (soniq_claim_outcome) within boundsSql()'s bounds: in a transaction
+  // of its own (BEGIN and the bounds in one round trip), ended by a ROLLBACK, since it
+  // writes nothing. Its values stay parameters: a claim token is never written into the
+  // SQL text, which pg_stat_activity and the server's logs show.
+  async readInBounds(sql, params) {
     const client = await this.pool.connect();
-    let done = false;
+    let clean = false;
     try {
       await client.query(`BEGIN; ${this.boundsSql()}`);
       const { rows } = await client.query(sql, params);
-      await client.query('COMMIT');
-      done = true;
+      await client.query('ROLLBACK');
+      clean = true;
       return rows;
     } finally {
-      client.release(!done); // a connection whose transaction state is unknown is not reused
+      client.release(!clean); // a connection in an unknown state is not reused
     }
   }
 
@@ -124,7 +127,7 @@ class Worker {
 
   // After a write whose answer was lost: what became of this claim? soniq_claim_outcome
   // locks the job's row, so it waits for a transaction of this claim still holding it (a
-  // COMMIT lost on the way, which the server ends after orphanLimit(): see
+  // COMMIT lost on the way, which the server ends after a third of the lease: see
   // runInTransaction); each try waits at most lockWait(), and is asked again.
   async settle(job) {
     const [row] = await this.call('SELECT * FROM soniq_claim_outcome($1, $2, $3, $4)',
