@@ -222,8 +222,14 @@ class Worker {
         client.release();
       } catch (err) {
         client.release(true); // never reuse a connection whose transaction state is unknown
-        if (step === 'handler' && err && !err.code) return this.afterError(job, err, signal);
-        if (outcomeOf(err) === 'refused') return this.afterError(job, err, signal);
+        const kind = outcomeOf(err);
+        // The handler's own error (thrown, a refused statement, or one past its own
+        // lock_timeout or statement_timeout, 55P03 or 57014) is its failure, with an attempt
+        // spent; running it again in place would meet the same bound, forever.
+        if (step === 'handler' && (!err || !err.code || kind === 'nothing')) {
+          return this.afterError(job, err, signal);
+        }
+        if (kind === 'refused') return this.afterError(job, err, signal);
         const outcome = await this.settle(job); // the answer was lost: ask what happened
         this.log({ event: 'settled', job: job.job_id, step, outcome });
         if (outcome === 'completed') return 'completed';

@@ -134,6 +134,21 @@ def test_a_node_worker_with_the_worker_grant_alone_runs_the_protocol(node):
     assert not child.events("retry") and "worker failed" not in child.log()
 
 
+def test_a_handler_statement_past_its_own_timeout_is_the_runs_failure(node):
+    """57014 (or 55P03) from the handler's own statement is its failure, recorded with an
+    attempt spent: not an outcome to settle and a transaction to run again, which a handler
+    whose statement always times out would do forever, under the same claim."""
+    job = enqueue("fleet.timeout_once", {}, queue="fleet")
+    child = node.start()
+    wait_until(lambda: statuses([job])["done"] == 1 or child.exited(), 30, "the job done")
+    child.signal(signal.SIGTERM)
+    assert child.wait(30) == 0
+    row = Job.objects.get(id=job)
+    assert row.attempts == 2 and "statement timeout" in row.last_error
+    assert len(child.events("failed")) == 1 and not child.events("rerun")
+    assert_exactly_once([job])
+
+
 def unfinished(ids) -> list:
     return list(Job.objects.filter(id__in=ids).exclude(status="done").values_list(
         "id", "job_name", "status", "claim_owner", "claim_generation", "attempts",
