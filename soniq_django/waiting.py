@@ -53,6 +53,7 @@ from . import listen
 from .conf import get_settings
 from .errors import ConfigValidationError, WaitTimeout
 from .producer.api import JobInfo, get_coerced, refuse_event_loop, write_alias
+from .wire import tcp_defaults
 from .producer.request import coerce_job_id
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ def _listen(job_id: uuid.UUID, alias: str, deadline: float) -> JobInfo:
 def _new_connection(alias: str, deadline: float) -> "Connection[Any]":
     """A connection of the wait's own, connecting within the wait's deadline.
 
-    With the worker's TCP options (a silent server is found dead, worker/wire.py).
+    With the worker's TCP options (a silent server is found dead, wire.py).
     """
     return listen.new_connection(alias, max(1, math.ceil(deadline - time.monotonic())),
                                  _tcp(alias))
@@ -259,8 +260,6 @@ def _probe(raw: "Connection[Any]", alias: str, seconds: float) -> tuple[bool, fl
 
 
 def _tcp(alias: str) -> dict[str, int]:
-    from .worker.wire import tcp_defaults  # a public helper; the worker never imports waiting
-
     return tcp_defaults(connections[alias])
 
 

@@ -51,7 +51,7 @@ from .. import pooling
 from ..bounds import lock_wait
 from ..errors import translate
 from ..owned._store import bound_session, session_bound
-from .wire import Watchdog, tcp_defaults, tune, tuned, turn_bound
+from ..wire import Watchdog, tcp_defaults, tune, tuned, turn_bound
 
 logger = logging.getLogger("soniq_django.worker")
 

@@ -1,10 +1,12 @@
-"""The steps sit below the worker: the worker's JobContext calls them, they import no worker
-module (docs/internals.md, the module map). What both need is below both: bounds.py."""
+"""Modules below the worker import none of its modules (docs/internals.md, the module map).
+
+The steps (the worker's JobContext calls them) and wait_for_job (a web process's call) share
+what the worker uses from modules below both: bounds.py, wire.py, listen.py."""
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "soniq_django"
+PACKAGE = Path(__file__).resolve().parents[1] / "soniq_django"
 
 
 def _runtime_imports(path: Path, package: str) -> set[str]:
@@ -30,10 +32,19 @@ def _runtime_imports(path: Path, package: str) -> set[str]:
     return found
 
 
-def test_the_steps_and_the_bounds_import_no_worker_module():
-    modules = {path: "soniq_django.steps" for path in (PACKAGE / "steps").glob("*.py")}
-    modules[PACKAGE / "bounds.py"] = "soniq_django"
-    assert len(modules) >= 4
+#: The modules below the worker, as (folder or file, its package).
+BELOW_THE_WORKER = [("steps", "soniq_django.steps"), ("bounds.py", "soniq_django"),
+                    ("wire.py", "soniq_django"), ("listen.py", "soniq_django"),
+                    ("waiting.py", "soniq_django")]
+
+
+def test_the_modules_below_the_worker_import_none_of_its_modules():
+    modules = {}
+    for name, package in BELOW_THE_WORKER:
+        path = PACKAGE / name
+        for found in (sorted(path.glob("*.py")) if path.is_dir() else [path]):
+            modules[found] = package
+    assert len(modules) >= 7
     upward = {f"{path.relative_to(PACKAGE)}: {name}"
               for path, package in modules.items()
               for name in _runtime_imports(path, package)
