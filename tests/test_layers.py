@@ -3,33 +3,11 @@
 The steps (the worker's JobContext calls them) and wait_for_job (a web process's call) share
 what the worker uses from modules below both: bounds.py, wire.py, listen.py."""
 
-import ast
 from pathlib import Path
 
+from tests.support.imports import imports
+
 PACKAGE = Path(__file__).resolve().parents[1] / "soniq_django"
-
-
-def _runtime_imports(path: Path, package: str) -> set[str]:
-    """Every module ``path`` imports when it runs, absolute, anywhere in it (in functions
-    too), but for those under ``if TYPE_CHECKING:`` (annotations only)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {id(inner) for node in ast.walk(tree)
-                   if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
-                   and node.test.id == "TYPE_CHECKING"
-                   for inner in ast.walk(node)}
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
 
 
 #: The modules below the worker, as (folder or file, its package).
@@ -47,6 +25,6 @@ def test_the_modules_below_the_worker_import_none_of_its_modules():
     assert len(modules) >= 7
     upward = {f"{path.relative_to(PACKAGE)}: {name}"
               for path, package in modules.items()
-              for name in _runtime_imports(path, package)
+              for name in imports(path, package, runtime_only=True)
               if name.startswith("soniq_django.worker")}
     assert not upward
