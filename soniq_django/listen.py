@@ -63,7 +63,7 @@ def new_connection(alias: str, connect_within: int | None = None,
                    tcp: Mapping[str, int] | None = None) -> "Connection[Any]":
     """A new autocommit psycopg connection to ``alias``, outside Django's (a LISTEN's own).
 
-    ``tcp``: libpq options (the worker's TCP options, worker/wire.py) under
+    ``tcp``: libpq options (the worker's TCP options, wire.py) under
     what the alias's ``OPTIONS`` set; ``connect_within`` caps
     connect_timeout. Raises the driver's error when it cannot connect.
     """

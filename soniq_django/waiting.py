@@ -33,7 +33,7 @@ holds it, and the waits poll every ``POLL_SECONDS``; the verdict is tested
 again after ``DEAF_RETEST_SECONDS``. A connection proved to go through a
 transaction pooler (listen.transaction_pooled) gets that verdict without
 the test: no LISTEN is ever taken on a pooled server session. The test's
-statements are watched (worker/wire.py's ``Watchdog``): one unanswered
+statements are watched (wire.py's ``Watchdog``): one unanswered
 after the test's time is ended. SQLite: read every ``POLL_SECONDS``
 (from 20 ms, doubling).
 
@@ -58,11 +58,10 @@ from .conf import get_settings
 from .errors import ConfigValidationError, WaitTimeout
 from .producer.api import JobInfo, get_coerced, refuse_event_loop, write_alias
 from .producer.request import coerce_job_id
+from .wire import Watchdog, tcp_defaults
 
 if TYPE_CHECKING:
     from psycopg import Connection
-
-    from .worker.wire import Watchdog
 
 logger = logging.getLogger("soniq_django")
 
@@ -95,7 +94,7 @@ _verdicts: dict[tuple[str, str], tuple[bool, float, str]] = {}
 _probing = threading.Lock()
 _warned_deaf: set[tuple[str, str]] = set()
 # Watches the self-test's statements; made by the first test (used under _probing).
-_watchdog: "Watchdog | None" = None
+_watchdog: Watchdog | None = None
 
 
 def channel(job_id: uuid.UUID) -> str:
@@ -223,7 +222,7 @@ def _listen(job_id: uuid.UUID, alias: str, deadline: float) -> JobInfo:
 def _new_connection(alias: str, deadline: float) -> "Connection[Any]":
     """A connection of the wait's own, connecting within the wait's deadline.
 
-    With the worker's TCP options (a silent server is found dead, worker/wire.py).
+    With the worker's TCP options (a silent server is found dead, wire.py).
     """
     return listen.new_connection(alias, max(1, math.ceil(deadline - time.monotonic())),
                                  _tcp(alias))
@@ -279,8 +278,6 @@ def _probe(raw: "Connection[Any]", listen_alias: str, alias: str, seconds: float
 def _watch(seconds: float) -> listen.Watch:
     """Watch the self-test's statements: one unanswered after ``seconds`` (at least 1) is ended."""
     global _watchdog
-    from .worker.wire import Watchdog  # a public helper; the worker never imports waiting
-
     if _watchdog is None:
         _watchdog = Watchdog("waiter's")
     watchdog, bound = _watchdog, max(1.0, seconds)
@@ -288,8 +285,6 @@ def _watch(seconds: float) -> listen.Watch:
 
 
 def _tcp(alias: str) -> dict[str, int]:
-    from .worker.wire import tcp_defaults  # a public helper; the worker never imports waiting
-
     return tcp_defaults(connections[alias])
 
 

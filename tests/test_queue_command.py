@@ -69,3 +69,12 @@ def test_a_worker_writes_the_setting_to_the_database_when_it_starts():
     assert WorkerThread(Worker(burst=True)).start().join() == 0
     row = QueueSetting.objects.get(queue="emails")
     assert (row.configured_concurrency, row.concurrency) == (2, None)
+
+
+def test_limit_key_without_a_limit_is_a_command_error():
+    from soniq_django.keys.models import KeyLimit
+
+    with pytest.raises(CommandError) as caught:
+        run("limit-key", "default", "tenant-*")
+    assert "--concurrency or --rate" in str(caught.value)
+    assert not KeyLimit.objects.exists()  # nothing said "Limited" while limiting nothing

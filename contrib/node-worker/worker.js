@@ -44,15 +44,49 @@ class Worker {
   }
 
   // One call, answered: an unknown outcome is asked again until the database answers.
-  async call(sql, params) {
+  // bounded: each try waits for a lock at most lockWait() (55P03, nothing done: asked again).
+  async call(sql, params, bounded = false) {
     for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
       try {
+        if (bounded) return await this.readInBounds(sql, params);
         return (await this.pool.query(sql, params)).rows;
       } catch (err) {
         if (outcomeOf(err) === 'refused') throw err;
         this.log({ event: 'retry', sql: sql.slice(0, 40), code: err.code || 'connection' });
         await sleep(delay);
       }
+    }
+  }
+
+  // How long a call waits for any one lock: a sixteenth of the lease, as soniq_worker's
+  // (docs/internals.md, "The bound of every wait"); its statement, twice that.
+  lockWait() {
+    return Math.max(1, Math.round((this.leaseSeconds * 1000) / 16));
+  }
+
+  // lock_timeout and statement_timeout for the rest of the transaction: local settings,
+  // which leave nothing on the session (safe behind a transaction pooler).
+  boundsSql() {
+    const ms = this.lockWait();
+    return `SELECT set_config('lock_timeout', '${ms}', true), `
+      + `set_config('statement_timeout', '${2 * ms}', true)`;
+  }
+
+  // A read that locks (soniq_claim_outcome) within boundsSql()'s bounds: in a transaction
+  // of its own (BEGIN and the bounds in one round trip), ended by a ROLLBACK, since it
+  // writes nothing. Its values stay parameters: a claim token is never written into the
+  // SQL text, which pg_stat_activity and the server's logs show.
+  async readInBounds(sql, params) {
+    const client = await this.pool.connect();
+    let clean = false;
+    try {
+      await client.query(`BEGIN; ${this.boundsSql()}`);
+      const { rows } = await client.query(sql, params);
+      await client.query('ROLLBACK');
+      clean = true;
+      return rows;
+    } finally {
+      client.release(!clean); // a connection in an unknown state is not reused
     }
   }
 
@@ -91,10 +125,13 @@ class Worker {
     return [job.job_id, this.id, job.generation, job.token, job.queue];
   }
 
-  // After a write whose answer was lost: what became of this claim?
+  // After a write whose answer was lost: what became of this claim? soniq_claim_outcome
+  // locks the job's row, so it waits for a transaction of this claim still holding it (a
+  // COMMIT lost on the way, which the server ends after a third of the lease: see
+  // runInTransaction); each try waits at most lockWait(), and is asked again.
   async settle(job) {
     const [row] = await this.call('SELECT * FROM soniq_claim_outcome($1, $2, $3, $4)',
-      this.fence(job).slice(0, 4));
+      this.fence(job).slice(0, 4), true);
     return row.outcome;
   }
 
@@ -172,6 +209,11 @@ class Worker {
         await client.query('BEGIN');
         const result = await handler.run(job.args, { job, signal, client });
         step = 'complete';
+        // The completion waits for the job's row at most lockWait(); and should the COMMIT's
+        // answer be lost while the server keeps the transaction open (a partition), the
+        // server ends it after a third of the lease, and settle() waits no longer than that.
+        await client.query(`${this.boundsSql()}, set_config(`
+          + `'idle_in_transaction_session_timeout', '${Math.round(this.leaseSeconds * 1000 / 3)}', true)`);
         [{ ok }] = (await client.query(
           'SELECT soniq_complete($1, $2, $3, $4, $5, $6) AS ok',
           [...this.fence(job), JSON.stringify(result ?? null)])).rows;
@@ -180,8 +222,14 @@ class Worker {
         client.release();
       } catch (err) {
         client.release(true); // never reuse a connection whose transaction state is unknown
-        if (step === 'handler' && err && !err.code) return this.afterError(job, err, signal);
-        if (outcomeOf(err) === 'refused') return this.afterError(job, err, signal);
+        const kind = outcomeOf(err);
+        // The handler's own error (thrown, a refused statement, or one past its own
+        // lock_timeout or statement_timeout, 55P03 or 57014) is its failure, with an attempt
+        // spent; running it again in place would meet the same bound, forever.
+        if (step === 'handler' && (!err || !err.code || kind === 'nothing')) {
+          return this.afterError(job, err, signal);
+        }
+        if (kind === 'refused') return this.afterError(job, err, signal);
         const outcome = await this.settle(job); // the answer was lost: ask what happened
         this.log({ event: 'settled', job: job.job_id, step, outcome });
         if (outcome === 'completed') return 'completed';

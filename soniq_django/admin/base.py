@@ -175,6 +175,21 @@ def write_alias(queryset: QuerySet) -> str:
     return queryset._db or router.db_for_write(queryset.model)
 
 
+
+def check_limits(form: forms.BaseForm, data: dict[str, Any]) -> None:
+    """Add ``form``'s errors for limits the claim cannot apply: a rate's count without its
+    period (or the other way round), a concurrency, count or period below 1, a period over a
+    day. The queue settings' form and the key limits' form share these rules."""
+    if (data.get("rate_limit") is None) != (data.get("rate_period") is None):
+        form.add_error("rate_period", "Set a rate's count and its period together, or neither.")
+    for name in ("concurrency", "rate_limit", "rate_period"):
+        value = data.get(name)
+        if value is not None and value < 1:
+            form.add_error(name, "Must be at least 1; leave it empty for no override.")
+    period = data.get("rate_period")
+    if period is not None and period > 86400:
+        form.add_error("rate_period", "At most 86400 seconds (a day).")
+
 REPR_COLUMNS: dict[str, tuple[str, ...]] = {
     "job": ("id", "job_name", "status"),
     "deadletterjob": ("id", "job_name", "dead_letter_reason"),

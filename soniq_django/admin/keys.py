@@ -15,7 +15,7 @@ from django.contrib import admin
 from ..errors import SoniqError
 from ..keys import limits
 from ..keys.models import KeyLimit, KeySlot
-from .base import OfferedLookupsOnly, ReadOnlyAdmin, write_alias
+from .base import OfferedLookupsOnly, ReadOnlyAdmin, check_limits, write_alias
 
 
 class KeyLimitForm(forms.ModelForm):
@@ -25,16 +25,7 @@ class KeyLimitForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if (data.get("rate_limit") is None) != (data.get("rate_period") is None):
-            self.add_error("rate_period", "Set a rate's count and its period together, or "
-                                          "neither.")
-        for name in ("concurrency", "rate_limit", "rate_period"):
-            value = data.get(name)
-            if value is not None and value < 1:
-                self.add_error(name, "Must be at least 1; leave it empty for no override.")
-        period = data.get("rate_period")
-        if period is not None and period > 86400:
-            self.add_error("rate_period", "At most 86400 seconds (a day).")
+        check_limits(self, data)
         for name in ("queue", "key_pattern"):
             value = data.get(name)
             if value is not None and (not 0 < len(value) <= 255 or "\x00" in value):

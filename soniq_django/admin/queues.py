@@ -14,7 +14,7 @@ from django.utils import timezone
 from .. import flow
 from ..errors import SoniqError
 from ..models import QueueSetting
-from .base import CappedActions, OfferedLookupsOnly, log_changed, write_alias
+from .base import CappedActions, OfferedLookupsOnly, check_limits, log_changed, write_alias
 from .display import plural, sentence, visible, when
 
 _EDITED = ("paused", "concurrency", "rate_limit", "rate_period")
@@ -37,16 +37,7 @@ class QueueSettingForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if (data.get("rate_limit") is None) != (data.get("rate_period") is None):
-            self.add_error("rate_period", "Set a rate's count and its period together, or "
-                                          "neither.")
-        for name in ("concurrency", "rate_limit", "rate_period"):
-            value = data.get(name)
-            if value is not None and value < 1:
-                self.add_error(name, "Must be at least 1; leave it empty for no override.")
-        period = data.get("rate_period")
-        if period is not None and period > 86400:
-            self.add_error("rate_period", "At most 86400 seconds (a day).")
+        check_limits(self, data)
         return data
 
 

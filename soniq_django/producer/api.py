@@ -304,9 +304,13 @@ def _write(job: PreparedJob, alias: str, connection: Any, trace: "tracing.Carrie
     """Insert ``job`` (due time resolved); with ``trace``, its row in soniq_job_trace too: on
     PostgreSQL in the same statement, elsewhere in the same transaction."""
     if job.depends_on is not None:
-        return _write_dependent(job, alias, connection, trace)
+        from .dependencies import write_dependent
+
+        return _traced(write_dependent, job, alias, connection, trace)
     if job.key is not None:
-        return _write_keyed(job, alias, connection, trace)
+        from .keyed import write_keyed
+
+        return _traced(write_keyed, job, alias, connection, trace)
     if connection.vendor == "postgresql":
         job_id: uuid.UUID = (_pg_module or _import_pg()).enqueue(job, connection, alias, trace)
         return job_id
@@ -321,14 +325,14 @@ def _write(job: PreparedJob, alias: str, connection: Any, trace: "tracing.Carrie
         return job_id
 
 
-def _write_dependent(job: PreparedJob, alias: str, connection: Any,
-                     trace: "tracing.Carrier | None") -> uuid.UUID:
-    from .dependencies import write_dependent
-
+def _traced(write: Callable[[PreparedJob, str, Any], uuid.UUID], job: PreparedJob, alias: str,
+            connection: Any, trace: "tracing.Carrier | None") -> uuid.UUID:
+    """``write(job, alias, connection)`` (a dependent's, a keyed job's), with ``trace``'s row
+    in soniq_job_trace in the same transaction."""
     if trace is None:
-        return write_dependent(job, alias, connection)
+        return write(job, alias, connection)
     with translating(alias), transaction.atomic(using=alias):
-        job_id = write_dependent(job, alias, connection)
+        job_id = write(job, alias, connection)
         tracing.keep(alias, [job_id], trace)
     return job_id
 
@@ -338,18 +342,6 @@ _carrying = tracing.carrying
 # producer/_pg.py once imported: psycopg is needed on PostgreSQL alone, and an
 # import statement in _insert costs a lookup of the package per call.
 _pg_module: Any = None
-
-
-def _write_keyed(job: PreparedJob, alias: str, connection: Any,
-                 trace: "tracing.Carrier | None") -> uuid.UUID:
-    from .keyed import write_keyed
-
-    if trace is None:
-        return write_keyed(job, alias, connection)
-    with translating(alias), transaction.atomic(using=alias):
-        job_id = write_keyed(job, alias, connection)
-        tracing.keep(alias, [job_id], trace)
-    return job_id
 
 
 def _import_pg() -> Any:

@@ -26,6 +26,8 @@ the step's transaction is a savepoint of it and commits with it.
 
 import json
 import logging
+import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -33,11 +35,12 @@ from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
 from .. import signals
+from ..bounds import lock_wait, orphan_limit, retrying
 from ..conf import get_settings
 from ..encoding import normalize_json
 from ..errors import (ConfigValidationError, ErrorCode, JobCancelled, SoniqError,
                       StepNotRecorded)
-from ..owned._store import take_sqlite_write_lock
+from ..owned._store import claims_for, take_sqlite_write_lock
 from .store import Lookup, PostgresSteps, SqliteSteps, steps_for
 
 Store = PostgresSteps | SqliteSteps
@@ -151,8 +154,6 @@ def run_step(context: "JobContext", name: Any, fn: Callable[..., Any], args: tup
 def _atomic(context: "JobContext", store: "Store", fence: "QueueClaimFence", alias: str, name: str,
             limit: int, call: Callable[[], Any]) -> tuple[str, int]:
     """Run ``call`` and record its result in one transaction; the record is its last statement."""
-    from ..worker.bounds import lock_wait, orphan_limit
-
     connection = connections[alias]
     outermost = not connection.in_atomic_block
     sqlite = connection.vendor == "sqlite"
@@ -195,13 +196,6 @@ def _settle(context: "JobContext", store: "Store", fence: "QueueClaimFence", ali
     transaction is over; then the record is there (committed, with the
     step's writes) or not (neither is). Tried for up to three leases.
     """
-    import threading
-    import time
-
-    from ..owned._store import claims_for
-    from ..worker.bounds import lock_wait
-    from ..worker.writes import retrying
-
     logger.warning("%s %s: the commit of step %r was not acknowledged; recovering its outcome "
                    "from the database", context.job_name, context.job_id, name)
     lease = float(get_settings().LEASE_SECONDS)

@@ -52,15 +52,15 @@ from django.db import DatabaseError, connections, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
+from ..bounds import lock_wait, orphan_limit, retrying
 from ..conf import get_settings
 from ..errors import RunRolledBack, SoniqError, translate
 from ..owned._store import PostgresClaims, claims_for, take_sqlite_write_lock
 from ..registry import get_handler
-from .bounds import lock_wait, orphan_limit
 from .execution import Outcome, OutcomeKind, execute
 from .flight import InFlight
 from .timeouts import TimeLimit
-from .writes import Writes, retrying
+from .writes import Writes
 
 logger = logging.getLogger("soniq_django.worker")
 

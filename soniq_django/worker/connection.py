@@ -48,10 +48,10 @@ from django.db import DatabaseError, connections
 from django.db.backends.signals import connection_created
 
 from .. import pooling
+from ..bounds import lock_wait
 from ..errors import translate
 from ..owned._store import bound_session, session_bound
-from .bounds import lock_wait
-from .wire import Watchdog, tcp_defaults, tune, tuned, turn_bound
+from ..wire import Watchdog, tcp_defaults, tune, tuned, turn_bound
 
 logger = logging.getLogger("soniq_django.worker")
 

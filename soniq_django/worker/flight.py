@@ -73,9 +73,9 @@ class Flights:
     def __init__(self, progress: "ProgressWriter | None" = None, *,
                  using: str | None = None) -> None:
         self.progress = progress
+        """Who writes the runs' progress (worker/progress.py), given to each run's context."""
         self.using = using
         """The jobs database alias, given to each run's context (where its steps go)."""
-        """Who writes the runs' progress (worker/progress.py), given to each run's context."""
         self._lock = threading.Lock()
         self._emptied = threading.Condition(self._lock)
         self._by_claim: dict[tuple[str, int], InFlight] = {}

@@ -30,6 +30,7 @@ import time
 from django.db import connections
 
 from .. import signals
+from ..bounds import beat_interval, patience, renewal_wait
 from ..errors import ErrorCode, SoniqError
 from ..housekeeping import database_now, forget_lapsed_waiters, purge_expired
 from ..keys.limits import sweep_lapsed_holds
@@ -38,7 +39,6 @@ from ..owned._store import LOCK_NOT_AVAILABLE
 from ..owned.types import MAX_CLAIM_BATCH
 from ..throughput import ThroughputCounter
 from . import registration
-from .bounds import beat_interval, patience, renewal_wait
 from .connection import SharedConnection, keep_healthy
 from .flight import Flights, InFlight
 from .rebuilds import Rebuilds

@@ -96,6 +96,7 @@ from typing import TypeVar
 from django.db import close_old_connections, connections
 
 from .. import flow, pooling, signals
+from ..bounds import retrying
 from ..conf import get_settings
 from ..errors import SoniqError, translating
 from ..owned import OwnedJobSource
@@ -118,7 +119,7 @@ from .heartbeat import Heartbeat
 from .threads import JobThreads
 from .timeouts import TimeLimit, limit_for
 from .wakeup import Listener
-from .writes import NOT_RECORDED, RECORDED, Writes, retrying
+from .writes import NOT_RECORDED, RECORDED, Writes
 
 logger = logging.getLogger("soniq_django.worker")
 

@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..bounds import lock_wait
 from ..errors import SoniqError
 from ..progress import Progress
-from .bounds import lock_wait
 
 if TYPE_CHECKING:
     from .context import JobContext

@@ -59,7 +59,7 @@ from .. import listen
 from ..conf import get_settings
 from ..listen import PROBE_CHANNEL, close as _close
 from .connection import Backoff
-from .wire import Watchdog, tcp_defaults, turn_bound
+from ..wire import Watchdog, tcp_defaults, turn_bound
 
 if TYPE_CHECKING:
     from psycopg import Connection, Notify

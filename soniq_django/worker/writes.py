@@ -24,10 +24,11 @@ import threading
 import time
 from base64 import urlsafe_b64encode
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from ..bounds import lock_wait, retrying
 from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
 from .. import signals, tracing
@@ -38,7 +39,6 @@ from ..owned.types import ClaimedJob, QueueClaimFence
 from ..registry import WHERE_HANDLERS_COME_FROM
 from ..throughput import ThroughputCounter
 from . import unknown
-from .bounds import lock_wait
 from .capacity import Budget
 from .connection import CallersConnection, SharedConnection
 from .execution import Outcome, OutcomeKind, settled
@@ -78,27 +78,6 @@ _EXHAUSTED = Recorded("failed with no attempts left, dead-lettered", "dead_lette
 NOT_RECORDED = "not recorded"
 #: The longest error text a job's log line carries (``last_error`` has all of it).
 MAX_LOGGED_ERROR = 300
-
-
-def retrying(call: Callable[..., Any], deadline: float, stop: threading.Event) -> Any:
-    """Call ``call()`` until it stops raising QUEUE_PERSISTENCE_FAILED or ``deadline`` passes.
-
-    Returns its value, or None when the deadline passed without an answer.
-    Each call takes its own turn on the shared connection, so the pauses
-    between tries leave the connection to the other threads (the
-    heartbeat's lease renewals among them); the turn closes a broken
-    connection, and the next try opens a new one.
-    """
-    delay = 0.05
-    while True:
-        try:
-            return call()
-        except SoniqError as error:
-            if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
-                raise
-        if time.monotonic() >= deadline or stop.wait(delay):
-            return None
-        delay = min(delay * 2, 2.0)
 
 
 def _held(error: SoniqError) -> bool:

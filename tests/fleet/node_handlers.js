@@ -33,4 +33,15 @@ module.exports = {
     },
   },
   'fleet.slow': { run: (args, { signal }) => pause(60000, signal) },
+  // Its first attempt's own statement runs past the statement_timeout it sets (57014).
+  'fleet.timeout_once': {
+    transactional: true,
+    async run(args, context) {
+      if (context.job.attempts < 2) {
+        await context.client.query("SET LOCAL statement_timeout = '50ms'");
+        await context.client.query('SELECT pg_sleep(1)');
+      }
+      return effect(args, context);
+    },
+  },
 };

@@ -17,6 +17,7 @@ import signal
 import time
 import uuid
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,21 @@ def test_a_node_worker_with_the_worker_grant_alone_runs_the_protocol(node):
     assert not child.events("retry") and "worker failed" not in child.log()
 
 
+def test_a_handler_statement_past_its_own_timeout_is_the_runs_failure(node):
+    """57014 (or 55P03) from the handler's own statement is its failure, recorded with an
+    attempt spent: not an outcome to settle and a transaction to run again, which a handler
+    whose statement always times out would do forever, under the same claim."""
+    job = enqueue("fleet.timeout_once", {}, queue="fleet")
+    child = node.start()
+    wait_until(lambda: statuses([job])["done"] == 1 or child.exited(), 30, "the job done")
+    child.signal(signal.SIGTERM)
+    assert child.wait(30) == 0
+    row = Job.objects.get(id=job)
+    assert row.attempts == 2 and "statement timeout" in row.last_error
+    assert len(child.events("failed")) == 1 and not child.events("rerun")
+    assert_exactly_once([job])
+
+
 def unfinished(ids) -> list:
     return list(Job.objects.filter(id__in=ids).exclude(status="done").values_list(
         "id", "job_name", "status", "claim_owner", "claim_generation", "attempts",
@@ -187,7 +203,7 @@ def test_a_mixed_fleet_loses_nothing_to_kills_stops_and_broken_connections(node,
             terminated += len(fetch(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE application_name = %s AND pid <> pg_backend_pid() "
-                "ORDER BY random() LIMIT 1", [APP_NAME]))
+                "AND datname = current_database() ORDER BY random() LIMIT 1", [APP_NAME]))
 
         everything = shared + node_only
         try:
@@ -228,8 +244,9 @@ def test_a_mixed_fleet_loses_nothing_to_kills_stops_and_broken_connections(node,
     assert terminated >= 4
 
 
-def test_lost_answers_are_recovered_never_guessed(tmp_path, node_role):
-    """Answers lost after the server acted: a claim recovered by its nonce, COMMITs settled."""
+@contextmanager
+def through_a_proxy(tmp_path, node_role, poll_interval: float):
+    """Node workers whose connections go through a Proxy (tests/support/proxy.py)."""
     from tests.support.proxy import Proxy
     from tests.support.sql import conninfo
 
@@ -238,24 +255,64 @@ def test_lost_answers_are_recovered_never_guessed(tmp_path, node_role):
         url = node_role.replace(f":{info.get('port', 5432)}/", f":{proxy.port}/", 1)
         try:
             workers = NodeWorkers(tmp_path, url, HANDLERS, queues="fleet", lease_seconds=LEASE,
-                                  heartbeat_seconds=0.5, poll_interval=0.5)
+                                  heartbeat_seconds=0.5, poll_interval=poll_interval)
         except NodeUnavailable as error:
             unavailable(str(error))
         try:
-            jobs = [enqueue("fleet.effect", {"ms": 10}, queue="fleet") for _ in range(4)]
-            proxy.lose_answers(b"soniq_claim(", times=2)  # its first two claims find a job
-            child = workers.start()
-            wait_until(lambda: statuses(jobs)["done"] == 4 or child.exited(), 60, "4 jobs")
-            proxy.lose_answers(b"COMMIT", times=3)
-            jobs += [enqueue("fleet.effect", {"ms": 10}, queue="fleet") for _ in range(8)]
-            wait_until(lambda: statuses(jobs)["done"] == 12 or child.exited(), 60, "12 jobs")
-            child.signal(signal.SIGTERM)
-            assert child.wait(30) == 0
+            yield proxy, workers
         finally:
             workers.cleanup()
+
+
+def test_lost_answers_are_recovered_never_guessed(tmp_path, node_role):
+    """Answers lost after the server acted: a claim recovered by its nonce, COMMITs settled."""
+    with through_a_proxy(tmp_path, node_role, 0.5) as (proxy, workers):
+        jobs = [enqueue("fleet.effect", {"ms": 10}, queue="fleet") for _ in range(4)]
+        proxy.lose_answers(b"soniq_claim(", times=2)  # its first two claims find a job
+        child = workers.start()
+        wait_until(lambda: statuses(jobs)["done"] == 4 or child.exited(), 60, "4 jobs")
+        proxy.lose_answers(b"COMMIT", times=3)
+        jobs += [enqueue("fleet.effect", {"ms": 10}, queue="fleet") for _ in range(8)]
+        wait_until(lambda: statuses(jobs)["done"] == 12 or child.exited(), 60, "12 jobs")
+        child.signal(signal.SIGTERM)
+        assert child.wait(30) == 0
     assert_exactly_once(jobs)
     assert [event["found"] for event in child.events("recovered-claim")] == [1, 1]
     settled = child.events("settled")
     assert [(event["step"], event["outcome"]) for event in settled] == [
         ("commit", "completed")] * 3
     assert not child.events("rerun") and not child.events("refused")
+
+
+def _node_backend_in_transaction() -> int | None:
+    """The client port (at the proxy) of a Node worker's backend idle in its job's transaction."""
+    rows = fetch("SELECT client_port FROM pg_stat_activity WHERE application_name = %s "
+                 "AND datname = current_database() AND state = 'idle in transaction' "
+                 "AND query LIKE 'INSERT INTO fleet_effects%%'",
+                 [APP_NAME])
+    return rows[0][0] if rows else None
+
+
+def test_a_commit_lost_in_a_partition_is_settled_within_the_bounds(tmp_path, node_role):
+    """The COMMIT of a job's transaction never reaches the server, which keeps the transaction
+    open, holding the job's row. The server ends it after a third of the lease (set with the
+    completion); meanwhile soniq_claim_outcome's tries give up at their lock bound (55P03)
+    and are asked again; then the claim is live, and the transaction runs again, once."""
+    with through_a_proxy(tmp_path, node_role, 0.2) as (proxy, workers):
+        child = workers.start()
+        job = enqueue("fleet.effect", {"ms": 1500}, queue="fleet")
+        port = wait_until(lambda: _node_backend_in_transaction() or child.exited(), 30,
+                          "the job's transaction")
+        assert proxy.lose_next(port, b"COMMIT") is not None
+        wait_until(lambda: statuses([job])["done"] == 1 or child.exited(), 30,
+                   "the job done after its lost COMMIT")
+        child.signal(signal.SIGTERM)
+        assert child.wait(30) == 0
+    assert_exactly_once([job])
+    assert [(event["step"], event["outcome"]) for event in child.events("settled")] == [
+        ("commit", "live")]
+    assert len(child.events("rerun")) == 1
+    # Each try of soniq_claim_outcome gave up at its lock bound while the lost transaction
+    # held the row (without the bound, one try waits until the server ends that transaction).
+    assert any(event.get("code") == "55P03" and "soniq_claim_outcome" in event.get("sql", "")
+               for event in child.events("retry")), child.log()[-2000:]

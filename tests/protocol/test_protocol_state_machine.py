@@ -97,17 +97,15 @@ A failure prints the shortest step sequence hypothesis found; it is kept in
 
 import datetime as dt
 import itertools
-import os
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -126,21 +124,11 @@ from soniq_django.producer import enqueue, get_job
 from soniq_django.replay import GENERATION_STRIDE, replay_dead_letters
 from soniq_django.worker.flight import Flights, InFlight
 from tests.support.owned import nonce, rewrite
+from tests.support.stateful import empty_tables, stateful_settings
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-EXAMPLES = int(os.environ.get("SONIQ_STATEFUL_EXAMPLES", "30"))
-STEPS = int(os.environ.get("SONIQ_STATEFUL_STEPS", "40"))
-
-SETTINGS = settings(
-    max_examples=EXAMPLES,
-    stateful_step_count=STEPS,
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-        HealthCheck.filter_too_much,
-    ],
-)
+SETTINGS = stateful_settings(30, 40)
 
 # A day: nothing the model knows may expire during an example. The lease is
 # long too: leases lapse only when a step says so.
@@ -200,17 +188,6 @@ class ModelJob:
                 f"attempts={self.attempts} status={self.status})")
 
 
-def _empty_tables() -> None:
-    """Delete every job, dead letter and registry row (the trigger's gate open)."""
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('soniq.fenced_write', 'on', true)")
-        Job.objects.all().delete()
-        DeadLetterJob.objects.all().delete()
-        TaskRegistration.objects.all().delete()
-
-
 @contextmanager
 def must_not_raise(what: str):
     try:
@@ -242,7 +219,7 @@ class OwnedProtocol(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        _empty_tables()
+        empty_tables(TaskRegistration)
         self.source = OwnedJobSource()
         self.jobs: dict[uuid.UUID, ModelJob] = {}
         self.registry: dict[str, int] = {}

@@ -29,16 +29,15 @@ shows the model finds it. Sizes: ``SONIQ_STATEFUL_EXAMPLES`` /
 """
 
 import datetime as dt
-import os
 import threading
 import uuid
 from dataclasses import dataclass, field
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, connections
 from django.test import override_settings
 from django.utils import timezone
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule,
@@ -46,19 +45,16 @@ from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition,
 
 from soniq_django import enqueue, job
 from soniq_django.errors import JobCancelled, StepNotRecorded
-from soniq_django.models import DeadLetterJob, Job, JobStep
+from soniq_django.models import Job, JobStep
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker.context import JobContext, _current, bind
 from tests.support.owned import nonce, rewrite
+from tests.support.stateful import empty_tables, install_function, stateful_settings
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-EXAMPLES = int(os.environ.get("SONIQ_STATEFUL_EXAMPLES", "20"))
-STEPS = int(os.environ.get("SONIQ_STATEFUL_STEPS", "30"))
-SETTINGS = settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow, HealthCheck.filter_too_much])
+SETTINGS = stateful_settings(20, 30)
 # No lease lapses and nothing expires unless a rule says so.
 SONIQ = {"RESULT_TTL": 86400, "LEASE_SECONDS": 3600, "RETRY_BASE_SECONDS": 0}
 NAMES = ("s0", "s1", "s2")
@@ -92,17 +88,6 @@ class Run:
     over: bool = False  # it raised: the handler stopped
 
 
-def _empty_tables() -> None:
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('soniq.fenced_write', 'on', true)")
-        Job.objects.all().delete()
-        DeadLetterJob.objects.all().delete()
-        JobStep.objects.all().delete()
-        Effect.objects.all().delete()
-
-
 def _lapse(job_id: uuid.UUID) -> None:
     rewrite(job_id, lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
 
@@ -123,7 +108,7 @@ def _lapse_elsewhere(job_id: uuid.UUID) -> None:
 class Steps(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        _empty_tables()
+        empty_tables(JobStep, Effect)
         self.source = OwnedJobSource()
         self.jobs: dict[uuid.UUID, ModelJob] = {}
         self.runs: list[Run] = []
@@ -345,15 +330,6 @@ NO_FENCE = """    v_now := pg_catalog.clock_timestamp();  -- the fence's answer 
     -- The row is locked by this transaction"""
 
 
-def _install(definition: str) -> None:
-    from soniq_django.sql import fill_schema
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT quote_ident(current_schema())")
-        (schema,) = cursor.fetchone()
-        cursor.execute(fill_schema(definition, schema))
-
-
 @pytest.mark.version_independent
 @pytest.mark.postgresql_only
 def test_the_model_finds_a_record_without_its_fence():
@@ -361,13 +337,13 @@ def test_the_model_finds_a_record_without_its_fence():
 
     released = released_function("steps_v1.sql", "soniq_record_step")
     assert FENCE_CHECK in released
-    _install(released.replace(FENCE_CHECK, NO_FENCE))
+    install_function(released.replace(FENCE_CHECK, NO_FENCE))
     try:
         broken = settings(SETTINGS, max_examples=200, phases=[Phase.generate], database=None,
                           print_blob=False)
         with override_settings(SONIQ=SONIQ), pytest.raises((AssertionError, Flaky)) as found:
             run_state_machine_as_test(Steps, settings=broken)
     finally:
-        _install(released)
+        install_function(released)
     message = str(found.value)
     assert "recorded by a run whose claim lapsed during the step" in message, message

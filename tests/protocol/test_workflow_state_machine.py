@@ -28,15 +28,14 @@ finds it. Sizes: ``SONIQ_STATEFUL_EXAMPLES`` / ``SONIQ_STATEFUL_STEPS`` as in
 test_protocol_state_machine.py (defaults 20 x 30 here).
 """
 
-import os
 import threading
 import uuid
 from dataclasses import dataclass, field
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections
 from django.test import override_settings
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 from hypothesis.stateful import (
@@ -53,19 +52,11 @@ from soniq_django.models import (WAITING_SCHEDULED_AT, Batch, BatchMember, DeadL
                                  JobDependency, JobWait)
 from soniq_django.owned import OwnedJobSource
 from tests.support.owned import nonce
+from tests.support.stateful import empty_tables, install_function, stateful_settings
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-EXAMPLES = int(os.environ.get("SONIQ_STATEFUL_EXAMPLES", "20"))
-STEPS = int(os.environ.get("SONIQ_STATEFUL_STEPS", "30"))
-
-SETTINGS = settings(
-    max_examples=EXAMPLES,
-    stateful_step_count=STEPS,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                           HealthCheck.filter_too_much],
-)
+SETTINGS = stateful_settings(20, 30)
 # Nothing expires and no lease lapses during an example.
 SONIQ = {"RESULT_TTL": 86400, "LEASE_SECONDS": 3600}
 
@@ -90,21 +81,10 @@ class ModelJob:
     claims: int = 0
 
 
-def _empty_tables() -> None:
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('soniq.fenced_write', 'on', true)")
-        Job.objects.all().delete()
-        DeadLetterJob.objects.all().delete()
-        for model in (JobDependency, JobWait, BatchMember, Batch):
-            model.objects.all().delete()
-
-
 class Workflows(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        _empty_tables()
+        empty_tables(JobDependency, JobWait, BatchMember, Batch)
         self.source = OwnedJobSource()
         self.jobs: dict[uuid.UUID, ModelJob] = {}
         self.batches: list[tuple[tuple[uuid.UUID, ...], uuid.UUID]] = []  # members, callback
@@ -311,15 +291,6 @@ LOCKED_DECREMENT = """                UPDATE {schema}.soniq_job_waits AS w SET p
                 RETURNING w.pending, w.run_at INTO v_pending, v_run_at;"""
 
 
-def _install(definition: str) -> None:
-    from soniq_django.sql import fill_schema
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT quote_ident(current_schema())")
-        (schema,) = cursor.fetchone()
-        cursor.execute(fill_schema(definition, schema))
-
-
 class WorkflowsFromABatch(Workflows):
     """The same model, each example starting from a batch of two members (then anything)."""
 
@@ -335,13 +306,13 @@ def test_the_model_finds_a_callback_count_read_without_the_row_lock():
 
     released = released_function("workflows_v1.sql", "soniq_settle_dependents_v1")
     assert LOCKED_DECREMENT in released
-    _install(released.replace(LOCKED_DECREMENT, RACY_READ))
+    install_function(released.replace(LOCKED_DECREMENT, RACY_READ))
     try:
         racy = settings(SETTINGS, max_examples=200, stateful_step_count=10,
                         phases=[Phase.generate], database=None, print_blob=False)
         with override_settings(SONIQ=SONIQ), pytest.raises((AssertionError, Flaky)) as found:
             run_state_machine_as_test(WorkflowsFromABatch, settings=racy)
     finally:
-        _install(released)
+        install_function(released)
     message = str(found.value)
     assert "never fired" in message or "pending" in message.lower() or "held" in message, message

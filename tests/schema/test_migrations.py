@@ -1,6 +1,5 @@
 """Migrations match the models, and import only frozen helpers."""
 
-import ast
 import sys
 from pathlib import Path
 
@@ -8,6 +7,7 @@ import pytest
 from django.core.management import call_command
 
 import soniq_django
+from tests.support.imports import imports
 
 MIGRATIONS = Path(soniq_django.__file__).parent / "migrations"
 SCHEMA = Path(soniq_django.__file__).parent / "schema"
@@ -22,21 +22,6 @@ def test_no_missing_migrations():
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
 
 
-def _imports(path: Path, package: str) -> set[str]:
-    """Every module ``path`` imports, absolute, with ``from pkg import name`` as ``pkg.name``."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
-
-
 def _allowed(module: str, frozen: tuple[str, ...]) -> bool:
     top = module.partition(".")[0]
     if top == "django" or top in sys.stdlib_module_names:
@@ -47,12 +32,12 @@ def _allowed(module: str, frozen: tuple[str, ...]) -> bool:
 @pytest.mark.parametrize("path", sorted(MIGRATIONS.glob("0*.py")), ids=lambda p: p.stem)
 def test_a_migration_imports_only_frozen_helpers(path):
     """A later refactor of the live package cannot change what a released migration does."""
-    live = [m for m in _imports(path, "soniq_django.migrations") if not _allowed(m, FROZEN)]
+    live = [m for m in imports(path, "soniq_django.migrations") if not _allowed(m, FROZEN)]
     assert not live, f"{path.name} imports live modules: {sorted(live)}"
 
 
 @pytest.mark.parametrize("path", sorted(SCHEMA.glob("*.py")), ids=lambda p: p.stem)
 def test_the_frozen_helpers_import_only_each_other_and_errors(path):
     frozen = ("soniq_django.schema", "soniq_django.errors")
-    live = [m for m in _imports(path, "soniq_django.schema") if not _allowed(m, frozen)]
+    live = [m for m in imports(path, "soniq_django.schema") if not _allowed(m, frozen)]
     assert not live, f"schema/{path.name} imports live modules: {sorted(live)}"

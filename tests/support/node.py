@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.support.processes import Child
+from tests.support.processes import Child, kill_all
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_DIR = ROOT / "contrib" / "node-worker"
@@ -80,11 +80,4 @@ class NodeWorkers:
         return worker
 
     def cleanup(self) -> None:
-        for worker in self.started:
-            if worker.alive:
-                worker.process.kill()
-        for worker in self.started:
-            try:
-                worker.process.wait(10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a stuck kill
-                pass
+        kill_all(self.started)

@@ -109,11 +109,16 @@ class Processes:
         return self.manage("soniq_worker", *args, env=env, **soniq)
 
     def cleanup(self) -> None:
-        for child in self.children:
-            if child.alive:
-                child.process.kill()
-        for child in self.children:
-            try:
-                child.process.wait(10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a stuck kill
-                pass
+        kill_all(self.children)
+
+
+def kill_all(children: "list[Child]") -> None:
+    """Kill every child still running, then reap each (10 s at most apiece)."""
+    for child in children:
+        if child.alive:
+            child.process.kill()
+    for child in children:
+        try:
+            child.process.wait(10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a stuck kill
+            pass

@@ -194,6 +194,20 @@ def test_run_jobs_and_an_atomic_handler_run_inside_linked_spans(spans):
     assert seen["tracing.atomic"] == (process.context.trace_id, process.context.span_id)
 
 
+@pytest.mark.parametrize("options", [{"depends_on": "first"},
+                                     {"concurrency_key": "tenant-1", "key_concurrency": 1}],
+                         ids=["depends_on", "concurrency_key"])
+def test_a_waiting_or_keyed_job_carries_the_context_too(spans, options):
+    first = enqueue("tracing.ok", {"n": 1})
+    if options.get("depends_on") == "first":
+        options = {"depends_on": [first]}
+    with spans.tracer.start_as_current_span("request"):
+        job_id = enqueue("tracing.ok", {"n": 2}, **options)
+    producer = spans.named("soniq enqueue tracing.ok")[-1]  # the second enqueue's
+    assert producer.attributes["messaging.message.id"] == str(job_id)
+    assert _carried(job_id) == (producer.context.trace_id, producer.context.span_id, 1)
+
+
 def test_a_unique_job_keeps_the_context_of_its_first_enqueue(spans):
     with spans.tracer.start_as_current_span("first"):
         first = enqueue("tracing.ok", {"n": 1}, unique_job=True)

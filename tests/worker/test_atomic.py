@@ -9,17 +9,17 @@ landed when they should not have show up as a row too many.
 
 import datetime as dt
 import logging
-import threading
 import time
 
 import pytest
-from django.db import OperationalError, connection, connections
+from django.db import connection
 from django.utils import timezone
 
 from soniq_django import enqueue
 from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker import Worker
+from tests.support.commits import backend_in_commit, lose_the_first_job_thread_commit, slow_commit
 from tests.support.owned import nonce, rewrite
 from tests.support.workers import WorkerThread, run_burst, soniq, wait_until
 from tests.testapp.models import Effect
@@ -210,31 +210,13 @@ def test_a_long_atomic_run_keeps_its_claim_past_one_lease(settings, run_log):
 # Commits whose outcome was lost --------------------------------------------------
 
 
-def _lose_the_answer_of_the_first_job_commit(monkeypatch, worker: Worker, *, land: bool,
-                                             seen: list) -> None:
-    """The first COMMIT of a job thread's own connection: made (or not), and then it errs."""
-    wrapper = type(connections["default"])
-    real = wrapper.commit
-
-    def commit(self):
-        if (not seen and threading.current_thread().name.startswith("soniq-job")
-                and self is not worker.shared._wrapper):
-            seen.append(self.alias)
-            if land:
-                real(self)
-            raise OperationalError("server closed the connection unexpectedly")
-        return real(self)
-
-    monkeypatch.setattr(wrapper, "commit", commit)
-
-
 @BOTH_PATHS
 def test_a_commit_that_landed_unacknowledged_is_recovered_and_never_run_again(
         monkeypatch, run_log, caplog, concurrency):
     caplog.set_level(logging.INFO, logger="soniq_django.worker")
     job_id = enqueue("tests.atomic.effect", {"note": "landed"})
     worker, seen = Worker(burst=True, concurrency=concurrency), []
-    _lose_the_answer_of_the_first_job_commit(monkeypatch, worker, land=True, seen=seen)
+    lose_the_first_job_thread_commit(monkeypatch, worker, land=True, seen=seen)
     assert WorkerThread(worker).start().join() == 0
     assert seen == ["default"]
     row = Job.objects.get(id=job_id)
@@ -251,7 +233,7 @@ def test_a_commit_that_failed_unseen_is_recovered_and_the_job_runs_again_once(
     caplog.set_level(logging.INFO, logger="soniq_django.worker")
     job_id = enqueue("tests.atomic.effect", {"note": "retried"})
     worker, seen = Worker(burst=True, concurrency=concurrency), []
-    _lose_the_answer_of_the_first_job_commit(monkeypatch, worker, land=False, seen=seen)
+    lose_the_first_job_thread_commit(monkeypatch, worker, land=False, seen=seen)
     assert WorkerThread(worker).start().join() == 0
     assert seen
     row = Job.objects.get(id=job_id)
@@ -260,26 +242,10 @@ def test_a_commit_that_failed_unseen_is_recovered_and_the_job_runs_again_once(
     assert effects(job_id) == [(2, 2, "retried")]
 
 
-#: What the slow COMMIT's backend calls itself while it sleeps (application_name).
+#: What the slow COMMIT's backend calls itself while it sleeps (application_name). The
+#: test terminates that backend alone (tests/support/commits.py says why a name is needed:
+#: terminating the registration's COMMIT instead let the job's own COMMIT land, 11 runs in 25).
 SLOW_COMMIT_MARK = "soniq-test-slow-commit"
-# The trigger names its backend before it sleeps (a local setting: it lasts
-# until that transaction ends), and the test terminates that backend alone.
-# A COMMIT seen in pg_stat_activity is not necessarily the job's: the
-# worker's shared connection commits its registration as it starts, while
-# the job is still queued, and on a loaded machine the WAL flush of that
-# COMMIT lasts long enough to be caught. Terminating it instead let the
-# job's own COMMIT land (done on attempt 1): 11 runs in 25 under load.
-SLOW_COMMIT = f"""
-CREATE FUNCTION test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM set_config('application_name', '{SLOW_COMMIT_MARK}', true);
-  PERFORM pg_sleep(2);
-  RETURN NULL;
-END $$;
-CREATE CONSTRAINT TRIGGER test_slow_commit AFTER INSERT ON testapp_effect
-  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
-  WHEN (NEW.note = 'slow commit' AND NEW.attempt = 1) EXECUTE FUNCTION test_slow_commit();
-"""
 
 
 @pytest.mark.postgresql_only
@@ -290,20 +256,15 @@ def test_a_job_connection_terminated_during_commit_is_recovered_and_runs_once_mo
     # commits: recovery finds the job still under the dead run's claim,
     # records the failure, and the next run writes the one row.
     caplog.set_level(logging.INFO, logger="soniq_django.worker")
-    with connection.cursor() as cursor:
-        cursor.execute(SLOW_COMMIT)
-    try:
+    with slow_commit(SLOW_COMMIT_MARK, "NEW.note = 'slow commit' AND NEW.attempt = 1"):
         job_id = enqueue("tests.atomic.effect", {"note": "slow commit"})
         with WorkerThread(Worker(burst=True)) as running:
-            committing = wait_until(lambda: _backend_in_commit(), 20, "the job's COMMIT")
+            committing = wait_until(lambda: backend_in_commit(SLOW_COMMIT_MARK), 20,
+                                    "the job's COMMIT")
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_terminate_backend(%s)", [committing])
                 assert cursor.fetchone() == (True,)
             assert running.join() == 0
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("DROP TRIGGER IF EXISTS test_slow_commit ON testapp_effect; "
-                           "DROP FUNCTION IF EXISTS test_slow_commit()")
     row = Job.objects.get(id=job_id)
     assert (row.status, row.attempts) == ("done", 2)
     assert [e.attempt for e in run_log.events("start", job_id)] == [1, 2]
@@ -312,13 +273,3 @@ def test_a_job_connection_terminated_during_commit_is_recovered_and_runs_once_mo
     assert "the commit of this atomic run was lost" in (
         "\n".join(messages(caplog)) + (row.last_error or ""))
 
-
-def _backend_in_commit() -> int | None:
-    """The backend whose COMMIT runs the slow trigger (it named itself there), if one is."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND application_name = %s AND state = 'active' AND query = 'COMMIT'",
-                       [SLOW_COMMIT_MARK])
-        found = cursor.fetchall()
-    assert len(found) <= 1, found  # one job, one first attempt: one such COMMIT
-    return found[0][0] if found else None

@@ -1,6 +1,6 @@
 """A server that stops answering: the worker's calls end within a bound instead of waiting forever.
 
-soniq_django/worker/wire.py and connection.py (decision 0031). Two ways a connection
+soniq_django/wire.py and worker/connection.py (decision 0031). Two ways a connection
 dies without a word:
 
 - **a silent peer** (a network partition: nothing comes back, not even
@@ -31,7 +31,7 @@ from soniq_django.models import Job
 from soniq_django.worker import Worker
 from soniq_django.worker.connection import SharedConnection
 from soniq_django.worker.wakeup import Listener
-from soniq_django.worker.wire import dead_peer_seconds, tcp_options, tune, turn_bound
+from soniq_django.wire import dead_peer_seconds, tcp_options, tune, turn_bound
 from tests.support.partition import Partition
 from tests.support.proxy import Proxy
 from tests.support.workers import FAST, WorkerThread

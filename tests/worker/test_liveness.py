@@ -27,7 +27,7 @@ from soniq_django import enqueue
 from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker import Worker
-from soniq_django.worker.bounds import longest_turn, orphan_limit
+from soniq_django.bounds import longest_turn, orphan_limit
 from tests.support.workers import FAST, WorkerThread, wait_until
 from tests.testapp import jobs as test_jobs
 from tests.testapp.models import Effect

@@ -71,6 +71,9 @@ class Command(BaseCommand):
                 self._keys(key_limits.key_states(queue=options["queue"], using=using,
                                                  at_limit_only=options["at_limit"]))
             elif action == "limit-key":
+                if options["concurrency"] is None and options["rate"] is None:
+                    raise CommandError("soniq_queue limit-key: give --concurrency or --rate (or "
+                                       "both); clear-key removes an override")
                 seen = key_limits.set_key_limit(
                     options["queue"], options["key_pattern"],
                     concurrency=options["concurrency"], rate=options["rate"], using=using)

@@ -1,5 +1,8 @@
 """How long a worker waits: the bounds of its calls and its heartbeat, in one place.
 
+Below the worker and the steps (``steps/run.py``, whose atomic steps share an
+atomic job's bounds and its recovery): it imports only ``conf`` and ``errors``.
+
 Each is a fraction of ``LEASE_SECONDS`` (or of the beat, itself at most a
 third of the lease), read when used, so ``override_settings`` works. Why
 these fractions, and what they guarantee together: docs/internals.md
@@ -21,7 +24,13 @@ these fractions, and what they guarantee together: docs/internals.md
   ``orphan_limit()``, a third of a lease.
 """
 
-from ..conf import get_settings
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .conf import get_settings
+from .errors import ErrorCode, SoniqError
 
 
 def lease() -> float:
@@ -77,3 +86,24 @@ def orphan_limit() -> float:
     """How long an atomic run's backend may sit idle in its transaction after its completion
     (``idle_in_transaction_session_timeout``): a third of a lease."""
     return lease() / 3
+
+
+def retrying(call: Callable[..., Any], deadline: float, stop: threading.Event) -> Any:
+    """Call ``call()`` until it stops raising QUEUE_PERSISTENCE_FAILED or ``deadline`` passes.
+
+    Returns its value, or None when the deadline passed (or ``stop`` was set) without an
+    answer; any other error is raised. The pauses between tries (0.05 s, doubling, at most
+    2 s) leave the connection to other threads: on the worker's shared connection each call
+    takes its own turn (the heartbeat's lease renewals among them); the turn closes a broken
+    connection, and the next try opens a new one.
+    """
+    delay = 0.05
+    while True:
+        try:
+            return call()
+        except SoniqError as error:
+            if error.code is not ErrorCode.QUEUE_PERSISTENCE_FAILED:
+                raise
+        if time.monotonic() >= deadline or stop.wait(delay):
+            return None
+        delay = min(delay * 2, 2.0)

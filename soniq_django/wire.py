@@ -17,7 +17,8 @@ Two ways a connection dies without a word (decision 0031):
   raises; the shared connection watches every turn with ``turn_bound()``
   (connection.py), the listener its statements (wakeup.py).
 
-docs/internals.md#the-bound-of-every-wait lists every bound.
+docs/internals.md#the-bound-of-every-wait lists every bound. Below the worker (it
+imports only conf): a wait_for_job's connection (waiting.py) takes the same TCP options.
 """
 
 import logging
@@ -30,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..conf import get_settings
+from .conf import get_settings
 
 logger = logging.getLogger("soniq_django.worker")
 
