@@ -12,6 +12,7 @@ SQLite has one writer at a time: nothing to cross there (tests/keys/
 test_key_batches.py races the same batches on both databases).
 """
 
+import datetime as dt
 import threading
 import time
 import uuid
@@ -153,3 +154,36 @@ def test_rounds_completing_the_same_keys_in_opposite_orders_do_not_deadlock():
             thread.join(30)
     assert errors == []  # before v13: ["40P01"]
     assert set(KeySlot.objects.filter(queue="qo").values_list("running", flat=True)) == {0}
+
+
+def test_a_claim_of_a_limited_queue_leaves_a_lapsed_hold_whose_key_is_held_elsewhere(settings):
+    from django.db import connection
+    from django.utils import timezone
+
+    from soniq_django.models import QueueHold
+
+    settings.SONIQ = {"RETRY_BASE_SECONDS": 0, "RETRY_MAX_SECONDS": 0}
+    bulk_enqueue([JobRequest("keys.held", {}, queue="ql", concurrency_key="k", key_concurrency=1,
+                             max_attempts=3)])
+    source = OwnedJobSource()
+    timed_out = claim(source, worker="w-setup", queues=["ql"]).claim_fence
+    assert source._fail_and_hold(timed_out, "timed out after 1 s") is True  # keeps k's slot
+    QueueHold.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    bulk_enqueue([JobRequest("keys.plain", {}, queue="ql")])
+    with connection.cursor() as cursor:  # a limited queue: its claims count under its budget
+        cursor.execute("INSERT INTO soniq_queue_settings (queue, concurrency) VALUES ('ql', 10)")
+    with raw(autocommit=False) as producer, raw() as claimer:
+        producer.execute("SELECT soniq_enqueue_keyed('k', 1, NULL, 'keys.more', '{}'::jsonb, "
+                         "queue => 'ql')")  # holds (ql, k) until it commits
+        claimer.execute("SET lock_timeout = '3s'")
+        began = time.monotonic()
+        [(job_name,)] = claimer.execute(
+            "SELECT job_name FROM soniq_claim_many('w-round', ARRAY[%s], ARRAY['ql'])",
+            (nonce(),)).fetchall()  # before v13: 55P03 after 3 s (the budget's deletion)
+        assert job_name == "keys.plain" and time.monotonic() - began < 1.5
+        assert QueueHold.objects.count() == 1  # left for later
+        producer.commit()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT soniq_key_sweep()")
+        assert cursor.fetchone()[0] == 1
+    assert KeySlot.objects.get(queue="ql", key="k").running == 0
