@@ -952,6 +952,7 @@ DECLARE
     v_is_rated boolean;
     v_first_due timestamptz;
     v_any_due boolean;
+    v_keys text[];
     v_held uuid[];
     s_queues text[];
     s_limits integer[];
@@ -1502,18 +1503,24 @@ BEGIN
     -- key, a producer enqueueing one) is left, locked and unchanged until this
     -- transaction ends, as the candidates not taken are, for a later claim.
     -- So no claim is part of a cycle of waits on key rows; the ending writes
-    -- wait for them in key order (soniq_key_lock_v1). The candidates are
-    -- read again by ctid (locked here, so unchanged): one TID scan, no key's
-    -- row read for a job without a key.
+    -- wait for them in key order (soniq_key_lock_v1). The candidates' keys
+    -- are read again by ctid (locked here, so unchanged): one TID scan that
+    -- filters nothing out, and no key's row read when none has a key.
     IF v_ids IS NOT NULL THEN
-        SELECT pg_catalog.array_agg(j.id) INTO v_held
+        SELECT pg_catalog.array_agg(j.concurrency_key) INTO v_keys
           FROM {schema}.soniq_jobs AS j
-         WHERE j.ctid = ANY (v_tids) AND j.concurrency_key IS NOT NULL
-           AND EXISTS (SELECT 1 FROM {schema}.soniq_key_slots AS k
-                        WHERE k.queue = j.queue AND k.key = j.concurrency_key)
-           AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_key_slots AS k
-                            WHERE k.queue = j.queue AND k.key = j.concurrency_key
-                              FOR UPDATE SKIP LOCKED);
+         WHERE j.ctid = ANY (v_tids);
+        IF pg_catalog.cardinality(pg_catalog.array_remove(v_keys, NULL)) > 0 THEN
+            -- Held elsewhere: the key's row exists and cannot be locked now.
+            SELECT pg_catalog.array_agg(j.id) INTO v_held
+              FROM {schema}.soniq_jobs AS j
+             WHERE j.ctid = ANY (v_tids) AND j.concurrency_key IS NOT NULL
+               AND EXISTS (SELECT 1 FROM {schema}.soniq_key_slots AS k
+                            WHERE k.queue = j.queue AND k.key = j.concurrency_key)
+               AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_key_slots AS k
+                                WHERE k.queue = j.queue AND k.key = j.concurrency_key
+                                  FOR UPDATE SKIP LOCKED);
+        END IF;
         IF v_held IS NOT NULL THEN
             SELECT pg_catalog.array_agg(c.id ORDER BY c.i), pg_catalog.array_agg(c.tid ORDER BY c.i),
                    pg_catalog.array_agg(c.generation ORDER BY c.i), pg_catalog.max(c.generation)

@@ -38,7 +38,7 @@ from ..owned._store import LOCK_NOT_AVAILABLE
 from ..owned.types import MAX_CLAIM_BATCH
 from ..throughput import ThroughputCounter
 from . import registration
-from .bounds import beat_interval, patience, renewal_wait
+from .bounds import beat_interval, lock_wait, patience, renewal_wait
 from .connection import SharedConnection, keep_healthy
 from .flight import Flights, InFlight
 from .rebuilds import Rebuilds
@@ -260,7 +260,7 @@ class Heartbeat:
         with self.shared.try_turn(max(0.0, deadline - time.monotonic())) as turn:
             if turn:
                 try:
-                    swept = sweep_lapsed_holds(self.using)
+                    swept = sweep_lapsed_holds(self.using, lock_wait())
                 except SoniqError:
                     swept = 0
                     logger.debug("housekeeping: could not sweep lapsed key holds")

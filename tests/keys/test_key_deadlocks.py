@@ -187,3 +187,31 @@ def test_a_claim_of_a_limited_queue_leaves_a_lapsed_hold_whose_key_is_held_elsew
         cursor.execute("SELECT soniq_key_sweep()")
         assert cursor.fetchone()[0] == 1
     assert KeySlot.objects.get(queue="ql", key="k").running == 0
+
+
+def test_the_housekeepings_sweep_waits_for_a_held_key_at_most_its_lock_wait(settings):
+    from django.utils import timezone
+
+    from soniq_django.errors import ErrorCode, SoniqError
+    from soniq_django.keys.limits import sweep_lapsed_holds
+    from soniq_django.models import QueueHold
+
+    settings.SONIQ = {"RETRY_BASE_SECONDS": 0, "RETRY_MAX_SECONDS": 0}
+    bulk_enqueue([JobRequest("keys.held", {}, queue="qs", concurrency_key="k", key_concurrency=1,
+                             max_attempts=3)])
+    source = OwnedJobSource()
+    timed_out = claim(source, worker="w-setup", queues=["qs"]).claim_fence
+    assert source._fail_and_hold(timed_out, "timed out after 1 s") is True
+    QueueHold.objects.update(lease_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    with raw(autocommit=False) as producer:
+        producer.execute("SELECT soniq_enqueue_keyed('k', 1, NULL, 'keys.more', '{}'::jsonb, "
+                         "queue => 'qs')")  # holds (qs, k) until it commits
+        began = time.monotonic()
+        with pytest.raises(SoniqError) as refused:
+            sweep_lapsed_holds("default", lock_wait=0.2)
+        assert refused.value.code == ErrorCode.QUEUE_PERSISTENCE_FAILED
+        assert time.monotonic() - began < 2
+        assert QueueHold.objects.count() == 1  # nothing deleted
+        producer.commit()
+    assert sweep_lapsed_holds("default", lock_wait=0.2) == 1
+    assert KeySlot.objects.get(queue="qs", key="k").running == 0
