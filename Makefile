@@ -56,6 +56,7 @@ bench-quick: venv-main
 
 # Cost vs. queue depth (10k, 100k, 1M queued with scheduled and finished rows
 # mixed in), beside 100k waiting dependents (issue 29; --waiting N, 0: none)
+# and beside 100k keyed jobs held back over 1,000 keys (issue 31; --keyed N, 0: none)
 # and vs. worker processes (1, 2, 4, 8): soniq_django alone, one
 # database soniq_bench_<pid>_scale, no peers. SCALE_ARGS passes options to
 # `python -m bench.scale` (see docs/performance.md#scale).

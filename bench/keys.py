@@ -83,45 +83,59 @@ def _claims(conn, count: int) -> list[float]:
     return times
 
 
+def load_plain(conn, count: int) -> None:
+    """``count`` plain jobs in the default queue."""
+    conn.execute("SELECT soniq_enqueue('bench.plain', jsonb_build_object('n', g)) "
+                 "FROM generate_series(1, %s) AS g", [count])
+    conn.execute("ANALYZE soniq_jobs")
+
+
+def load_held(conn, held: int, keys: int) -> int:
+    """``held`` + ``keys`` keyed jobs over ``keys`` keys at a limit of 1, each key's offered
+    job claimed and left running (a lease of an hour): the rest held back. Returns how many
+    are held back (parked). bench/scale.py's part 5 loads its database with it too."""
+    # As producers do: transactions of 2,000 jobs; ANALYZE as autovacuum would (a plan
+    # cached while the table looked empty reads it whole, see docs/keys.md).
+    for start in range(0, held + keys, 2000):
+        if start % 20_000 == 0:
+            conn.execute("ANALYZE soniq_jobs")
+        conn.execute("SELECT soniq_enqueue_keyed('key-' || (g %% %s), 1, NULL, "
+                     "'bench.keyed', jsonb_build_object('n', g)) "
+                     "FROM generate_series(%s::int, %s::int) AS g",
+                     [keys, start + 1, min(start + 2000, held + keys)])
+    taken = 0
+    while taken < keys:
+        rows = conn.execute("SELECT count(*) FROM soniq_claim_many('holder', %s::text[], "
+                            "NULL, 3600)", [[uuid.uuid4().hex for _ in range(100)]]
+                            ).fetchone()[0]
+        if not rows:
+            break
+        taken += rows
+    conn.execute("ANALYZE soniq_jobs")
+    return int(conn.execute("SELECT count(*) FROM soniq_key_parked").fetchone()[0])
+
+
+def load_offered(conn, count: int) -> None:
+    """``count`` keys, each offering its one job (the claim of one pays its key's trigger)."""
+    conn.execute("SELECT soniq_enqueue_keyed('key-' || g, 1, NULL, 'bench.keyed', "
+                 "jsonb_build_object('n', g)) FROM generate_series(1, %s) AS g", [count])
+    conn.execute("ANALYZE soniq_jobs")
+
+
 def claim_cost(url: str, claims: int, held: int, keys: int) -> dict[str, float]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SET synchronous_commit = off")
         results = {}
         _reset(conn)
-        conn.execute("SELECT soniq_enqueue('bench.plain', jsonb_build_object('n', g)) "
-                     "FROM generate_series(1, %s) AS g", [claims + 100])
-        conn.execute("ANALYZE soniq_jobs")
+        load_plain(conn, claims + 100)
         results["plain jobs alone"] = statistics.median(_claims(conn, claims))
         _reset(conn)
-        # Each key: one job claimed and left running (the key at its limit of 1), the rest held.
-        # As producers do: transactions of 2,000 jobs; ANALYZE as autovacuum would (a plan
-        # cached while the table looked empty reads it whole, see docs/keys.md).
-        for start in range(0, held + keys, 2000):
-            if start % 20_000 == 0:
-                conn.execute("ANALYZE soniq_jobs")
-            conn.execute("SELECT soniq_enqueue_keyed('key-' || (g %% %s), 1, NULL, "
-                         "'bench.keyed', jsonb_build_object('n', g)) "
-                         "FROM generate_series(%s::int, %s::int) AS g",
-                         [keys, start + 1, min(start + 2000, held + keys)])
-        taken = 0
-        while taken < keys:
-            rows = conn.execute("SELECT count(*) FROM soniq_claim_many('holder', %s::text[], "
-                                "NULL, 3600)", [[uuid.uuid4().hex for _ in range(100)]]
-                                ).fetchone()[0]
-            if not rows:
-                break
-            taken += rows
-        conn.execute("SELECT soniq_enqueue('bench.plain', jsonb_build_object('n', g)) "
-                     "FROM generate_series(1, %s) AS g", [claims + 100])
-        conn.execute("ANALYZE soniq_jobs")
-        parked = conn.execute("SELECT count(*) FROM soniq_key_parked").fetchone()[0]
+        parked = load_held(conn, held, keys)
+        load_plain(conn, claims + 100)
         results[f"plain jobs beside {parked:,} held-back keyed jobs over {keys:,} keys"] = (
             statistics.median(_claims(conn, claims)))
         _reset(conn)
-        conn.execute("SELECT soniq_enqueue_keyed('key-' || g, 1, NULL, 'bench.keyed', "
-                     "jsonb_build_object('n', g)) FROM generate_series(1, %s) AS g",
-                     [claims + 100])
-        conn.execute("ANALYZE soniq_jobs")
+        load_offered(conn, claims + 100)
         results["keyed jobs (each key offering one)"] = statistics.median(_claims(conn, claims))
     return results
 

@@ -1,6 +1,6 @@
 """What a claim costs as the queue grows, and as workers multiply: ``python -m bench.scale``.
 
-Four parts (issues 17, 27 and 29, docs/performance.md "Scale"), against
+Five parts (issues 17, 27, 29 and 31, docs/performance.md "Scale"), against
 databases of its own, ``soniq_bench_<pid>_scale*``, dropped at the end:
 
 1. **Depth.** For each depth N (10k, 100k, 1M): the table is bulk-loaded
@@ -40,6 +40,15 @@ databases of its own, ``soniq_bench_<pid>_scale*``, dropped at the end:
    throughput of the 10k, sizes. Target: the per-claim cost beside 100k
    waiting dependents within 1.2× of none (the claim's cost must not grow
    with the number of waiting dependents).
+5. **Held-back keyed jobs** (``--keyed N``, default 100k; quick 20k; issue 31
+   item 2). Plain jobs alone, the same beside N keyed jobs held back over
+   1,000 keys (each key at a limit of 1, its one offered job claimed and left
+   running; bench/keys.py's ``load_held``), and keyed jobs whose keys each
+   offer one, in three databases. Measured as in part 4: the claim's plan, its
+   cost per call (interleaved, server time). Target: the per-claim cost
+   beside N held-back keyed jobs within 1.2× of none (a claim reads no
+   held-back job); the claim of a keyed job (its key's trigger) is shown
+   beside them.
 """
 
 import argparse
@@ -58,6 +67,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+from bench import keys as key_bench
 from bench import raw
 from bench.common import connect, create_database, drop_database, percentile, read_stamps
 from bench.run import PROJECT_PY, ROOT, System, _on_signal, _stop_children, run_workers
@@ -643,6 +653,72 @@ def measure_workers(cfg, system: System, processes: int) -> dict:
     }
 
 
+# Part 5: held-back keyed jobs --------------------------------------------------------
+
+
+def load_keyed(case: dict, plain: int, keys: int) -> float:
+    """Load one case of part 5 (bench/keys.py's loaders), VACUUM ANALYZE, CHECKPOINT;
+    return seconds taken."""
+    started = time.perf_counter()
+    with connect(case["db"]) as conn:
+        case["parked"] = key_bench.load_held(conn, case["held"], keys) if case["held"] else 0
+        if case["offered"]:
+            key_bench.load_offered(conn, plain)
+        else:
+            key_bench.load_plain(conn, plain)
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
+    return time.perf_counter() - started
+
+
+def measure_keyed(cfg, cases: list[dict]) -> None:
+    """The cases loaded, then plans and interleaved per-claim costs."""
+    for case in cases:
+        case["load_s"] = load_keyed(case, cfg.claims + 100, cfg.key_count)
+        print(f"scale: {case['label']} loaded in {case['load_s']:.1f} s", flush=True)
+    plans = {c["db"]: claim_plan(c["db"]) for c in cases}
+    costs = claim_costs([c["db"] for c in cases], cfg.claims)
+    for case in cases:
+        plan, summary = plans[case["db"]]
+        case.update(plan=plan, summary=summary, cost=costs[case["db"]])
+        with connect(case["db"]) as conn:
+            left = conn.execute("SELECT count(*) FROM soniq_key_parked").fetchone()[0]
+        if left != case["parked"]:
+            raise RuntimeError(f"{case['label']}: {left} keyed jobs held back, not "
+                               f"{case['parked']}: a claim took a held-back job")
+        print(f"scale:   {case['label']:<44} claim {case['cost']['median']:.3f} ms (server "
+              f"{case['cost']['server']:.3f}), plan {summary['index']} hit={summary['hit']} "
+              f"read={summary['read']}", flush=True)
+
+
+def render_keyed(cfg, cases: list[dict]) -> list[str]:
+    alone, beside, offered = cases
+    out = [f"HELD-BACK KEYED JOBS (issue 31: {cfg.claims + 100:,} plain jobs alone, and beside "
+           f"{beside['parked']:,} keyed jobs held back over {cfg.key_count:,} keys at a limit "
+           "of 1, each key's one job running; and keyed jobs, each key offering one; "
+           "claim = soniq_claim() alone, one connection, synchronous_commit off)"]
+    out.append(f"  {'case':<46} {'claim ms':>9} {'p90':>7} {'server ms':>9}  "
+               "plan: index, buffers hit/read, ms; loaded in")
+    for case in cases:
+        c, s = case["cost"], case["summary"]
+        out.append(f"  {case['label']:<46} {c['median']:>9.3f} {c['p90']:>7.3f} "
+                   f"{c['server']:>9.3f}  {s['index']}, {s['hit']}/{s['read']}, "
+                   f"{s['ms']:.3f}; {case['load_s']:.0f} s")
+    ratio = beside["cost"]["server"] / alone["cost"]["server"]
+    client = beside["cost"]["median"] / alone["cost"]["median"]
+    out.append(f"  per-claim cost beside {beside['parked']:,} held-back keyed jobs ÷ none "
+               f"(server time; client-timed median in brackets): {ratio:.2f}× ({client:.2f}×)  "
+               f"target ≤1.20×: {_verdict(ratio, 1.2)}")
+    keyed = offered["cost"]["server"] / alone["cost"]["server"]
+    out.append(f"  a keyed job's claim ÷ a plain job's (its key's trigger, for information): "
+               f"{keyed:.2f}× ({offered['cost']['median'] / alone['cost']['median']:.2f}×)")
+    out.append("")
+    out.append(f"CLAIM PLAN BESIDE {beside['parked']:,} HELD-BACK KEYED JOBS (auto_explain inside "
+               "soniq_claim, after 8 calls)")
+    out.extend("  " + line for line in beside["plan"].splitlines())
+    return out
+
+
 # Output -------------------------------------------------------------------------
 
 
@@ -784,6 +860,9 @@ def parse_args(argv):
     parser.add_argument("--waiting", type=int,
                         help="part 4 with this many waiting dependents (default 100000; "
                              "quick 20000; 0: no part 4)")
+    parser.add_argument("--keyed", type=int,
+                        help="part 5 with this many held-back keyed jobs over 1,000 keys "
+                             "(default 100000; quick 20000; 0: no part 5)")
     cfg = parser.parse_args(argv)
     quick = cfg.quick
     default_depths = "10000,100000" if quick else "10000,100000,1000000"
@@ -801,6 +880,8 @@ def parse_args(argv):
     cfg.finished_queued = 100_000
     cfg.waiting = (20_000 if quick else 100_000) if cfg.waiting is None else cfg.waiting
     cfg.waiting_queued = 10_000
+    cfg.keyed = (20_000 if quick else 100_000) if cfg.keyed is None else cfg.keyed
+    cfg.key_count = 1000
     if min(cfg.depths) <= cfg.claims + cfg.throughput_jobs:
         parser.error(f"every depth must exceed {cfg.claims + cfg.throughput_jobs} jobs")
     return cfg
@@ -857,6 +938,17 @@ def main(argv=None) -> int:
                 create_database(case["db"], template=db)
                 copies.append(case["db"])
             measure_waiting(cfg, waiting)
+        keyed: list[dict] = []
+        if cfg.keyed:
+            keyed = [{"held": 0, "offered": False, "label": "plain jobs alone"},
+                     {"held": cfg.keyed, "offered": False,
+                      "label": f"plain beside {cfg.keyed:,} held-back keyed jobs"},
+                     {"held": 0, "offered": True, "label": "keyed jobs, each key offering one"}]
+            for index, case in enumerate(keyed):
+                case["db"] = f"{db}_k{index}"
+                create_database(case["db"], template=db)
+                copies.append(case["db"])
+            measure_keyed(cfg, keyed)
         workers = []
         if not cfg.no_workers:
             for processes in cfg.processes:
@@ -873,6 +965,8 @@ def main(argv=None) -> int:
             lines += ["", *render_finished(cfg, finished)]
         if waiting:
             lines += ["", *render_waiting(cfg, waiting)]
+        if keyed:
+            lines += ["", *render_keyed(cfg, keyed)]
         if workers:
             lines += ["", *render_workers(cfg, workers)]
         print("\n".join(lines))

@@ -280,7 +280,7 @@ class TablesShapeError(SoniqError):
 
 
 class DowngradeRefused(SoniqError):
-    """Protected submissions or live owned claims remain; nothing was changed.
+    """Protected submissions, live owned claims or held-back keyed jobs remain; nothing was changed.
 
     ``code`` is ``QUEUE_SUBMISSION_CONFLICT``; ``retained`` holds the counts
     (a ``schema.owned_metadata.Retained``). The reason names counts and
@@ -293,7 +293,8 @@ class DowngradeRefused(SoniqError):
             ErrorCode.QUEUE_SUBMISSION_CONFLICT,
             f"downgrade refused: protected submissions in soniq_jobs {retained.protected_jobs}, "
             f"in soniq_dead_letter_jobs {retained.protected_dead_letters}; active owned claims "
-            f"{retained.active_claims}. Retire or finish them first.",
+            f"{retained.active_claims}; keyed jobs held back by their keys' limits "
+            f"{retained.held_back_keyed_jobs}. Retire or finish them first.",
         )
 
 

@@ -49,7 +49,7 @@ def test_every_exception_class_of_the_package_lives_in_errors_under_soniq_error(
         (SchemaAdmissionError([]), ErrorCode.SCHEMA_REFUSED),
         (TablesShapeError("x"), ErrorCode.SCHEMA_REFUSED),
         (DowngradeRefused(type("R", (), {"protected_jobs": 1, "protected_dead_letters": 0,
-                                          "active_claims": 0})()),
+                                          "active_claims": 0, "held_back_keyed_jobs": 0})()),
          ErrorCode.QUEUE_SUBMISSION_CONFLICT),
         (PermanentFailure("card declined"), ErrorCode.PERMANENT_FAILURE),
         (JobCancelled(), ErrorCode.JOB_CANCELLED),

@@ -170,13 +170,22 @@ def key_states(*, queue: str | None = None, at_limit_only: bool = False, limit: 
     return states[:limit]
 
 
-def sweep_lapsed_holds(using: str) -> int:
+def sweep_lapsed_holds(using: str, lock_wait: float | None = None) -> int:
     """Delete the lapsed holds that keep a key's slot (their slots are given back by the
-    trigger); how many. The heartbeat's housekeeping calls it (``soniq_key_sweep``)."""
+    trigger); how many. The heartbeat's housekeeping calls it (``soniq_key_sweep``).
+
+    On PostgreSQL the sweep waits for its keys' rows (in key order) at most
+    ``lock_wait`` seconds each when given (a transaction-local
+    ``lock_timeout``); past it, it raises QUEUE_PERSISTENCE_FAILED and
+    nothing was deleted.
+    """
     connection = connections[using]
     with translating(using):
         if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
+            with transaction.atomic(using=using), connection.cursor() as cursor:
+                if lock_wait is not None:
+                    cursor.execute("SELECT pg_catalog.set_config('lock_timeout', %s, true)",
+                                   [f"{max(1, round(lock_wait * 1000))}ms"])
                 cursor.execute("SELECT soniq_key_sweep()")
                 swept: int = cursor.fetchone()[0]
             return swept

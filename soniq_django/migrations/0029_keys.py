@@ -5,14 +5,17 @@ rewrite; outside format 1's columns), the tables soniq_key_slots,
 soniq_key_limits, soniq_key_parked, soniq_key_starts and soniq_key_holds,
 then sql/claim_protocol_v12.sql (PostgreSQL: soniq_enqueue_keyed and the
 triggers that keep each key's slots) or sql/sqlite/claim_protocol_v12.sql
-(its SQLite twin). Reversing drops the triggers and functions, then the
-tables and the column. See docs/decisions/0047-limits-per-key.md.
+(its SQLite twin). Reversing refuses while keyed jobs are held back
+(DowngradeRefused: they would stay parked), then drops the triggers and
+functions, then the tables and the column. See
+docs/decisions/0047-limits-per-key.md.
 """
 
 import django.db.models.functions.datetime
 import django.utils.timezone
 from django.db import migrations, models
 
+from soniq_django.schema.owned_metadata import refuse_held_back_keyed_jobs
 from soniq_django.sql import run_file, run_sqlite_file
 
 
@@ -127,6 +130,14 @@ class Migration(migrations.Migration):
         migrations.RunPython(
             run_sqlite_file("claim_protocol_v12.sql"),
             run_sqlite_file("claim_protocol_v12.down.sql"),
+            elidable=False,
+        ),
+        # Reversed first: refused while keyed jobs are held back, which the reverse would
+        # leave queued at 9999-01-01 with nothing to offer them (added after release;
+        # forwards it does nothing).
+        migrations.RunPython(
+            migrations.RunPython.noop,
+            refuse_held_back_keyed_jobs,
             elidable=False,
         ),
     ]

@@ -232,10 +232,15 @@ def _write_many(prepared: list[PreparedJob], alias: str, connection: Any,
     return _insert_many_portable(prepared, alias)
 
 
+def _key_order(job: PreparedJob) -> tuple[str, str]:
+    assert job.key is not None
+    return job.queue, job.key.key
+
+
 def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: Any
                            ) -> list[uuid.UUID]:
     """A bulk enqueue with jobs that wait or have a key: the others first (one bulk
-    insert), then each keyed one in request order (a keyed job waits for nothing), then
+    insert), then each keyed one in key order (a keyed job waits for nothing), then
     the waiting ones together (``write_dependents``: one call), in one transaction. A job
     may so depend on any job of the bulk that waits for nothing, and on a waiting one
     before it."""
@@ -250,9 +255,16 @@ def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: 
             for index, job_id in zip(free, _write_many([prepared[i] for i in free], alias,
                                                        connection, None)):
                 ids[index] = job_id
-        for index, job in enumerate(prepared):
-            if job.depends_on is None and job.key is not None:
-                ids[index] = write_keyed(job, alias, connection)
+        # In key order (queue, then key; code point order is PostgreSQL's "C" order): each
+        # keeps its key's row locked to the end of the transaction, and a transaction
+        # that waits for key rows only in that order cannot deadlock with another that
+        # does the same (claim protocol v13, docs/keys.md). A key's own jobs keep their
+        # request order.
+        keyed = sorted((index for index, job in enumerate(prepared)
+                        if job.depends_on is None and job.key is not None),
+                       key=lambda index: _key_order(prepared[index]))
+        for index in keyed:
+            ids[index] = write_keyed(prepared[index], alias, connection)
         waiting = [index for index, job in enumerate(prepared) if job.depends_on is not None]
         for index, job_id in zip(waiting, write_dependents([prepared[i] for i in waiting],
                                                            alias, connection)):

@@ -157,9 +157,13 @@ class Retained:
     protected_jobs: int
     protected_dead_letters: int
     active_claims: int
+    #: Queued keyed jobs held back by their keys' limits (soniq_key_parked, migration
+    #: 0029): below 0029 they would stay queued at 9999-01-01 and never run.
+    held_back_keyed_jobs: int = 0
 
     def __bool__(self) -> bool:
-        return bool(self.protected_jobs or self.protected_dead_letters or self.active_claims)
+        return bool(self.protected_jobs or self.protected_dead_letters or self.active_claims
+                    or self.held_back_keyed_jobs)
 
 
 def lock_owned_tables(connection: Any) -> None:
@@ -188,7 +192,30 @@ def retained_protection(connection: Any) -> Retained:
         cursor.execute('SELECT count(*) FROM "soniq_jobs" '
                        "WHERE \"status\" = 'processing' AND \"claim_token\" IS NOT NULL")
         counts.append(cursor.fetchone()[0])
+    counts.append(held_back_keyed_jobs(connection))
     return Retained(*counts)
+
+
+def held_back_keyed_jobs(connection: Any) -> int:
+    """How many queued keyed jobs their keys hold back (0 before migration 0029)."""
+    if "soniq_key_parked" not in connection.introspection.table_names():
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute('SELECT count(*) FROM "soniq_key_parked" AS p JOIN "soniq_jobs" AS j '
+                       "ON j.\"id\" = p.\"job_id\" WHERE j.\"status\" = 'queued'")
+        found: int = cursor.fetchone()[0]
+    return found
+
+
+def refuse_held_back_keyed_jobs(apps: Any, schema_editor: Any) -> None:
+    """Migration 0029 backwards, before anything is dropped: lock the job tables, then raise
+    ``DowngradeRefused`` while keyed jobs are held back (their due times and their keys'
+    turns live in the tables 0029 drops: they would stay parked at 9999-01-01 forever)."""
+    connection = schema_editor.connection
+    lock_owned_tables(connection)
+    held = held_back_keyed_jobs(connection)
+    if held:
+        raise DowngradeRefused(Retained(0, 0, 0, held))
 
 
 def lock_and_refuse_if_protected(connection: Any) -> None:

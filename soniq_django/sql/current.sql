@@ -907,7 +907,7 @@ BEGIN
 END
 $fn$;
 
--- soniq_claim_many (from claim_protocol_v10.sql) --
+-- soniq_claim_many (from claim_protocol_v13.sql) --
 CREATE OR REPLACE FUNCTION {schema}.soniq_claim_many(
     worker_id text,
     claim_tokens text[],
@@ -922,6 +922,8 @@ CREATE OR REPLACE FUNCTION {schema}.soniq_claim_many(
 )
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_sort = off
+SET jit = off
 AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -950,6 +952,8 @@ DECLARE
     v_is_rated boolean;
     v_first_due timestamptz;
     v_any_due boolean;
+    v_keys text[];
+    v_held uuid[];
     s_queues text[];
     s_limits integer[];
     r record;
@@ -1259,6 +1263,7 @@ BEGIN
             s_limits := pg_catalog.array_fill(v_wanted, ARRAY[pg_catalog.cardinality(s_queues)]);
             -- Version 8: then each limited queue with a due job, at most its
             -- budget, known before any job is locked. soniq_queue_budget_v2
+            -- (version 13: _v3, which never waits for a key's row either)
             -- never waits for the queue's settings row: a row locked elsewhere
             -- gives 0, and the queue is held back for this claim. (Version 7
             -- locked the free queues' jobs first, then waited for the row while
@@ -1281,7 +1286,7 @@ BEGIN
                                 OR j.scheduled_at <= pg_catalog.clock_timestamp()));
                 END IF;
                 SELECT b.budget, b.rated INTO v_budget, v_is_rated
-                  FROM {schema}.soniq_queue_budget_v2(v_queue, v_wanted) AS b;
+                  FROM {schema}.soniq_queue_budget_v3(v_queue, v_wanted) AS b;
                 IF v_is_rated THEN
                     v_rated := v_rated || v_queue;
                 END IF;
@@ -1489,6 +1494,43 @@ BEGIN
             END IF;
         END IF;
     END IF;
+    -- Version 13: a claim never waits for a key's row. A candidate limited
+    -- per key (an offered job, docs/keys.md) is claimed only when its key's
+    -- row can be locked now (SKIP LOCKED; a row this transaction holds
+    -- already, by a completion of the same round, is taken): its trigger
+    -- (soniq_key_moved_v1) then works under that lock without waiting. One
+    -- whose key's row another transaction holds (a round ending a job of the
+    -- key, a producer enqueueing one) is left, locked and unchanged until this
+    -- transaction ends, as the candidates not taken are, for a later claim.
+    -- So no claim is part of a cycle of waits on key rows; the ending writes
+    -- wait for them in key order (soniq_key_lock_v1). The candidates' keys
+    -- are read again by ctid (locked here, so unchanged): one TID scan that
+    -- filters nothing out, and no key's row read when none has a key.
+    IF v_ids IS NOT NULL THEN
+        SELECT pg_catalog.array_agg(j.concurrency_key) INTO v_keys
+          FROM {schema}.soniq_jobs AS j
+         WHERE j.ctid = ANY (v_tids);
+        IF pg_catalog.cardinality(pg_catalog.array_remove(v_keys, NULL)) > 0 THEN
+            -- Held elsewhere: the key's row exists and cannot be locked now.
+            SELECT pg_catalog.array_agg(j.id) INTO v_held
+              FROM {schema}.soniq_jobs AS j
+             WHERE j.ctid = ANY (v_tids) AND j.concurrency_key IS NOT NULL
+               AND EXISTS (SELECT 1 FROM {schema}.soniq_key_slots AS k
+                            WHERE k.queue = j.queue AND k.key = j.concurrency_key)
+               AND NOT EXISTS (SELECT 1 FROM {schema}.soniq_key_slots AS k
+                                WHERE k.queue = j.queue AND k.key = j.concurrency_key
+                                  FOR UPDATE SKIP LOCKED);
+        END IF;
+        IF v_held IS NOT NULL THEN
+            SELECT pg_catalog.array_agg(c.id ORDER BY c.i), pg_catalog.array_agg(c.tid ORDER BY c.i),
+                   pg_catalog.array_agg(c.generation ORDER BY c.i), pg_catalog.max(c.generation)
+              INTO v_ids, v_tids, v_generations, v_top_generation
+              FROM ROWS FROM (pg_catalog.unnest(v_ids), pg_catalog.unnest(v_tids),
+                              pg_catalog.unnest(v_generations)) WITH ORDINALITY
+                   AS c(id, tid, generation, i)
+             WHERE c.id <> ALL (v_held);
+        END IF;
+    END IF;
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
@@ -1603,7 +1645,7 @@ BEGIN
 END
 $fn$;
 
--- soniq_complete_many (from claim_protocol_v11.sql) --
+-- soniq_complete_many (from claim_protocol_v13.sql) --
 CREATE OR REPLACE FUNCTION {schema}.soniq_complete_many(
     job_ids text[], worker_id text, generations bigint[], claim_tokens text[], queues text[],
     results jsonb[], result_ttl_seconds double precision DEFAULT 300
@@ -1635,6 +1677,8 @@ DECLARE
     l_statuses text[];
     l_leases timestamptz[];
     l_cancels boolean[];
+    l_key_queues text[];
+    l_keys text[];
     r record;
 BEGIN
     IF p_ttl IS NULL OR p_ttl = 'NaN'::float8 OR p_ttl < 0 OR p_ttl > 31536000 THEN
@@ -1722,15 +1766,28 @@ BEGIN
                pg_catalog.array_agg(k.queue), pg_catalog.array_agg(k.claim_owner),
                pg_catalog.array_agg(k.claim_generation), pg_catalog.array_agg(k.claim_token),
                pg_catalog.array_agg(k.status), pg_catalog.array_agg(k.lease_expires_at),
-               pg_catalog.array_agg(k.cancel_requested)
+               pg_catalog.array_agg(k.cancel_requested),
+               pg_catalog.array_agg(k.queue) FILTER (WHERE k.concurrency_key IS NOT NULL
+                                                      AND k.status = 'processing'),
+               pg_catalog.array_agg(k.concurrency_key) FILTER (WHERE k.concurrency_key IS NOT NULL
+                                                                AND k.status = 'processing')
           INTO l_tids, l_ids, l_queues, l_owners, l_generations, l_tokens, l_statuses,
-               l_leases, l_cancels
+               l_leases, l_cancels, l_key_queues, l_keys
           FROM (SELECT j.ctid AS tid, j.id, j.queue, j.claim_owner, j.claim_generation,
-                       j.claim_token, j.status, j.lease_expires_at, j.cancel_requested
+                       j.claim_token, j.status, j.lease_expires_at, j.cancel_requested,
+                       j.concurrency_key
                   FROM {schema}.soniq_jobs AS j
                  WHERE j.id = ANY (v_ids)
                  ORDER BY j.id
                    FOR UPDATE) AS k;
+        -- Version 13: then the rows of the keys of the running jobs among them,
+        -- in key order, before any trigger runs: each row's trigger
+        -- (soniq_key_moved_v1) locks its key's row, and in the order the rows
+        -- are written two batches sharing keys could each hold one the other
+        -- waits for. A batch without keyed jobs reads no key.
+        IF l_keys IS NOT NULL THEN
+            PERFORM {schema}.soniq_key_lock_v1(l_key_queues, l_keys);
+        END IF;
         v_now := pg_catalog.clock_timestamp();  -- after the locks
         -- Then one UPDATE. Each element is checked against its own whole
         -- fence as version 2 checks it, against the row as locked and the
@@ -2270,8 +2327,8 @@ BEGIN
 END
 $fn$;
 
--- soniq_hold_slot (from claim_protocol_v8.sql) --
-CREATE FUNCTION {schema}.soniq_hold_slot(
+-- soniq_hold_slot (from claim_protocol_v13.sql) --
+CREATE OR REPLACE FUNCTION {schema}.soniq_hold_slot(
     job_id text, worker_id text, generation bigint, claim_token text, queue text,
     lease_seconds double precision DEFAULT 30
 ) RETURNS boolean
@@ -2281,6 +2338,8 @@ AS $fn$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz;
+    v_queues text[];
+    v_keys text[];
 BEGIN
     PERFORM {schema}.soniq_check_seconds_v1(lease_seconds, 'lease_seconds', false);
     -- Locks the row, then reads the clock: the whole fence is compared after the lock.
@@ -2289,6 +2348,22 @@ BEGIN
         soniq_hold_slot.claim_token, soniq_hold_slot.queue);
     IF v_now IS NULL THEN
         RETURN false;
+    END IF;
+    -- Version 13: the rows of the keys whose slots this transaction gives
+    -- back or moves, in key order, before any trigger runs
+    -- (soniq_key_lock_v1): the job's own (soniq_fail ends its run next, in
+    -- the same transaction) and those of the queue's lapsed holds that keep a
+    -- key's slot (deleted below; each deletion's trigger locks its key's row).
+    SELECT pg_catalog.array_agg(w.queue), pg_catalog.array_agg(w.key) INTO v_queues, v_keys
+      FROM (SELECT j.queue, j.concurrency_key AS key FROM {schema}.soniq_jobs AS j
+             WHERE j.id = soniq_hold_slot.job_id::uuid AND j.concurrency_key IS NOT NULL
+            UNION ALL
+            SELECT k.queue, k.key FROM {schema}.soniq_queue_holds AS l
+              JOIN {schema}.soniq_key_holds AS k
+                ON k.job_id = l.job_id AND k.generation = l.generation
+             WHERE l.queue = soniq_hold_slot.queue AND l.lease_expires_at <= v_now) AS w;
+    IF v_keys IS NOT NULL THEN
+        PERFORM {schema}.soniq_key_lock_v1(v_queues, v_keys);
     END IF;
     -- SKIP LOCKED: a lapsed hold another transaction is deleting is left to it.
     DELETE FROM {schema}.soniq_queue_holds AS h
@@ -3655,19 +3730,34 @@ CREATE TRIGGER soniq_key_hold_gone
     FOR EACH ROW
     EXECUTE FUNCTION {schema}.soniq_key_hold_gone_v1();
 
--- soniq_key_sweep (from claim_protocol_v12.sql) --
-CREATE FUNCTION {schema}.soniq_key_sweep() RETURNS integer
+-- soniq_key_sweep (from claim_protocol_v13.sql) --
+CREATE OR REPLACE FUNCTION {schema}.soniq_key_sweep() RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     v_count integer;
+    v_now timestamptz := pg_catalog.clock_timestamp();
+    v_queues text[];
+    v_keys text[];
 BEGIN
+    -- Version 13: the keys' rows first, in key order (soniq_key_lock_v1):
+    -- each deleted hold's trigger locks its key's row, and in the order the
+    -- holds are deleted two sweeps, or a sweep and a round, could each hold
+    -- one the other waits for.
+    SELECT pg_catalog.array_agg(k.queue), pg_catalog.array_agg(k.key) INTO v_queues, v_keys
+      FROM {schema}.soniq_queue_holds AS q
+      JOIN {schema}.soniq_key_holds AS k ON k.job_id = q.job_id AND k.generation = q.generation
+     WHERE q.lease_expires_at <= v_now;
+    IF v_keys IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM {schema}.soniq_key_lock_v1(v_queues, v_keys);
     DELETE FROM {schema}.soniq_queue_holds AS h
      WHERE h.id IN (SELECT q.id FROM {schema}.soniq_queue_holds AS q
                       JOIN {schema}.soniq_key_holds AS k
                         ON k.job_id = q.job_id AND k.generation = q.generation
-                     WHERE q.lease_expires_at <= pg_catalog.clock_timestamp()
+                     WHERE q.lease_expires_at <= v_now
                        FOR UPDATE OF q SKIP LOCKED);
     GET DIAGNOSTICS v_count = ROW_COUNT;
     RETURN v_count;
@@ -4001,5 +4091,109 @@ BEGIN
     END IF;
     outcome := coalesce(outcome, 'unknown');
     RETURN NEXT;
+END
+$fn$;
+
+-- soniq_key_lock_v1 (from claim_protocol_v13.sql) --
+CREATE FUNCTION {schema}.soniq_key_lock_v1(p_queues text[], p_keys text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    PERFORM 1
+       FROM {schema}.soniq_key_slots AS k
+      WHERE (k.queue, k.key) IN (SELECT t.queue, t.key
+                                   FROM ROWS FROM (pg_catalog.unnest(p_queues),
+                                                   pg_catalog.unnest(p_keys)) AS t(queue, key)
+                                  WHERE t.key IS NOT NULL)
+      ORDER BY k.queue COLLATE "C", k.key COLLATE "C"
+        FOR UPDATE OF k;
+END
+$fn$;
+
+-- soniq_queue_budget_v3 (from claim_protocol_v13.sql) --
+CREATE FUNCTION {schema}.soniq_queue_budget_v3(
+    p_queue text, p_wanted integer, OUT budget integer, OUT rated boolean
+)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_paused boolean;
+    v_concurrency integer;
+    v_rate integer;
+    v_period integer;
+    v_now timestamptz;
+    v_count bigint;
+    v_held bigint;
+    v_lapsed bigint;
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'a claim of a queue with limits needs READ COMMITTED isolation'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    budget := p_wanted;
+    rated := false;
+    -- SKIP LOCKED: no wait, whoever holds the row and for however long.
+    SELECT s.paused, coalesce(s.concurrency, s.configured_concurrency),
+           CASE WHEN s.rate_limit IS NOT NULL THEN s.rate_limit ELSE s.configured_rate_limit END,
+           CASE WHEN s.rate_limit IS NOT NULL THEN s.rate_period
+                ELSE s.configured_rate_period END
+      INTO v_paused, v_concurrency, v_rate, v_period
+      FROM {schema}.soniq_queue_settings AS s
+     WHERE s.queue = p_queue
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        -- Skipped (locked: held back) or gone (no limit any more).
+        IF EXISTS (SELECT 1 FROM {schema}.soniq_queue_settings AS s WHERE s.queue = p_queue) THEN
+            budget := 0;
+        END IF;
+        RETURN;
+    END IF;
+    IF v_paused THEN
+        budget := 0;
+        RETURN;
+    END IF;
+    IF v_concurrency IS NOT NULL THEN
+        v_now := pg_catalog.clock_timestamp();  -- after the lock
+        SELECT pg_catalog.count(*) INTO v_count
+          FROM {schema}.soniq_jobs AS j
+         WHERE j.status = 'processing' AND j.queue = p_queue;
+        SELECT pg_catalog.count(*) FILTER (WHERE h.lease_expires_at > v_now),
+               pg_catalog.count(*) FILTER (WHERE h.lease_expires_at <= v_now)
+          INTO v_held, v_lapsed
+          FROM {schema}.soniq_queue_holds AS h
+         WHERE h.queue = p_queue;
+        IF v_lapsed > 0 THEN
+            DELETE FROM {schema}.soniq_queue_holds AS h
+             WHERE h.id IN (SELECT l.id FROM {schema}.soniq_queue_holds AS l
+                             WHERE l.queue = p_queue AND l.lease_expires_at <= v_now
+                               -- Version 3: a hold that keeps a key's slot only while
+                               -- its key's row can be locked now (its deletion's trigger
+                               -- gives the slot back under that lock): a claim never
+                               -- waits for a key's row. One left is deleted by a later
+                               -- claim, a timeout's hold or the sweep (soniq_key_sweep).
+                               AND NOT EXISTS (
+                                   SELECT 1 FROM {schema}.soniq_key_holds AS kh
+                                    WHERE kh.job_id = l.job_id AND kh.generation = l.generation
+                                      AND NOT EXISTS (
+                                          SELECT 1 FROM {schema}.soniq_key_slots AS ks
+                                           WHERE ks.queue = kh.queue AND ks.key = kh.key
+                                             FOR UPDATE SKIP LOCKED))
+                               FOR UPDATE SKIP LOCKED);
+        END IF;
+        budget := LEAST(budget, v_concurrency - v_count - v_held);
+    END IF;
+    IF v_rate IS NOT NULL THEN
+        rated := true;
+        v_now := pg_catalog.clock_timestamp();  -- after the lock
+        DELETE FROM {schema}.soniq_queue_starts AS t
+         WHERE t.queue = p_queue
+           AND t.started_at <= v_now - pg_catalog.make_interval(secs => v_period);
+        SELECT pg_catalog.count(*) INTO v_count
+          FROM {schema}.soniq_queue_starts AS t WHERE t.queue = p_queue;
+        budget := LEAST(budget, v_rate - v_count);
+    END IF;
+    budget := GREATEST(budget, 0);
 END
 $fn$;

@@ -30,7 +30,7 @@ import time
 from django.db import connections
 
 from .. import signals
-from ..bounds import beat_interval, patience, renewal_wait
+from ..bounds import beat_interval, lock_wait, patience, renewal_wait
 from ..errors import ErrorCode, SoniqError
 from ..housekeeping import database_now, forget_lapsed_waiters, purge_expired
 from ..keys.limits import sweep_lapsed_holds
@@ -260,7 +260,7 @@ class Heartbeat:
         with self.shared.try_turn(max(0.0, deadline - time.monotonic())) as turn:
             if turn:
                 try:
-                    swept = sweep_lapsed_holds(self.using)
+                    swept = sweep_lapsed_holds(self.using, lock_wait())
                 except SoniqError:
                     swept = 0
                     logger.debug("housekeeping: could not sweep lapsed key holds")

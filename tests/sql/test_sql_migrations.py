@@ -143,11 +143,11 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
     assert v1 != v2 and "soniq_complete_many" in v2
     new = ("soniq_claim_many", "soniq_complete_many")
     assert _function_source("soniq_complete") == v2
-    # The batched functions have version 11's (0023) and version 10's (0020) bodies (tested below).
+    # The batched functions have version 13's bodies (0031, tested below).
     assert _function_source("soniq_complete_many") == _file_source(
-        "claim_protocol_v11.sql", "soniq_complete_many")
+        _LATEST_BATCHED, "soniq_complete_many")
     assert _function_source("soniq_claim_many") == _file_source(
-        "claim_protocol_v10.sql", "soniq_claim_many")
+        _LATEST_BATCHED, "soniq_claim_many")
     try:
         call_command("migrate", "soniq_django", "0008", verbosity=0)
         assert _function_source("soniq_complete") == v1
@@ -199,18 +199,38 @@ _ADDED_BY_0029 = ("soniq_key_limit_v1", "soniq_key_admit_v1", "soniq_key_moved_v
                   "soniq_key_refresh", "soniq_enqueue_keyed")
 # 0030 adds a worker's registration, its heartbeat and the outcome of a claim (issue 32).
 _ADDED_BY_0030 = ("soniq_register_worker", "soniq_worker_heartbeat", "soniq_claim_outcome")
+# 0031 (claim protocol v13) adds the ordered lock of keys' rows and a queue budget that never
+# waits for one, and replaces (function: the released file whose body its reverse puts back).
+_ADDED_BY_0031 = ("soniq_key_lock_v1", "soniq_queue_budget_v3")
+_REPLACED_BY_0031 = {"soniq_claim_many": "claim_protocol_v10.sql",
+                     "soniq_complete_many": "claim_protocol_v11.sql",
+                     "soniq_hold_slot": "claim_protocol_v8.sql",
+                     "soniq_key_sweep": "claim_protocol_v12.sql"}
 #: What the migrations after 0026 add, each with its file (number, file, names), in order:
 #: reversing one of them reverses those after it too.
 _LATER = (("0027", "producer_api_v6.sql", _ADDED_BY_0027), ("0028", "steps_v1.sql", _ADDED_BY_0028),
           ("0029", "claim_protocol_v12.sql", _ADDED_BY_0029),
-          ("0030", "worker_registry_v1.sql", _ADDED_BY_0030))
+          ("0030", "worker_registry_v1.sql", _ADDED_BY_0030),
+          ("0031", "claim_protocol_v13.sql", _ADDED_BY_0031))
 _ADDED_AFTER_0026 = tuple(name for _, _, names in _LATER for name in names)
+#: What the migrations after 0026 give new bodies (reversing one of them puts the released ones back).
+_REPLACED_AFTER_0026 = tuple(_REPLACED_BY_0031)
+#: The file that last gave soniq_claim_many, soniq_complete_many, soniq_hold_slot and
+#: soniq_key_sweep their bodies (0031).
+_LATEST_BATCHED = "claim_protocol_v13.sql"
+
+
+def _reversed_0031(functions: dict[str, str]) -> dict[str, str]:
+    """``functions`` as they stand once 0031 is reversed: the bodies it replaced put back."""
+    return {name: _file_source(_REPLACED_BY_0031[name], name) if name in _REPLACED_BY_0031
+            else body for name, body in functions.items()}
 
 
 def _added_from(number: str) -> dict[str, str]:
-    """The functions migration ``number`` and those after it add (name: released source)."""
-    return {name: _file_source(file, name) for later, file, names in _LATER
-            if later >= number for name in names}
+    """The functions migration ``number`` and those after it add (name: source), each as the
+    last migration leaves it (soniq_key_sweep: version 13's, since 0031)."""
+    return {name: _file_source(_LATEST_BATCHED if name in _REPLACED_BY_0031 else file, name)
+            for later, file, names in _LATER if later >= number for name in names}
 
 
 _REPLACED_BY_0020 = {"soniq_claim_many": "claim_protocol_v9.sql"}
@@ -289,7 +309,7 @@ def test_reversing_0012_drops_soniq_defer_alone_and_reapplying_gives_it_back():
     by_0013 = {"soniq_claim_many", "soniq_queue_budget_v1", "soniq_complete_many",
                "soniq_enqueue", *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
                *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026, *_REPLACED_AFTER_0026}
     try:
         call_command("migrate", "soniq_django", "0011", verbosity=0)
         after = _soniq_functions()
@@ -334,8 +354,8 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
     v5 = _file_source("claim_protocol_v5.sql", "soniq_claim_many")
     assert v2 != v5 and "soniq_queue_budget_v1" in v5
     before = _soniq_functions()
-    # Version 10 (0020, tested below) has the body now; going back to 0012 reverses it too.
-    assert before["soniq_claim_many"] == _file_source("claim_protocol_v10.sql", "soniq_claim_many")
+    # Version 13 (0031, tested below) has the body now; going back to 0012 reverses it too.
+    assert before["soniq_claim_many"] == _file_source(_LATEST_BATCHED, "soniq_claim_many")
     assert "soniq_queue_budget_v1" in before
     try:
         call_command("migrate", "soniq_django", "0012", verbosity=0)
@@ -375,9 +395,9 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
                   "soniq_jobs_claim_scheduled_idx", "soniq_jobs_claim_due_idx"}
     # ... and 0018's (claim protocol v8, tested below).
     v8_indexes = v6_indexes | {"soniq_jobs_claim_queue_now_idx"}
-    v10 = _file_source("claim_protocol_v10.sql", "soniq_claim_many")  # since 0020 (tested below)
+    v13 = _file_source(_LATEST_BATCHED, "soniq_claim_many")  # since 0031 (tested below)
     before = _soniq_functions()
-    assert before["soniq_claim_many"] == v10 and _claim_indexes() == v8_indexes
+    assert before["soniq_claim_many"] == v13 and _claim_indexes() == v8_indexes
     try:
         call_command("migrate", "soniq_django", "0013", verbosity=0)
         after = _soniq_functions()
@@ -390,7 +410,7 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
         changed = ("soniq_claim_many", "soniq_complete_many", "soniq_enqueue", *_ADDED_BY_0018,
                    *_REPLACED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026)
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026, *_REPLACED_AFTER_0026)
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert not set(_ADDED_BY_0018 + _ADDED_BY_0019 + _ADDED_BY_0020
@@ -417,11 +437,9 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
           for name in ("soniq_claim_many", "soniq_complete_many")}
     assert v7["soniq_claim_many"] != v6 and v7["soniq_complete_many"] != v2
     before = _soniq_functions()
-    # Version 11's completion since 0023 and version 10's claim since 0020 (tested below),
-    # which going back to 0015 reverses.
+    # Version 13's since 0031 (tested below), which going back to 0015 reverses.
     assert {name: before[name] for name in v7} == {
-        "soniq_claim_many": _file_source("claim_protocol_v10.sql", "soniq_claim_many"),
-        "soniq_complete_many": _file_source("claim_protocol_v11.sql", "soniq_complete_many")}
+        name: _file_source(_LATEST_BATCHED, name) for name in v7}
     try:
         call_command("migrate", "soniq_django", "0015", verbosity=0)
         after = _soniq_functions()
@@ -431,7 +449,7 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
         changed = {*v7, "soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018,
                    *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026, *_REPLACED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # The per-row bodies work again: claim two, complete both.
@@ -469,7 +487,7 @@ def test_reversing_0017_restores_version_3s_enqueue_and_reapplying_gives_version
     changed = {"soniq_enqueue", *_ADDED_BY_0018, *_REPLACED_BY_0018, *_ADDED_BY_0019,
                *_ADDED_BY_0020,
                *_ADDED_BY_0021, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026, *_REPLACED_AFTER_0026}
     try:
         call_command("migrate", "soniq_django", "0016", verbosity=0)
         after = _soniq_functions()
@@ -501,7 +519,7 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
     before = _soniq_functions()
     # Version 9's claim since 0019 and version 11's completion since 0023 (tested below),
     # which going back to 0017 reverses.
-    later = {*_REPLACED_BY_0019, *_REPLACED_BY_0023, *_ADDED_BY_0024}
+    later = {*_REPLACED_BY_0019, *_REPLACED_BY_0023, *_ADDED_BY_0024, *_REPLACED_BY_0031}
     assert {name: before[name] for name in v8 if name not in later} == {
         name: body for name, body in v8.items() if name not in later}
     # Version 8 replaced nothing else: version 1's budget and reaper stay as they were.
@@ -518,7 +536,7 @@ def test_reversing_0018_restores_version_7_and_reapplying_gives_version_8():
                        + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_AFTER_0026) & set(after)
         changed = {*_REPLACED_BY_0018, *_ADDED_BY_0018, *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026, *_REPLACED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert "soniq_jobs_claim_queue_now_idx" not in _claim_indexes()
@@ -575,7 +593,7 @@ def test_reversing_0019_restores_version_8s_claim_and_reapplying_gives_version_9
                        + _ADDED_BY_0021 + _ADDED_BY_0025 + _ADDED_BY_0026 + _ADDED_AFTER_0026) & set(after)
         changed = {*_REPLACED_BY_0019, *_ADDED_BY_0019, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026, *_REPLACED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8 works again: a lapsed job is settled, a queued one claimed.
@@ -606,7 +624,7 @@ def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back()
         ",\n                       claimed_at = v_now", "") == v9  # one change: the claim time
     added = {name: _file_source("attempts_v1.sql", name) for name in _ADDED_BY_0020}
     before = _soniq_functions()
-    assert before["soniq_claim_many"] == v10
+    assert before["soniq_claim_many"] == _file_source(_LATEST_BATCHED, "soniq_claim_many")
     assert {name: before[name] for name in added} == added
     triggers = ("soniq_attempt_dead", "soniq_attempt_ended", "soniq_attempts_dead_letter_gone",
                 "soniq_attempts_job_gone")
@@ -624,7 +642,7 @@ def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back()
                        + _ADDED_BY_0026 + _ADDED_AFTER_0026) & set(after)
         changed = {*_REPLACED_BY_0020, *_ADDED_BY_0020,
                    *_ADDED_BY_0021, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026, *_REPLACED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert attempt_triggers() == []
@@ -675,7 +693,7 @@ def test_reversing_0021_drops_the_trace_contexts_and_reapplying_gives_them_back(
         after = _soniq_functions()
         assert not set(_ADDED_BY_0021) & set(after)
         changed = {*added, *_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026, *_REPLACED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         assert trace_triggers() == []
@@ -697,7 +715,7 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
         "NOT j.cancel_requested) IS TRUE;", "NOT j.cancel_requested;").split()) == " ".join(
         v8.split())
     before = _soniq_functions()
-    assert before["soniq_complete_many"] == v11
+    assert before["soniq_complete_many"] == _file_source(_LATEST_BATCHED, "soniq_complete_many")
 
     def claim_settings():
         return fetch("SELECT proconfig FROM pg_proc WHERE proname = 'soniq_claim_many' "
@@ -710,7 +728,7 @@ def test_reversing_0023_restores_version_8s_completion_and_reapplying_gives_vers
         assert after["soniq_complete_many"] == v8
         assert claim_settings() == ["search_path=pg_catalog, pg_temp"]
         changed = {*_REPLACED_BY_0023, *_ADDED_BY_0024,
-                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026}
+                   *_ADDED_BY_0025, *_ADDED_BY_0026, *_ADDED_AFTER_0026, *_REPLACED_AFTER_0026}
         assert {n: b for n, b in after.items() if n not in changed} == {
             n: b for n, b in before.items() if n not in changed}
         # Version 8's completion works again.
@@ -757,8 +775,7 @@ def test_reversing_0025_drops_the_workflows_and_reapplying_gives_them_back():
         assert workflow_triggers() == []
         assert fetch("SELECT count(*) FROM information_schema.columns WHERE table_name = "
                      "'soniq_jobs' AND column_name = 'has_dependents'") == [(0,)]
-        assert {n: b for n, b in after.items()} == {
-            n: b for n, b in before.items() if n not in added}
+        assert after == _reversed_0031({n: b for n, b in before.items() if n not in added})
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
     assert {name: _soniq_functions()[name] for name in added} == added
@@ -782,7 +799,8 @@ def test_reversing_0026_drops_the_purge_triggers_alone_and_reapplying_gives_them
         call_command("migrate", "soniq_django", "0025", verbosity=0)
         after = _soniq_functions()
         assert purge_triggers() == []
-        assert after == {n: b for n, b in before.items() if n not in added}
+        assert after == _reversed_0031(
+            {n: b for n, b in before.items() if n not in added})
         assert fetch("SELECT to_regclass('soniq_job_steps')") == [(None,)]
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
@@ -805,7 +823,8 @@ def test_reversing_0028_drops_the_steps_alone_and_reapplying_gives_them_back():
     try:
         call_command("migrate", "soniq_django", "0027", verbosity=0)
         assert step_triggers() == []
-        assert _soniq_functions() == {n: b for n, b in before.items() if n not in added}
+        assert _soniq_functions() == _reversed_0031(
+            {n: b for n, b in before.items() if n not in added})
         assert fetch("SELECT to_regclass('soniq_job_steps')") == [(None,)]
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
@@ -820,7 +839,8 @@ def test_reversing_0027_drops_soniq_enqueue_after_many_alone_and_reapplying_give
     assert {name: before[name] for name in added} == added
     try:
         call_command("migrate", "soniq_django", "0026", verbosity=0)
-        assert _soniq_functions() == {n: b for n, b in before.items() if n not in added}
+        assert _soniq_functions() == _reversed_0031(
+            {n: b for n, b in before.items() if n not in added})
         # One call per job (producer API v5) still works.
         first = fetch("SELECT soniq_enqueue('back.to_v5')")[0][0]
         fetch("SELECT soniq_enqueue_after(ARRAY[%s]::uuid[], 'back.after')", [first])
@@ -845,10 +865,62 @@ def test_reversing_0030_drops_the_worker_registry_functions_alone_and_reapplying
         ("soniq_django", "0030_worker_registry")].parents]
     try:
         call_command("migrate", "soniq_django", target, verbosity=0)
-        assert _soniq_functions() == {n: b for n, b in before.items() if n not in added}
+        assert _soniq_functions() == _reversed_0031(
+            {n: b for n, b in before.items() if n not in added})
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
     assert {name: _soniq_functions()[name] for name in added} == added
     # Dropped and created again: the grant went with them (soniq_grant --worker again).
     assert fetch("SELECT has_function_privilege(%s, 'soniq_claim_outcome(text, text, bigint, "
                  "text)', 'EXECUTE')", [worker]) == [(False,)]
+
+
+def _claim_settings() -> list[str]:
+    return fetch("SELECT proconfig FROM pg_proc WHERE proname = 'soniq_claim_many' "
+                 "AND pronamespace = current_schema()::regnamespace")[0][0]
+
+
+def _claim_and_complete_two_keys(prefix: str) -> list[bool]:
+    """Two keyed jobs (two keys) claimed in one call and completed in one batch."""
+    for key in ("k1", "k2"):
+        fetch("SELECT soniq_enqueue_keyed(%s, 1, NULL, %s)", [key, f"{prefix}.{key}"])
+    claimed = fetch("SELECT job_id::text, generation, token, queue FROM soniq_claim_many("
+                    "'w', ARRAY[%s, %s])", [f"{prefix}-1", f"{prefix}-2"])
+    assert len(claimed) == 2
+    [(done,)] = fetch("SELECT soniq_complete_many(%s::text[], 'w', %s::bigint[], %s::text[], "
+                      "%s::text[], ARRAY[NULL, NULL]::jsonb[])",
+                      [list(column) for column in zip(*claimed)])
+    return done
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0031_restores_version_12s_bodies_and_reapplying_gives_version_13(roles):
+    v13 = {name: _file_source("claim_protocol_v13.sql", name)
+           for name in (*_REPLACED_BY_0031, *_ADDED_BY_0031)}
+    restored = {name: _file_source(released, name)
+                for name, released in _REPLACED_BY_0031.items()}
+    assert all(v13[name] != restored[name] for name in restored)
+    before = _soniq_functions()
+    assert {name: before[name] for name in v13} == v13
+    settings = ["search_path=pg_catalog, pg_temp", "enable_sort=off", "jit=off"]
+    assert _claim_settings() == settings
+    worker = roles.create("soniq_worker")
+    call_command("soniq_grant", worker, "--worker", stdout=io.StringIO())
+    # The migration 0031 follows (0030 here; whatever the integrator chains it after).
+    [(_, target)] = [parent.key for parent in MigrationLoader(connection).graph.node_map[
+        ("soniq_django", "0031_key_lock_order")].parents]
+    try:
+        call_command("migrate", "soniq_django", target, verbosity=0)
+        assert _soniq_functions() == _reversed_0031(
+            {n: b for n, b in before.items() if n not in _ADDED_BY_0031})
+        assert _claim_settings() == settings  # version 11's, given again after the restore
+        assert _claim_and_complete_two_keys("back.to_v12") == [True, True]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before and _claim_settings() == settings
+    assert _claim_and_complete_two_keys("again.v13") == [True, True]
+    # Replaced, not dropped: the worker keeps its grants.
+    assert fetch("SELECT has_function_privilege(%s, 'soniq_claim_many(text, text[], text[], "
+                 "double precision, double precision, integer)', 'EXECUTE'), "
+                 "has_function_privilege(%s, 'soniq_hold_slot(text, text, bigint, text, text, "
+                 "double precision)', 'EXECUTE')", [worker, worker]) == [(True, True)]
