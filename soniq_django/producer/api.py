@@ -235,12 +235,12 @@ def _write_many(prepared: list[PreparedJob], alias: str, connection: Any,
 def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: Any
                            ) -> list[uuid.UUID]:
     """A bulk enqueue with jobs that wait or have a key: the others first (one bulk
-    insert), then each keyed one in request order (a keyed job waits for nothing), then
-    the waiting ones together (``write_dependents``: one call), in one transaction. A job
-    may so depend on any job of the bulk that waits for nothing, and on a waiting one
-    before it."""
+    insert), then each keyed one that waits for nothing in request order, then the
+    waiting ones together (``write_dependents``: one call; one by one in order when some
+    of them are keyed), in one transaction. A job may so depend on any job of the bulk
+    that waits for nothing, and on a waiting one before it."""
     from .dependencies import write_dependents
-    from .keyed import write_keyed
+    from .keyed import write_keyed, write_keyed_dependent
 
     ids: list[uuid.UUID | None] = [None] * len(prepared)
     with translating(alias), transaction.atomic(using=alias):
@@ -254,9 +254,16 @@ def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: 
             if job.depends_on is None and job.key is not None:
                 ids[index] = write_keyed(job, alias, connection)
         waiting = [index for index, job in enumerate(prepared) if job.depends_on is not None]
-        for index, job_id in zip(waiting, write_dependents([prepared[i] for i in waiting],
-                                                           alias, connection)):
-            ids[index] = job_id
+        if any(prepared[index].key is not None for index in waiting):
+            # A keyed job that waits: each in order, so that any may name an earlier one.
+            for index in waiting:
+                ids[index] = (write_dependents([prepared[index]], alias, connection)[0]
+                              if prepared[index].key is None
+                              else write_keyed_dependent(prepared[index], alias, connection))
+        else:
+            for index, job_id in zip(waiting, write_dependents([prepared[i] for i in waiting],
+                                                               alias, connection)):
+                ids[index] = job_id
     return [job_id for job_id in ids if job_id is not None]
 
 
@@ -324,11 +331,13 @@ def _write(job: PreparedJob, alias: str, connection: Any, trace: "tracing.Carrie
 def _write_dependent(job: PreparedJob, alias: str, connection: Any,
                      trace: "tracing.Carrier | None") -> uuid.UUID:
     from .dependencies import write_dependent
+    from .keyed import write_keyed_dependent
 
+    write = write_dependent if job.key is None else write_keyed_dependent
     if trace is None:
-        return write_dependent(job, alias, connection)
+        return write(job, alias, connection)
     with translating(alias), transaction.atomic(using=alias):
-        job_id = write_dependent(job, alias, connection)
+        job_id = write(job, alias, connection)
         tracing.keep(alias, [job_id], trace)
     return job_id
 
