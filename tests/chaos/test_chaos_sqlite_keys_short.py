@@ -11,6 +11,7 @@ overlap and a key left counting, and must report both: a check that cannot
 fail proves nothing. The full run is ``make chaos-keys-sqlite``.
 """
 
+import dataclasses
 import sqlite3
 import time
 
@@ -48,7 +49,7 @@ def _show_the_check_a_key_overlap(path) -> None:
 def test_short_sqlite_keys_run_never_runs_two_jobs_of_a_key_at_once(tmp_path):
     started = time.monotonic()
     _show_the_check_a_key_overlap.seen = False
-    outcome = run(SHORT.__class__(**{**SHORT.__dict__, "log_dir": tmp_path}), say=print,
+    outcome = run(dataclasses.replace(SHORT, log_dir=tmp_path), say=print,
                   inspect=_show_the_check_a_key_overlap)
     print(outcome.summary())
     print(f"short SQLite keys chaos run: {time.monotonic() - started:.1f} s")
