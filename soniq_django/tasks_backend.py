@@ -325,7 +325,8 @@ class SoniqTaskBackend(BaseTaskBackend):
 
 def _key_options(alias: str, options: dict[str, Any]) -> "KeyOptions | None":
     """``OPTIONS``' limits per key, checked (``ImproperlyConfigured``); None: none."""
-    from .keys.options import MAX_LIMIT, KeyOptions, normal_rate
+    from .flow import MAX_LIMIT
+    from .keys.options import KeyOptions, normal_rate
 
     name = options.get("concurrency_key")
     limit, rate = options.get("key_concurrency"), options.get("key_rate")
