@@ -235,12 +235,12 @@ def _write_many(prepared: list[PreparedJob], alias: str, connection: Any,
 def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: Any
                            ) -> list[uuid.UUID]:
     """A bulk enqueue with jobs that wait or have a key: the others first (one bulk
-    insert), then each keyed one that waits for nothing in request order, then the
-    waiting ones together (``write_dependents``: one call; one by one in order when some
-    of them are keyed), in one transaction. A job may so depend on any job of the bulk
+    insert), then the keyed ones that wait for nothing (``write_keyed_many``: one call),
+    then the waiting ones together (``write_dependents``: one call; one by one in order
+    when some of them are keyed), in one transaction. A job may so depend on any job of the bulk
     that waits for nothing, and on a waiting one before it."""
     from .dependencies import write_dependents
-    from .keyed import write_keyed, write_keyed_dependent
+    from .keyed import write_keyed_dependent, write_keyed_many
 
     ids: list[uuid.UUID | None] = [None] * len(prepared)
     with translating(alias), transaction.atomic(using=alias):
@@ -250,9 +250,12 @@ def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: 
             for index, job_id in zip(free, _write_many([prepared[i] for i in free], alias,
                                                        connection, None)):
                 ids[index] = job_id
-        for index, job in enumerate(prepared):
-            if job.depends_on is None and job.key is not None:
-                ids[index] = write_keyed(job, alias, connection)
+        keyed = [index for index, job in enumerate(prepared)
+                 if job.depends_on is None and job.key is not None]
+        if keyed:
+            for index, job_id in zip(keyed, write_keyed_many([prepared[i] for i in keyed],
+                                                             alias, connection)):
+                ids[index] = job_id
         waiting = [index for index, job in enumerate(prepared) if job.depends_on is not None]
         if any(prepared[index].key is not None for index in waiting):
             # A keyed job that waits: each in order, so that any may name an earlier one.

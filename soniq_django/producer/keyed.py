@@ -21,7 +21,7 @@ from ..keys.models import KEY_PARKED_AT, KeyParked, KeySlot
 from ..models import Job, JobStatus, JobWait
 from .request import SERVER_MADE_ID, PreparedJob
 
-__all__ = ["park", "write_keyed", "write_keyed_dependent"]
+__all__ = ["park", "write_keyed", "write_keyed_dependent", "write_keyed_many"]
 
 _ENQUEUE_KEYED = (
     "SELECT soniq_enqueue_keyed(%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s)")
@@ -92,6 +92,104 @@ def write_keyed_dependent(job: PreparedJob, alias: str, connection: Any) -> uuid
         if not JobWait.objects.using(alias).filter(job_id=job.job_id).exists():
             _park_portable(job.job_id, job.scheduled_at, alias)  # nothing to wait for
         return job.job_id
+
+
+def write_keyed_many(jobs: list[PreparedJob], alias: str, connection: Any) -> list[uuid.UUID]:
+    """``write_keyed`` of each job of ``jobs`` (each with its ``key``, none with
+    ``depends_on``), in order, in one transaction: set-based.
+
+    On PostgreSQL one call of ``soniq_enqueue_keyed_many`` (sql/key_park_v1.sql); on
+    SQLite its twin, a few statements for the list and a few per key. Writes what one
+    ``write_keyed`` per job writes. Returns the ids in order.
+    """
+    if connection.vendor == "postgresql":
+        from ._pg import _json  # psycopg is needed on PostgreSQL alone
+
+        rows = []
+        for job in jobs:
+            key = job.key
+            assert key is not None
+            row: dict[str, Any] = {"job_name": job.job_name, "args": job.args,
+                                   "queue": job.queue, "priority": job.priority,
+                                   "max_attempts": job.max_attempts, "concurrency_key": key.key}
+            if key.concurrency is not None:
+                row["key_concurrency"] = key.concurrency
+            if key.rate is not None:
+                row["key_rate"] = key.rate
+            if job.scheduled_at is not None:
+                row["run_at"] = job.scheduled_at.isoformat()
+            if job.unique_job:
+                row["unique_job"] = True
+            if job.dedup_key is not None:
+                row["dedup_key"] = job.dedup_key
+            if job.producer_id is not None:
+                row["producer_id"] = job.producer_id
+            if job.job_id is not SERVER_MADE_ID:
+                row["job_id"] = str(job.job_id)
+            rows.append(row)
+        with translating(alias), connection.cursor() as cursor:
+            cursor.execute("SELECT soniq_enqueue_keyed_many(%s::jsonb)", [_json(rows)])
+            (found,) = cursor.fetchone()
+        return [job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
+                for job_id in found]
+    jobs = [dataclasses.replace(job, job_id=uuid.uuid4()) if job.job_id is SERVER_MADE_ID
+            else job for job in jobs]
+    with translating(alias), transaction.atomic(using=alias):
+        return _enqueue_keyed_many_portable(jobs, alias)
+
+
+def _enqueue_keyed_many_portable(jobs: list[PreparedJob], alias: str) -> list[uuid.UUID]:
+    """``soniq_enqueue_keyed_many`` for SQLite (the caller holds the write lock)."""
+    from .api import _insert_many_portable
+
+    found = _insert_many_portable(
+        [dataclasses.replace(job, scheduled_at=KEY_PARKED_AT) for job in jobs], alias)
+    new = [job for job, job_id in zip(jobs, found) if job_id == job.job_id]
+    if not new:
+        return found
+    by_key: dict[tuple[str, str], list[PreparedJob]] = {}
+    for job in new:
+        assert job.key is not None
+        by_key.setdefault((job.queue, job.key.key), []).append(job)
+    rows = Job.objects.using(alias)
+    created = {}
+    for (queue, key), group in by_key.items():
+        ids = [job.job_id for job in group]
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            rows.filter(id__in=chunk).update(concurrency_key=key)
+            created.update(rows.filter(id__in=chunk).values_list("id", "created_at"))
+    slots = KeySlot.objects.using(alias)
+    for (queue, key), group in sorted(by_key.items()):
+        limits = _limits(group[-1])  # the last new job of the key declares its limits
+        slot, made = slots.get_or_create(queue=queue, key=key, defaults=limits)
+        if not made and any(getattr(slot, name) != value for name, value in limits.items()):
+            slots.filter(pk=slot.pk).update(**limits)
+    parked = KeyParked.objects.using(alias)
+    parked.bulk_create([KeyParked(job_id=job.job_id, queue=job.queue, key=key,
+                                  priority=job.priority, created_at=created[job.job_id],
+                                  run_at=job.scheduled_at)
+                        for (_, key), group in by_key.items() for job in group])
+    now = timezone.now()
+    for (queue, key), group in sorted(by_key.items()):
+        slot = slots.get(queue=queue, key=key)
+        if slot.head is not None:  # a head's place, by the enqueue's rule, to a new job
+            head = rows.filter(id=slot.head, status=JobStatus.QUEUED).values_list(
+                "priority", "created_at").first()
+            head_later = slot.head_run_at is not None and slot.head_run_at > now
+            better = head is not None and any(
+                (head_later or head[0] > job.priority)
+                if job.scheduled_at is None or job.scheduled_at <= now
+                else (head_later and slot.head_run_at is not None
+                      and job.scheduled_at < slot.head_run_at)
+                for job in group)
+            if head is not None and better:
+                rows.filter(id=slot.head).update(scheduled_at=KEY_PARKED_AT)
+                parked.create(job_id=slot.head, queue=queue, key=key, priority=head[0],
+                              created_at=head[1], run_at=slot.head_run_at)
+                slots.filter(pk=slot.pk).update(head=None, head_run_at=None)
+        slots.filter(pk=slot.pk).update(pokes=F("pokes") + 1)  # the admission (a trigger)
+    return found
 
 
 def _limits(job: PreparedJob) -> dict[str, int | None]:

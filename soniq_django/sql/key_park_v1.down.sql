@@ -15,6 +15,7 @@ CREATE TRIGGER soniq_dependency_gone
     WHEN (OLD.has_dependents AND OLD.status IN ('queued', 'processing'))
     EXECUTE FUNCTION {schema}.soniq_dependency_ended_v1();
 DROP TRIGGER soniq_key_dead_letter ON {schema}.soniq_jobs;
+DROP FUNCTION {schema}.soniq_enqueue_keyed_many(jsonb);
 DROP FUNCTION {schema}.soniq_enqueue_keyed_after(text, integer, text, uuid[], text, jsonb, text,
     integer, timestamptz, integer, boolean, text, text, uuid, boolean, double precision);
 DROP FUNCTION {schema}.soniq_dependency_ended_v2();

@@ -309,10 +309,194 @@ BEGIN
 END
 $fn$;
 
+-- soniq_enqueue_keyed_many: many keyed jobs at once, set-based --
+-- `jobs`: a JSON array of soniq_enqueue_many's elements, each with
+-- "concurrency_key" (required) and optionally "key_concurrency" and "key_rate",
+-- as soniq_enqueue_keyed takes them. Writes what one soniq_enqueue_keyed per
+-- element in array order writes (tests/keys/test_key_bulk.py), in a few
+-- statements for the whole array plus one admission per key: the key options
+-- checked for every element first (22023, HINT SONIQ_INVALID_OPTION, the
+-- element's position in DETAIL); the jobs through soniq_enqueue_many, parked
+-- (its checks, codes, duplicates and all-or-nothing); for the new ones (not a
+-- unique or dedup twin) their key, each key's configured limits (the last new
+-- element's of the key win), their soniq_key_parked rows; then the keys' rows
+-- locked in (queue, key) order, a head's place given to a new job by the
+-- enqueue's rule, and each key's admission. Returns the ids in array order.
+CREATE FUNCTION {schema}.soniq_enqueue_keyed_many(jobs jsonb) RETURNS uuid[]
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    v_jobs jsonb := soniq_enqueue_keyed_many.jobs;
+    v_position bigint;
+    v_problem text;
+    v_plain jsonb;
+    v_meant uuid[];
+    v_found uuid[];
+    v_ids uuid[];
+    v_queues text[];
+    v_keys text[];
+    v_run_ats timestamptz[];
+    v_limits integer[];
+    v_rate_limits integer[];
+    v_rate_periods integer[];
+    v_now timestamptz;
+    r record;
+BEGIN
+    IF v_jobs IS NULL OR pg_catalog.jsonb_typeof(v_jobs) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'jobs must be a JSON array of objects'
+            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION';
+    END IF;
+    SELECT x.ord, CASE
+             WHEN pg_catalog.jsonb_typeof(x.e) IS DISTINCT FROM 'object'
+               THEN 'every element must be a JSON object'
+             WHEN pg_catalog.jsonb_typeof(x.e -> 'concurrency_key') IS DISTINCT FROM 'string'
+                  OR pg_catalog.length(x.e ->> 'concurrency_key') NOT BETWEEN 1 AND 255
+               THEN 'concurrency_key must be a non-empty string of at most 255 characters'
+             WHEN coalesce(pg_catalog.jsonb_typeof(x.e -> 'key_concurrency'), 'null') <> 'null'
+                  AND (pg_catalog.jsonb_typeof(x.e -> 'key_concurrency') <> 'number'
+                       OR (x.e ->> 'key_concurrency') !~ '^[1-9][0-9]{0,9}$'
+                       OR (x.e ->> 'key_concurrency')::numeric > 2147483647)
+               THEN 'key_concurrency must be a positive integer or NULL'
+             WHEN coalesce(pg_catalog.jsonb_typeof(x.e -> 'key_rate'), 'null') <> 'null'
+                  AND (pg_catalog.jsonb_typeof(x.e -> 'key_rate') <> 'string'
+                       OR (x.e ->> 'key_rate') !~ '^[1-9][0-9]{0,8}/[smh]$')
+               THEN 'key_rate must read N/s, N/m or N/h (N a positive integer)'
+           END
+      INTO v_position, v_problem
+      FROM pg_catalog.jsonb_array_elements(v_jobs) WITH ORDINALITY AS x(e, ord)
+     WHERE pg_catalog.jsonb_typeof(x.e) IS DISTINCT FROM 'object'
+        OR pg_catalog.jsonb_typeof(x.e -> 'concurrency_key') IS DISTINCT FROM 'string'
+        OR pg_catalog.length(x.e ->> 'concurrency_key') NOT BETWEEN 1 AND 255
+        OR (coalesce(pg_catalog.jsonb_typeof(x.e -> 'key_concurrency'), 'null') <> 'null'
+            AND (pg_catalog.jsonb_typeof(x.e -> 'key_concurrency') <> 'number'
+                 OR (x.e ->> 'key_concurrency') !~ '^[1-9][0-9]{0,9}$'
+                 OR (x.e ->> 'key_concurrency')::numeric > 2147483647))
+        OR (coalesce(pg_catalog.jsonb_typeof(x.e -> 'key_rate'), 'null') <> 'null'
+            AND (pg_catalog.jsonb_typeof(x.e -> 'key_rate') <> 'string'
+                 OR (x.e ->> 'key_rate') !~ '^[1-9][0-9]{0,8}/[smh]$'))
+     ORDER BY x.ord LIMIT 1;
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_problem
+            USING ERRCODE = '22023', HINT = 'SONIQ_INVALID_OPTION',
+                  DETAIL = pg_catalog.format('element %s of jobs', v_position);
+    END IF;
+    -- The jobs, parked, through soniq_enqueue_many; an id for each (the one meant).
+    SELECT pg_catalog.jsonb_agg((x.e - 'concurrency_key' - 'key_concurrency' - 'key_rate'
+                                 - 'run_at')
+                                || pg_catalog.jsonb_build_object(
+                                       'run_at', '9999-01-01T00:00:00+00:00',
+                                       'job_id', CASE WHEN x.id IS NULL THEN x.e -> 'job_id'
+                                                      ELSE pg_catalog.to_jsonb(x.id::text) END)
+                                ORDER BY x.ord),
+           pg_catalog.array_agg(x.id ORDER BY x.ord)
+      INTO v_plain, v_meant
+      FROM (SELECT y.e, y.ord,
+                   CASE WHEN coalesce(pg_catalog.jsonb_typeof(y.e -> 'job_id'), 'null') = 'null'
+                        THEN pg_catalog.gen_random_uuid() END AS id
+              FROM pg_catalog.jsonb_array_elements(v_jobs) WITH ORDINALITY AS y(e, ord)) AS x;
+    IF v_plain IS NULL THEN
+        RETURN '{}'::uuid[];
+    END IF;
+    v_found := {schema}.soniq_enqueue_many(v_plain);
+    -- The new jobs (not a twin found in their place), in array order: id, queue, key,
+    -- run_at, limits (rows of the arrays below; unnest(...) reads them back).
+    SELECT pg_catalog.array_agg(v_found[x.ord] ORDER BY x.ord),
+           pg_catalog.array_agg(coalesce(x.e ->> 'queue', 'default') ORDER BY x.ord),
+           pg_catalog.array_agg(x.e ->> 'concurrency_key' ORDER BY x.ord),
+           pg_catalog.array_agg((x.e ->> 'run_at')::timestamptz ORDER BY x.ord),
+           pg_catalog.array_agg((x.e ->> 'key_concurrency')::integer ORDER BY x.ord),
+           pg_catalog.array_agg(pg_catalog.split_part(x.e ->> 'key_rate', '/', 1)::integer
+                                ORDER BY x.ord),
+           pg_catalog.array_agg(CASE pg_catalog.split_part(x.e ->> 'key_rate', '/', 2)
+                                     WHEN 's' THEN 1 WHEN 'm' THEN 60 WHEN 'h' THEN 3600 END
+                                ORDER BY x.ord)
+      INTO v_ids, v_queues, v_keys, v_run_ats, v_limits, v_rate_limits, v_rate_periods
+      FROM pg_catalog.jsonb_array_elements(v_jobs) WITH ORDINALITY AS x(e, ord)
+     WHERE v_found[x.ord] = coalesce(v_meant[x.ord], (x.e ->> 'job_id')::uuid);
+    IF v_ids IS NULL THEN
+        RETURN v_found;  -- every one found an equal queued job: nothing else changes
+    END IF;
+    UPDATE {schema}.soniq_jobs AS j SET concurrency_key = n.key
+      FROM ROWS FROM (pg_catalog.unnest(v_ids), pg_catalog.unnest(v_keys)) AS n(id, key)
+     WHERE j.id = n.id;
+    -- Each key's configured limits: its last new element's.
+    INSERT INTO {schema}.soniq_key_slots AS k
+           (queue, key, running, configured_concurrency, configured_rate_limit,
+            configured_rate_period, updated_at)
+    SELECT DISTINCT ON (n.queue, n.key) n.queue, n.key, 0, n.lim, n.rl, n.rp,
+           pg_catalog.clock_timestamp()
+      FROM ROWS FROM (pg_catalog.unnest(v_queues), pg_catalog.unnest(v_keys),
+                      pg_catalog.unnest(v_limits), pg_catalog.unnest(v_rate_limits),
+                      pg_catalog.unnest(v_rate_periods)) WITH ORDINALITY
+           AS n(queue, key, lim, rl, rp, ord)
+     ORDER BY n.queue, n.key, n.ord DESC
+    ON CONFLICT ON CONSTRAINT soniq_key_slots_key DO UPDATE
+       SET configured_concurrency = EXCLUDED.configured_concurrency,
+           configured_rate_limit = EXCLUDED.configured_rate_limit,
+           configured_rate_period = EXCLUDED.configured_rate_period
+     WHERE (k.configured_concurrency, k.configured_rate_limit, k.configured_rate_period)
+           IS DISTINCT FROM (EXCLUDED.configured_concurrency, EXCLUDED.configured_rate_limit,
+                             EXCLUDED.configured_rate_period);
+    PERFORM 1 FROM {schema}.soniq_key_slots AS k
+      JOIN (SELECT DISTINCT d.queue, d.key
+              FROM ROWS FROM (pg_catalog.unnest(v_queues), pg_catalog.unnest(v_keys))
+                   AS d(queue, key)) AS d
+        ON k.queue = d.queue AND k.key = d.key
+     ORDER BY k.queue, k.key FOR UPDATE OF k;
+    -- In array order: jobs of equal priority and age are offered in the order written.
+    INSERT INTO {schema}.soniq_key_parked (job_id, queue, key, priority, created_at, run_at)
+    SELECT n.id, n.queue, n.key, j.priority, j.created_at, n.run_at
+      FROM ROWS FROM (pg_catalog.unnest(v_ids), pg_catalog.unnest(v_queues),
+                      pg_catalog.unnest(v_keys), pg_catalog.unnest(v_run_ats)) WITH ORDINALITY
+           AS n(id, queue, key, run_at, ord)
+      JOIN {schema}.soniq_jobs AS j ON j.id = n.id
+     ORDER BY n.ord;
+    -- A head's place, by soniq_enqueue_keyed's rule, to any new job of its key.
+    v_now := pg_catalog.clock_timestamp();
+    FOR r IN
+        SELECT k.queue, k.key, k.head, k.head_run_at, h.priority, h.created_at
+          FROM {schema}.soniq_key_slots AS k
+          JOIN {schema}.soniq_jobs AS h ON h.id = k.head AND (h.status = 'queued') IS TRUE
+         WHERE EXISTS (SELECT 1
+                         FROM ROWS FROM (pg_catalog.unnest(v_ids), pg_catalog.unnest(v_queues),
+                                         pg_catalog.unnest(v_keys),
+                                         pg_catalog.unnest(v_run_ats))
+                              AS n(id, queue, key, run_at)
+                         JOIN {schema}.soniq_jobs AS j ON j.id = n.id
+                        WHERE n.queue = k.queue AND n.key = k.key
+                          AND (((n.run_at IS NULL OR n.run_at <= v_now)
+                                AND (k.head_run_at > v_now OR h.priority > j.priority))
+                               OR (n.run_at > v_now AND k.head_run_at > v_now
+                                   AND n.run_at < k.head_run_at)))
+         ORDER BY k.queue, k.key
+    LOOP
+        PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
+        UPDATE {schema}.soniq_jobs AS j
+           SET scheduled_at = '9999-01-01 00:00:00+00'::timestamptz
+         WHERE j.id = r.head;
+        PERFORM pg_catalog.set_config('soniq.fenced_write', 'off', true);
+        INSERT INTO {schema}.soniq_key_parked (job_id, queue, key, priority, created_at, run_at)
+        VALUES (r.head, r.queue, r.key, r.priority, r.created_at, r.head_run_at)
+        ON CONFLICT (job_id) DO NOTHING;
+        UPDATE {schema}.soniq_key_slots AS k SET head = NULL, head_run_at = NULL
+         WHERE k.queue = r.queue AND k.key = r.key;
+    END LOOP;
+    FOR r IN SELECT DISTINCT d.queue, d.key
+               FROM ROWS FROM (pg_catalog.unnest(v_queues), pg_catalog.unnest(v_keys))
+                    AS d(queue, key)
+              ORDER BY d.queue, d.key LOOP
+        PERFORM {schema}.soniq_key_admit_v1(r.queue, r.key);
+    END LOOP;
+    RETURN v_found;
+END
+$fn$;
+
 REVOKE ALL ON FUNCTION {schema}.soniq_key_park_v1(uuid, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_key_dead_letter_v1() FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_settle_dependents_v2(uuid, boolean, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_dependency_ended_v2() FROM PUBLIC;
+REVOKE ALL ON FUNCTION {schema}.soniq_enqueue_keyed_many(jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {schema}.soniq_enqueue_keyed_after(text, integer, text, uuid[], text,
     jsonb, text, integer, timestamptz, integer, boolean, text, text, uuid, boolean,
     double precision) FROM PUBLIC;

@@ -121,7 +121,7 @@ def test_reversing_0010_restores_version_1_and_reapplying_gives_version_4(roles)
         assert _function_source("soniq_enqueue_many") is None
         assert set(_installed()) == set(producer_api_functions()) - {
             "soniq_enqueue_many", "soniq_enqueue_after", "soniq_enqueue_after_many",
-            "soniq_enqueue_keyed", "soniq_enqueue_keyed_after"}
+            "soniq_enqueue_keyed", "soniq_enqueue_keyed_after", "soniq_enqueue_keyed_many"}
         # soniq_enqueue was replaced, not dropped: its grant and its revocation stay.
         assert _may_enqueue(producer)
         assert not any(_installed().values())
@@ -203,7 +203,8 @@ _ADDED_BY_0030 = ("soniq_register_worker", "soniq_worker_heartbeat", "soniq_clai
 # park, the dead letter's key, the workflow settle v2 behind the same triggers, and
 # soniq_enqueue_keyed_after.
 _ADDED_BY_0032 = ("soniq_key_park_v1", "soniq_key_dead_letter_v1", "soniq_settle_dependents_v2",
-                  "soniq_dependency_ended_v2", "soniq_enqueue_keyed_after")
+                  "soniq_dependency_ended_v2", "soniq_enqueue_keyed_many",
+                  "soniq_enqueue_keyed_after")
 #: What the migrations after 0026 add, each with its file (number, file, names), in order:
 #: reversing one of them reverses those after it too.
 _LATER = (("0027", "producer_api_v6.sql", _ADDED_BY_0027), ("0028", "steps_v1.sql", _ADDED_BY_0028),
