@@ -116,6 +116,9 @@ bench-admin: venv-main
 #   make chaos-keys         300 jobs over 10 keys at key_concurrency=1, 3 workers, kills,
 #                           a SIGSTOP past the lease, terminated backends, a restart,
 #                           retries and timeouts: never two runs of a key at once (~1 min)
+#   make chaos-keys-sqlite  the same scenario on a SQLite file (the key triggers' twin):
+#                           3 workers, SIGKILLs, a SIGSTOP past the lease, retries and
+#                           timeouts (no server to restart) (~30 s); CHAOS_SQLITE_ARGS
 #   make chaos-workflows    10 batches of 200 with a callback and 1,500 jobs in a
 #                           random DAG of dependencies, kills, restarts, SIGSTOP,
 #                           terminated backends (~3 min); each callback once and
@@ -134,10 +137,11 @@ bench-admin: venv-main
 CHAOS_ARGS ?=
 CHAOS_LIVENESS_ARGS ?=
 CHAOS_FLEET_ARGS ?=
+CHAOS_SQLITE_ARGS ?=
 
-.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps chaos-keys chaos-fleet
+.PHONY: chaos chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps chaos-keys chaos-keys-sqlite chaos-fleet
 
-chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps chaos-keys chaos-fleet
+chaos: chaos-plain chaos-effects chaos-liveness chaos-workflows chaos-steps chaos-keys chaos-keys-sqlite chaos-fleet
 
 chaos-plain: venv-main
 	$(PYTHON_VENV) -m tests.chaos $(CHAOS_ARGS)
@@ -156,6 +160,9 @@ chaos-steps: venv-main
 
 chaos-keys: venv-main
 	$(PYTHON_VENV) -m tests.chaos --keys $(CHAOS_ARGS)
+
+chaos-keys-sqlite: venv-main
+	$(PYTHON_VENV) -m tests.chaos.sqlite_keys $(CHAOS_SQLITE_ARGS)
 
 chaos-fleet: venv-main
 	$(PYTHON_VENV) -m tests.fleet.chaos $(CHAOS_FLEET_ARGS)

@@ -18,6 +18,11 @@ PRODUCER_FUNCTIONS = (
     # claim_protocol_v12.sql (migration 0029_keys): enqueue a job limited per key.
     "soniq_enqueue_keyed(text, integer, text, text, jsonb, text, integer, timestamptz, integer,"
     " boolean, text, text, uuid)",
+    # key_park_v1.sql (migration 0032_key_park): a job limited per key that waits for others,
+    # many keyed jobs in one call.
+    "soniq_enqueue_keyed_after(text, integer, text, uuid[], text, jsonb, text, integer,"
+    " timestamptz, integer, boolean, text, text, uuid, boolean, double precision)",
+    "soniq_enqueue_keyed_many(jsonb)",
 )
 
 #: The functions a worker may call: register, claim, keep, settle and recover its claims.

@@ -305,6 +305,9 @@ class DeadLetterJob(models.Model):
     submission_fingerprint = models.CharField(
         max_length=255, null=True, blank=True, editable=False
     )
+    # Limits per key (migration 0032): the key of a keyed job, given to its dead letter by
+    # a trigger when the job's row goes, so that a replay parks it under its key again.
+    concurrency_key = models.TextField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "soniq_dead_letter_jobs"

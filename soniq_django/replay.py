@@ -36,6 +36,12 @@ generation an earlier incarnation of the job can have reached (each adds at
 most one per attempt, and attempts are 32-bit), so no fence from before the
 replay can ever match the new incarnation, even if a worker reused a nonce.
 
+A keyed job's dead letter keeps its key (``concurrency_key``, given by a
+trigger when the job's row goes, sql/key_park_v1.sql): the replay inserts it
+parked and puts it under its key (``producer.keyed.park``), so the key's
+limits (its ``soniq_key_slots`` row, the operators' ``soniq_key_limits``)
+hold for it again.
+
 Not carried over (the dead-letter table has no column for them):
 ``unique_job``/``args_hash``, ``dedup_key``, ``producer_id``, ``active_key``
 and the original ``scheduled_at``. ``created_at`` is the dead letter's
@@ -283,9 +289,14 @@ def _replay_one(using: str, job_id: uuid.UUID, now: dt.datetime | None) -> str:
         count = dead.resurrection_count + 1
         try:
             with transaction.atomic(using=using):
-                _insert_requeued(connection, job_id, count, moment)
+                _insert_requeued(connection, job_id, count, moment,
+                                 keyed=dead.concurrency_key is not None)
         except IntegrityError:
             return CONFLICT
+        if dead.concurrency_key is not None:
+            from .producer.keyed import park  # limits per key: under its key again
+
+            park(job_id, moment, using, connection)
         DeadLetterJob.objects.using(using).filter(id=job_id).update(
             resurrection_count=F("resurrection_count") + 1, last_resurrection_at=moment
         )
@@ -302,30 +313,37 @@ INSERT INTO {jobs} (
     unique_job, dedup_key, scheduled_at, expires_at, last_error, result, producer_id,
     worker_id, created_at, updated_at, claim_generation, claim_token, claim_owner,
     lease_expires_at, fence_required, cancel_requested, pid, active_key, submission_id,
-    submission_fingerprint)
+    submission_fingerprint, concurrency_key)
 SELECT d.id, d.job_name, d.args, NULL, %s, 0, d.max_attempts, d.queue, d.priority,
        %s, NULL, %s, NULL, d.last_error, NULL, NULL,
        NULL, COALESCE(d.original_created_at, %s), %s, %s, NULL, NULL,
        NULL, d.fence_required, %s, NULL, NULL, d.submission_id,
-       d.submission_fingerprint
+       d.submission_fingerprint, d.concurrency_key
   FROM {dead} AS d
  WHERE d.id = %s
 """
 
 
-def _insert_requeued(connection: Any, job_id: uuid.UUID, count: int, moment: dt.datetime
-                     ) -> None:
-    """Insert the dead letter's job into ``soniq_jobs`` as queued; IntegrityError on a clash."""
+def _insert_requeued(connection: Any, job_id: uuid.UUID, count: int, moment: dt.datetime,
+                     keyed: bool = False) -> None:
+    """Insert the dead letter's job into ``soniq_jobs`` as queued; IntegrityError on a clash.
+
+    ``keyed``: the dead letter has a key; the row goes in parked (``KEY_PARKED_AT``)
+    and the caller parks it under its key."""
+    from .keys.models import KEY_PARKED_AT
+
     ops = connection.ops
     sql = _REQUEUE.format(
         jobs=ops.quote_name(Job._meta.db_table), dead=ops.quote_name(DeadLetterJob._meta.db_table)
     )
-    when = Job._meta.get_field("updated_at").get_db_prep_value(moment, connection)
+    field = Job._meta.get_field("updated_at")
+    when = field.get_db_prep_value(moment, connection)
+    due = field.get_db_prep_value(KEY_PARKED_AT, connection) if keyed else when
     pk = Job._meta.pk.get_db_prep_value(job_id, connection)
     with connection.cursor() as cursor:
         cursor.execute(sql, [
             JobStatus.QUEUED.value, False,  # type: ignore[attr-defined]  # TextChoices
-            when, when, when, count * GENERATION_STRIDE, False, pk,
+            due, when, when, count * GENERATION_STRIDE, False, pk,
         ])
 
 

@@ -19,7 +19,7 @@ import inspect
 import logging
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.apps import apps
@@ -31,6 +31,9 @@ from django.utils import timezone
 from . import tracing
 from .conf import checked, get_settings
 from .errors import ConfigValidationError, SettingsInvalid, SoniqError
+
+if TYPE_CHECKING:
+    from .keys.options import JobKey, KeyOptions
 
 try:  # Django 6: its own django.tasks, even where the backport is installed too
     from django.tasks import task_backends
@@ -56,7 +59,8 @@ logger = logging.getLogger("soniq_django.tasks")
 PRIORITY_PIVOT = 100
 """soniq priority = PRIORITY_PIVOT - Django priority: Django 0 is soniq's default 100."""
 
-_OPTIONS = frozenset({"atomic", "database", "enqueue_on_commit", "max_attempts", "timeout"})
+_OPTIONS = frozenset({"atomic", "database", "enqueue_on_commit", "max_attempts", "timeout",
+                      "concurrency_key", "key_concurrency", "key_rate"})
 
 _STATUSES = {
     "queued": TaskResultStatus.READY,
@@ -85,7 +89,11 @@ class SoniqTaskBackend(BaseTaskBackend):
     ``@job(atomic=True)`` runs its handler; docs/exactly-once.md) and
     ``timeout`` (seconds; default None: ``SONIQ["JOB_TIMEOUT_SECONDS"]``), the
     time limit of every task of this backend, as ``@job(timeout=...)`` sets
-    one handler's -- the Tasks API has no per-task timeout.
+    one handler's -- the Tasks API has no per-task timeout. ``concurrency_key``
+    (the name of an argument of the tasks), ``key_concurrency`` and ``key_rate``:
+    limits per key for every task of this backend, as ``@job(...)`` sets them for
+    one handler (docs/keys.md) -- a Task carries no options of its own, so a
+    backend per limit: ``@task(backend="per_tenant")``.
     """
 
     supports_defer = True
@@ -132,6 +140,7 @@ class SoniqTaskBackend(BaseTaskBackend):
             raise ImproperlyConfigured(
                 f"TASKS[{alias!r}]['OPTIONS']['max_attempts'] must be a whole number of 1 or more."
             )
+        self.key_options = _key_options(alias, options)
 
     @property
     def max_attempts(self) -> int:
@@ -197,6 +206,7 @@ class SoniqTaskBackend(BaseTaskBackend):
         self.validate_task(task)
         args, kwargs = list(args), dict(kwargs)
         _check_call(task, args, kwargs)
+        key = _key_of(self.key_options, task, args, kwargs)
         prepared = prepare(JobRequest(
             task.module_path,
             {"args": args, "kwargs": kwargs},
@@ -204,6 +214,9 @@ class SoniqTaskBackend(BaseTaskBackend):
             priority=soniq_priority(task.priority),
             run_at=task.run_after,
             max_attempts=self.max_attempts,
+            concurrency_key=None if key is None else key.key,
+            key_concurrency=None if key is None else key.concurrency,
+            key_rate=None if key is None else key.rate,
         ))
         alias = write_alias(self.database)
         result = TaskResult(
@@ -308,6 +321,51 @@ class SoniqTaskBackend(BaseTaskBackend):
         if status == TaskResultStatus.SUCCESSFUL:
             object.__setattr__(result, "_return_value", info.result)
         return result
+
+
+def _key_options(alias: str, options: dict[str, Any]) -> "KeyOptions | None":
+    """``OPTIONS``' limits per key, checked (``ImproperlyConfigured``); None: none."""
+    from .flow import MAX_LIMIT
+    from .keys.options import KeyOptions, normal_rate
+
+    name = options.get("concurrency_key")
+    limit, rate = options.get("key_concurrency"), options.get("key_rate")
+    where = f"TASKS[{alias!r}]['OPTIONS']"
+    if name is None:
+        if limit is not None or rate is not None:
+            raise ImproperlyConfigured(
+                f"{where}['key_concurrency'] and ['key_rate'] need ['concurrency_key']: the "
+                f"name of the tasks' argument that gives each task its key.")
+        return None
+    if type(name) is not str or not name.isidentifier():
+        raise ImproperlyConfigured(f"{where}['concurrency_key'] must be an argument name.")
+    if limit is not None and (type(limit) is not int or not 1 <= limit <= MAX_LIMIT):
+        raise ImproperlyConfigured(
+            f"{where}['key_concurrency'] must be a whole number from 1 to {MAX_LIMIT}, or None.")
+    if rate is not None:
+        try:
+            rate = normal_rate(rate)
+        except ValueError as error:
+            raise ImproperlyConfigured(f"{where}['key_rate']: {error}") from None
+    return KeyOptions(name, limit, rate)
+
+
+def _key_of(options: "KeyOptions | None", task: Task, args: list[Any],
+            kwargs: dict[str, Any]) -> "JobKey | None":
+    """The key of this call: the argument ``concurrency_key`` names, however it is passed,
+    or its default; ``ConfigValidationError(INVALID_OPTION)`` as for a ``@job``'s key (a
+    task without that argument, a value that is not a string or an integer)."""
+    if options is None:
+        return None
+    from .keys.options import key_of
+
+    leading = [None] if task.takes_context else []
+    bound = inspect.signature(task.func).bind(*leading, *args, **kwargs)
+    bound.apply_defaults()
+    given = dict(bound.arguments)
+    if task.takes_context:
+        given.pop(next(iter(given)))  # the context, not an argument of the call
+    return key_of(options, task.module_path, given, {})
 
 
 def _check_call(task: Task, args: list[Any], kwargs: dict[str, Any]) -> None:

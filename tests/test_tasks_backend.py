@@ -204,6 +204,10 @@ def test_validate_task_rejects_methods_queues_priorities_and_naive_run_after():
     ({"timeout": "60"}, "timeout"),
     ({"timeout": float("inf")}, "timeout"),
     ({"retries": 3}, "unknown keys: retries"),
+    ({"key_concurrency": 1}, r"\['key_concurrency'\] and \['key_rate'\] need"),
+    ({"concurrency_key": "a", "key_concurrency": 0}, "key_concurrency"),
+    ({"concurrency_key": "a", "key_rate": "fast"}, "key_rate"),
+    ({"concurrency_key": lambda **kw: "k"}, "concurrency_key"),
 ])
 def test_bad_options_are_refused(options, complaint):
     with pytest.raises(ImproperlyConfigured, match=complaint):
@@ -299,6 +303,34 @@ def test_arguments_that_do_not_fit_or_are_not_json_write_nothing():
 def test_max_attempts_option_is_stored_on_the_row():
     result = backend_with(max_attempts=2).enqueue(tasks.add, (1, 2), {})
     assert Job.objects.get(id=result.id).max_attempts == 2
+
+
+@needs_db
+def test_key_options_limit_the_tasks_of_the_backend_per_key():
+    backend = backend_with(concurrency_key="a", key_concurrency=1, key_rate="5/s")
+    first = backend.enqueue(tasks.add, (1, 2), {})  # the key from a positional argument
+    second = backend.enqueue(tasks.add, (), {"a": 1, "b": 3})  # from a keyword
+    other = backend.enqueue(tasks.add, (2, 2), {})
+    rows = {row.id: row for row in Job.objects.all()}
+    assert {rows[uuid.UUID(r.id)].concurrency_key for r in (first, second, other)} == {"1", "2"}
+    from soniq_django.keys.models import KeySlot
+
+    slot = KeySlot.objects.get(key="1")
+    assert (slot.configured_concurrency, slot.configured_rate_limit) == (1, 5)
+    claimed = {claim()[1].job_id, claim()[1].job_id}
+    assert claimed == {uuid.UUID(first.id), uuid.UUID(other.id)}  # key "1" runs one at a time
+    assert OwnedJobSource().claim_next_owned("w", claim_token=secrets.token_hex(16)) is None
+
+
+@needs_db
+def test_a_task_without_the_key_argument_is_refused_and_writes_nothing():
+    from soniq_django.errors import ConfigValidationError
+
+    backend = backend_with(concurrency_key="tenant")
+    with pytest.raises(ConfigValidationError) as error:
+        backend.enqueue(tasks.add, (1, 2), {})
+    assert error.value.code == ErrorCode.INVALID_OPTION
+    assert not Job.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)

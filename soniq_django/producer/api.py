@@ -232,20 +232,15 @@ def _write_many(prepared: list[PreparedJob], alias: str, connection: Any,
     return _insert_many_portable(prepared, alias)
 
 
-def _key_order(job: PreparedJob) -> tuple[str, str]:
-    assert job.key is not None
-    return job.queue, job.key.key
-
-
 def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: Any
                            ) -> list[uuid.UUID]:
     """A bulk enqueue with jobs that wait or have a key: the others first (one bulk
-    insert), then each keyed one in key order (a keyed job waits for nothing), then
-    the waiting ones together (``write_dependents``: one call), in one transaction. A job
-    may so depend on any job of the bulk that waits for nothing, and on a waiting one
-    before it."""
+    insert), then the keyed ones that wait for nothing (``write_keyed_many``: one call),
+    then the waiting ones together (``write_dependents``: one call; one by one in order
+    when some of them are keyed), in one transaction. A job may so depend on any job of the bulk
+    that waits for nothing, and on a waiting one before it."""
     from .dependencies import write_dependents
-    from .keyed import write_keyed
+    from .keyed import write_keyed_dependent, write_keyed_many
 
     ids: list[uuid.UUID | None] = [None] * len(prepared)
     with translating(alias), transaction.atomic(using=alias):
@@ -255,20 +250,23 @@ def _write_with_dependents(prepared: list[PreparedJob], alias: str, connection: 
             for index, job_id in zip(free, _write_many([prepared[i] for i in free], alias,
                                                        connection, None)):
                 ids[index] = job_id
-        # In key order (queue, then key; code point order is PostgreSQL's "C" order): each
-        # keeps its key's row locked to the end of the transaction, and a transaction
-        # that waits for key rows only in that order cannot deadlock with another that
-        # does the same (claim protocol v13, docs/keys.md). A key's own jobs keep their
-        # request order.
-        keyed = sorted((index for index, job in enumerate(prepared)
-                        if job.depends_on is None and job.key is not None),
-                       key=lambda index: _key_order(prepared[index]))
-        for index in keyed:
-            ids[index] = write_keyed(prepared[index], alias, connection)
+        keyed = [index for index, job in enumerate(prepared)
+                 if job.depends_on is None and job.key is not None]
+        if keyed:
+            for index, job_id in zip(keyed, write_keyed_many([prepared[i] for i in keyed],
+                                                             alias, connection)):
+                ids[index] = job_id
         waiting = [index for index, job in enumerate(prepared) if job.depends_on is not None]
-        for index, job_id in zip(waiting, write_dependents([prepared[i] for i in waiting],
-                                                           alias, connection)):
-            ids[index] = job_id
+        if any(prepared[index].key is not None for index in waiting):
+            # A keyed job that waits: each in order, so that any may name an earlier one.
+            for index in waiting:
+                ids[index] = (write_dependents([prepared[index]], alias, connection)[0]
+                              if prepared[index].key is None
+                              else write_keyed_dependent(prepared[index], alias, connection))
+        else:
+            for index, job_id in zip(waiting, write_dependents([prepared[i] for i in waiting],
+                                                               alias, connection)):
+                ids[index] = job_id
     return [job_id for job_id in ids if job_id is not None]
 
 
@@ -317,8 +315,10 @@ def _write(job: PreparedJob, alias: str, connection: Any, trace: "tracing.Carrie
     PostgreSQL in the same statement, elsewhere in the same transaction."""
     if job.depends_on is not None:
         from .dependencies import write_dependent
+        from .keyed import write_keyed_dependent
 
-        return _traced(write_dependent, job, alias, connection, trace)
+        write = write_dependent if job.key is None else write_keyed_dependent
+        return _traced(write, job, alias, connection, trace)
     if job.key is not None:
         from .keyed import write_keyed
 

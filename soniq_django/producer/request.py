@@ -402,8 +402,6 @@ def _job_key(request: JobRequest) -> "JobKey":
 
     if request.concurrency_key is None:
         raise _option("key_concurrency and key_rate need a concurrency_key")
-    if request.depends_on is not None:
-        raise _option("a job limited per key (concurrency_key) cannot also have depends_on")
     key = check_key(request.concurrency_key)
     limit = request.key_concurrency
     if limit is not None and (type(limit) is not int or not 1 <= limit <= INT32_MAX):

@@ -77,12 +77,22 @@ class KeyReport:
         return not self.violations
 
 
-def check_keys(conn) -> KeyReport:
-    """Check the keyed scenario from the database (see the module's docstring)."""
+def _same(value):
+    return value
+
+
+def check_keys(conn, when=_same) -> KeyReport:
+    """Check the keyed scenario from the database (see the module's docstring).
+
+    ``conn``: a psycopg connection, or a ``sqlite3`` one (the SQLite run,
+    tests/chaos/sqlite_keys.py), whose times come back as text: ``when`` makes
+    each one (or None) a datetime."""
     report = KeyReport()
     by_key: dict[str, list[tuple]] = defaultdict(list)
     for (job_id, attempt, started, finished, key, lapsed, ended,
          hold_lapsed) in conn.execute(RUNS_SQL).fetchall():
+        started, finished, lapsed, ended, hold_lapsed = (
+            when(started), when(finished), when(lapsed), when(ended), when(hold_lapsed))
         if key is None:
             report.violations.append(f"{job_id}: an execution of a job with no key")
             continue

@@ -5,8 +5,12 @@ enqueues at random priorities, ``OwnedJobSource`` claims of random batch
 sizes, completions, failures retried and dead-lettered, cancels of queued
 and running jobs, deferrals, timeouts that keep a hold and the holds'
 releases (twice, the second one a no-op), leases that lapse and are reaped
-by the next claim -- and keeps a model of which job of which key runs and
-which slots holds keep. Checked after every step, for each key:
+by the next claim, keyed jobs that depend on another job (issue 31's gaps: they
+wait outside their key, then take its place or are cancelled) and replays of
+dead letters (back under their key) -- and keeps a model of which job of which
+key runs and which slots holds keep (a dependent's release or cancellation is
+read back from its row after each step; that it never runs while it waits, nor
+holds a key's place, is checked). Checked after every step, for each key:
 
 - its count (``soniq_key_slots.running``) equals the model's running jobs
   plus held slots, and never passes its limit; nor do its processing rows;
@@ -37,7 +41,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from soniq_django import enqueue
 from soniq_django.keys.models import KeyHold, KeyLimit, KeyParked, KeySlot, KeyStart
-from soniq_django.models import DeadLetterJob, Job, QueueHold
+from soniq_django.models import DeadLetterJob, Job, JobDependency, JobWait, QueueHold
+from soniq_django.replay import replay_dead_letters
 from soniq_django.owned import OwnedJobSource
 from tests.support.owned import nonce, rewrite
 
@@ -57,7 +62,7 @@ LIMITS = {"a": 1, "b": 2}
 @dataclass
 class ModelJob:
     key: str
-    state: str = "queued"  # queued, processing, ended
+    state: str = "queued"  # waiting (for its dependency), queued, processing, ended
     fence: object = None
 
 
@@ -68,7 +73,8 @@ def _empty_tables() -> None:
                 cursor.execute("SELECT set_config('soniq.fenced_write', 'on', true)")
         Job.objects.all().delete()
         DeadLetterJob.objects.all().delete()
-        for model in (QueueHold, KeyHold, KeyParked, KeyStart, KeySlot, KeyLimit):
+        for model in (JobWait, JobDependency, QueueHold, KeyHold, KeyParked, KeyStart, KeySlot,
+                      KeyLimit):
             model.objects.all().delete()
 
 
@@ -91,6 +97,20 @@ class KeyedSlots(RuleBasedStateMachine):
     def _held(self, key):
         return sum(1 for k, _ in self.holds if k == key)
 
+    def _settle(self):
+        """The waiting jobs' release or cancellation, read back from their rows."""
+        for job_id, job in self.jobs.items():
+            if job.state != "waiting":
+                continue
+            status = Job.objects.filter(id=job_id).values_list("status", flat=True).first()
+            if status == "cancelled":
+                job.state = "ended"
+            elif status == "queued":
+                if not JobWait.objects.filter(job_id=job_id).exists():
+                    job.state = "queued"
+            else:
+                raise AssertionError(f"a job waiting for its dependency became {status}")
+
     # Rules ------------------------------------------------------------
 
     @rule(key=st.sampled_from(sorted(LIMITS)), priority=st.sampled_from([1, 50, 100]))
@@ -99,9 +119,35 @@ class KeyedSlots(RuleBasedStateMachine):
                          priority=priority)
         self.jobs[job_id] = ModelJob(key)
 
+    @precondition(lambda self: self.jobs)
+    @rule(key=st.sampled_from(sorted(LIMITS)), priority=st.sampled_from([1, 50, 100]),
+          data=st.data())
+    def put_after(self, key, priority, data):
+        dependency = data.draw(st.sampled_from(list(self.jobs)))
+        job_id = enqueue("kmodel.job", {}, concurrency_key=key, key_concurrency=LIMITS[key],
+                         priority=priority, depends_on=[dependency])
+        self.jobs[job_id] = ModelJob(key, state="waiting")
+        self._settle()  # a dependency already done or failed: released or cancelled at once
+
+    @precondition(lambda self: any(j.state == "ended" for j in self.jobs.values()))
+    @rule(data=st.data())
+    def replay(self, data):
+        dead = [i for i in self._of("ended")
+                if DeadLetterJob.objects.filter(id=i).exists()
+                and not Job.objects.filter(id=i).exists()]
+        if not dead:
+            return
+        job_id = data.draw(st.sampled_from(dead))
+        assert replay_dead_letters(ids=[job_id]).replayed == (job_id,)
+        assert Job.objects.get(id=job_id).concurrency_key == self.jobs[job_id].key
+        self.jobs[job_id].state = "queued"
+
     @rule(n=st.integers(1, 4))
     def claim(self, n):
         got = self.source.claim_many_owned("w-model", claim_tokens=[nonce() for _ in range(n)])
+        for claimed in got:
+            assert self.jobs[claimed.job_id].state != "waiting", "a waiting job was claimed"
+        self._settle()  # the reaper may have ended a dependency
         for claimed in got:
             job = self.jobs[claimed.job_id]
             assert job.state in ("queued", "processing")  # processing: a lapsed one, reaped
@@ -153,6 +199,7 @@ class KeyedSlots(RuleBasedStateMachine):
             job.state = "queued" if status == "queued" else (
                 "processing" if status == "processing" else "ended")
             assert status != "processing", "the reaper left a lapsed job processing"
+        self._settle()
 
     @precondition(lambda self: self.holds or self.released)
     @rule(data=st.data())
@@ -171,8 +218,15 @@ class KeyedSlots(RuleBasedStateMachine):
         job_id = data.draw(st.sampled_from(self._of("queued")))
         assert self.source.request_cancel(job_id) is True
         self.jobs[job_id].state = "ended"
+        self._settle()
 
     # Invariants --------------------------------------------------------
+
+    @invariant()
+    def a_waiting_job_holds_no_place_of_its_key(self):
+        waiting = [i for i in self._of("waiting")]
+        assert not KeyParked.objects.filter(job_id__in=waiting).exists()
+        assert not KeySlot.objects.filter(head__in=waiting).exists()
 
     @invariant()
     def counts_match_the_model_and_never_pass_the_limit(self):

@@ -142,13 +142,9 @@ def test_a_callable_that_raises_or_returns_no_string_is_refused():
     assert not Job.objects.exists()
 
 
-def test_enqueue_refuses_limits_without_a_key_and_a_key_with_depends_on():
+def test_enqueue_refuses_limits_without_a_key_and_a_bad_rate():
     with pytest.raises(ConfigValidationError) as error:
         enqueue("keys.any", {}, key_concurrency=2)
-    assert error.value.code == ErrorCode.INVALID_OPTION
-    first = enqueue("keys.any", {})
-    with pytest.raises(ConfigValidationError) as error:
-        enqueue("keys.any", {}, concurrency_key="k", depends_on=[first])
     assert error.value.code == ErrorCode.INVALID_OPTION
     with pytest.raises(ConfigValidationError):
         enqueue("keys.any", {}, concurrency_key="k", key_rate="fast")

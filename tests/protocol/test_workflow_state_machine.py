@@ -304,7 +304,8 @@ class WorkflowsFromABatch(Workflows):
 def test_the_model_finds_a_callback_count_read_without_the_row_lock():
     from soniq_django.sql import released_function
 
-    released = released_function("workflows_v1.sql", "soniq_settle_dependents_v1")
+    # The work list in force: v2 since 0032 (key_park_v1.sql), v1's count decrement unchanged.
+    released = released_function("key_park_v1.sql", "soniq_settle_dependents_v2")
     assert LOCKED_DECREMENT in released
     install_function(released.replace(LOCKED_DECREMENT, RACY_READ))
     try:

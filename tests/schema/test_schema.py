@@ -41,8 +41,9 @@ ATTEMPTS = {"soniq_jobs": {"claimed_at": (TSTZ, True, None)}}
 #: Added by 0025_workflows: whether another job waits for this one.
 WORKFLOWS = {"soniq_jobs": {"has_dependents": ("boolean", True, None)}}
 
-#: Added by 0029_keys: the key of a job limited per key.
-KEYS = {"soniq_jobs": {"concurrency_key": ("text", True, None)}}
+#: Added by 0029_keys: the key of a job limited per key; by 0032_key_park: its dead letter's.
+KEYS = {"soniq_jobs": {"concurrency_key": ("text", True, None)},
+        "soniq_dead_letter_jobs": {"concurrency_key": ("text", True, None)}}
 
 
 def _expected(table):

@@ -51,9 +51,12 @@ LATER_OBJECTS = {"soniq_queue_holds", "soniq_jobs_claim_queue_now_idx",
                  "soniq_key_parked_now_idx",
                  "soniq_key_starts_idx", "soniq_key_holds_claim",
                  "soniq_key_moved", "soniq_key_gone", "soniq_key_deferred",
-                 "soniq_key_hold_gone", "soniq_key_admit", "concurrency_key"}
-#: The columns 0020, 0025 and 0029 add to soniq_jobs, as SQLite's table definition ends
-#: with them.
+                 "soniq_key_hold_gone", "soniq_key_admit", "concurrency_key",
+                 # 0032_key_park: the triggers of a dead letter's key and a released
+                 # dependent's parking (and the dead letters' concurrency_key, below).
+                 "soniq_key_dead_letter", "soniq_key_released"}
+#: The columns 0020, 0025 and 0029 add to soniq_jobs, and 0032 to soniq_dead_letter_jobs,
+#: as SQLite's table definitions end with them.
 _LATER_SQLITE_COLUMNS = (', "claimed_at" datetime NULL', ', "has_dependents" bool NULL',
                          ', "concurrency_key" text NULL')
 

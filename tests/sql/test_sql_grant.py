@@ -24,6 +24,12 @@ ENQUEUE_KEYED_SIGNATURE = (
 )
 
 
+ENQUEUE_KEYED_AFTER_SIGNATURE = (
+    "soniq_enqueue_keyed_after(text, integer, text, uuid[], text, jsonb, text, integer,"
+    " timestamptz, integer, boolean, text, text, uuid, boolean, double precision)"
+)
+
+
 def _grant(role) -> list[str]:
     out = io.StringIO()
     call_command("soniq_grant", role, stdout=out)
@@ -62,13 +68,17 @@ def test_soniq_grant_grants_the_producer_functions_or_refuses_off_postgresql(bac
         f"GRANT EXECUTE ON FUNCTION {quoted_schema}.soniq_enqueue_after_many(jsonb, double "
         f"precision) TO {quoted_role}",
         f"GRANT EXECUTE ON FUNCTION {quoted_schema}.{ENQUEUE_KEYED_SIGNATURE} TO {quoted_role}",
+        f"GRANT EXECUTE ON FUNCTION {quoted_schema}.{ENQUEUE_KEYED_AFTER_SIGNATURE} TO "
+        f"{quoted_role}",
+        f"GRANT EXECUTE ON FUNCTION {quoted_schema}.soniq_enqueue_keyed_many(jsonb) TO "
+        f"{quoted_role}",
     ]
     assert fetch("SELECT has_schema_privilege(%s, current_schema(), 'USAGE')", [role]) == [(True,)]
     executable = _can_execute(role)
     assert sorted(name for name, ok in executable.items() if ok) == sorted(PUBLIC_FUNCTIONS)
     assert fetch("SELECT has_table_privilege(%s, 'soniq_jobs', 'SELECT')", [role]) == [(False,)]
     # Granting twice is harmless.
-    assert len(_grant(role)) == 8
+    assert len(_grant(role)) == 10
 
 
 
@@ -85,7 +95,7 @@ def test_an_unknown_role_is_a_command_error():
 def test_any_role_name_is_taken_literally(shape):
     role = shape.format(unique_name("x"))
     _create_role(role)
-    assert len(_grant(role)) == 8
+    assert len(_grant(role)) == 10
     assert _can_execute(role)["soniq_enqueue"] is True
     assert _can_execute(role)["soniq_enqueue_after"] is True
     assert _can_execute(role)["soniq_enqueue_after_many"] is True

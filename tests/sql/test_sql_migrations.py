@@ -121,7 +121,7 @@ def test_reversing_0010_restores_version_1_and_reapplying_gives_version_4(roles)
         assert _function_source("soniq_enqueue_many") is None
         assert set(_installed()) == set(producer_api_functions()) - {
             "soniq_enqueue_many", "soniq_enqueue_after", "soniq_enqueue_after_many",
-            "soniq_enqueue_keyed"}
+            "soniq_enqueue_keyed", "soniq_enqueue_keyed_after", "soniq_enqueue_keyed_many"}
         # soniq_enqueue was replaced, not dropped: its grant and its revocation stay.
         assert _may_enqueue(producer)
         assert not any(_installed().values())
@@ -206,12 +206,19 @@ _REPLACED_BY_0031 = {"soniq_claim_many": "claim_protocol_v10.sql",
                      "soniq_complete_many": "claim_protocol_v11.sql",
                      "soniq_hold_slot": "claim_protocol_v8.sql",
                      "soniq_key_sweep": "claim_protocol_v12.sql"}
+# 0032 parks the keyed jobs that reach their key later (a replay, a released dependent): the
+# park, the dead letter's key, the workflow settle v2 behind the same triggers, and
+# soniq_enqueue_keyed_after.
+_ADDED_BY_0032 = ("soniq_key_park_v1", "soniq_key_dead_letter_v1", "soniq_settle_dependents_v2",
+                  "soniq_dependency_ended_v2", "soniq_enqueue_keyed_many",
+                  "soniq_enqueue_keyed_after")
 #: What the migrations after 0026 add, each with its file (number, file, names), in order:
 #: reversing one of them reverses those after it too.
 _LATER = (("0027", "producer_api_v6.sql", _ADDED_BY_0027), ("0028", "steps_v1.sql", _ADDED_BY_0028),
           ("0029", "claim_protocol_v12.sql", _ADDED_BY_0029),
           ("0030", "worker_registry_v1.sql", _ADDED_BY_0030),
-          ("0031", "claim_protocol_v13.sql", _ADDED_BY_0031))
+          ("0031", "claim_protocol_v13.sql", _ADDED_BY_0031),
+          ("0032", "key_park_v1.sql", _ADDED_BY_0032))
 _ADDED_AFTER_0026 = tuple(name for _, _, names in _LATER for name in names)
 #: What the migrations after 0026 give new bodies (reversing one of them puts the released ones back).
 _REPLACED_AFTER_0026 = tuple(_REPLACED_BY_0031)

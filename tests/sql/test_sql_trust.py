@@ -93,7 +93,7 @@ def test_the_tables_are_not_open_to_public():
 def test_a_granted_producer_can_enqueue_and_read_but_not_touch_the_tables(roles):
     role = roles.create("soniq_producer")
     output = grant(role)
-    assert output.count("GRANT") == 8
+    assert output.count("GRANT") == 10
     with roles.connect(role, application_name="") as conn:
         job_id = conn.execute(
             "SELECT soniq_enqueue('trust.job', '{\"n\": 1}', unique_job => true)").fetchone()[0]

@@ -29,7 +29,8 @@ from soniq_django.sql import SQL_DIR
 
 #: The functions a producer is granted, by name.
 PUBLIC_FUNCTIONS = ("soniq_enqueue", "soniq_get_job", "soniq_args_hash", "soniq_enqueue_many",
-                    "soniq_enqueue_after", "soniq_enqueue_after_many", "soniq_enqueue_keyed")
+                    "soniq_enqueue_after", "soniq_enqueue_after_many", "soniq_enqueue_keyed",
+                    "soniq_enqueue_keyed_after", "soniq_enqueue_keyed_many")
 
 #: The columns soniq_get_job returns, in the seed's order.
 GET_JOB_COLUMNS = (
@@ -51,6 +52,8 @@ def producer_api_functions() -> list[str]:
                                 text, flags=re.MULTILINE):
             names[found] = None
     names["soniq_enqueue_keyed"] = None  # claim_protocol_v12.sql (0029): a producer's too
+    names["soniq_enqueue_keyed_after"] = None  # key_park_v1.sql (0032): and these two
+    names["soniq_enqueue_keyed_many"] = None
     return list(names)
 
 
