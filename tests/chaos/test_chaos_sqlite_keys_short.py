@@ -7,8 +7,9 @@ overrun their time limit (failed at the deadline, running on holding their
 key's slot). From the in-handler stamps, never two runs of a key at once, and
 every job done, no key left counting (tests/chaos/sqlite_keys.py). Then, inside a
 transaction that is rolled back, the check is shown two runs of a key made to
-overlap and a key left counting, and must report both: a check that cannot
-fail proves nothing. The full run is ``make chaos-keys-sqlite``.
+overlap and a key left counting, and must report both (and the overlap gone
+once the first run's hold is made to have lapsed as it started): a check that
+cannot fail proves nothing. The full run is ``make chaos-keys-sqlite``.
 """
 
 import dataclasses
@@ -31,18 +32,31 @@ def _show_the_check_a_key_overlap(path) -> None:
     try:
         conn.execute("BEGIN IMMEDIATE")
         first, second = conn.execute(
-            "SELECT e.exec_id, e.started_at FROM chaos_executions AS e "
+            "SELECT e.exec_id, e.started_at, e.job_id, e.attempt FROM chaos_executions AS e "
             "JOIN soniq_jobs AS j ON j.id = e.job_id WHERE j.concurrency_key = 'k0' "
             "ORDER BY e.started_at LIMIT 2").fetchall()
         conn.execute("UPDATE chaos_executions SET finished_at = ? WHERE exec_id = ?",
                      ["9000-01-01 00:00:00.000000", first[0]])
+        # Its hold given back as it started, its lease still running: no lapse, so the
+        # run still held its key (only a lapsed hold ends a run early).
+        conn.execute("DELETE FROM chaos_hold_ends WHERE job_id = ?", [first[2]])
+        conn.execute("INSERT INTO chaos_hold_ends (job_id, generation, lease_expires_at, at) "
+                     "VALUES (?, ?, '8999-01-01 00:00:00.000000', ?)",
+                     [first[2], first[3], first[1]])
         conn.execute("UPDATE soniq_key_slots SET running = 1 WHERE key = 'k1'")
         found = check_keys(conn, when=when)
+        # The same hold lapsed instead, as the run started: the run gave its key back
+        # then, and the overlap made above is gone.
+        conn.execute("UPDATE chaos_hold_ends SET lease_expires_at = at WHERE job_id = ?",
+                     [first[2]])
+        cut = check_keys(conn, when=when)
         conn.execute("ROLLBACK")
     finally:
         conn.close()
     assert found.overlaps >= 1, found.violations
     assert any("still counting" in line for line in found.leftovers), found.leftovers
+    assert cut.overlaps == found.overlaps - 1, cut.violations
+    assert cut.runs_cut_by_hold_lapse == found.runs_cut_by_hold_lapse + 1
     _show_the_check_a_key_overlap.seen = True
 
 
