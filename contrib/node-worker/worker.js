@@ -152,9 +152,14 @@ class Worker {
     }
   }
 
-  // Renew the lease every third of it; hear a cancel request; notice a lost claim.
+  // Renew the lease every third of it; hear a cancel request; notice a lost claim. A beat
+  // still waiting (for the job's row, held by another transaction) skips the next ones
+  // instead of piling them onto the pool, whose few connections the run needs too.
   keepAlive(job, abort) {
+    let beating = false;
     const timer = setInterval(async () => {
+      if (beating) return;
+      beating = true;
       try {
         const [{ ok }] = (await this.pool.query(
           'SELECT soniq_heartbeat($1, $2, $3, $4, $5, $6) AS ok',
@@ -164,7 +169,9 @@ class Worker {
           'SELECT cancel_requested FROM soniq_get_state($1, $2, $3, $4, $5)',
           this.fence(job))).rows;
         if (state && state.cancel_requested) abort.abort('cancel');
-      } catch (err) { /* the next beat tries again, within the lease */ }
+      } catch (err) { /* the next beat tries again, within the lease */ } finally {
+        beating = false;
+      }
     }, (this.leaseSeconds * 1000) / 3);
     return () => clearInterval(timer);
   }

@@ -316,3 +316,32 @@ def test_a_commit_lost_in_a_partition_is_settled_within_the_bounds(tmp_path, nod
     # held the row (without the bound, one try waits until the server ends that transaction).
     assert any(event.get("code") == "55P03" and "soniq_claim_outcome" in event.get("sql", "")
                for event in child.events("retry")), child.log()[-2000:]
+
+
+def _node_heartbeats_waiting() -> int:
+    return fetch("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                 "AND datname = current_database() AND state = 'active' "
+                 "AND query LIKE 'SELECT soniq_heartbeat(%%'", [APP_NAME])[0][0]
+
+
+def test_a_held_row_holds_one_heartbeat_of_a_run_at_a_time(node):
+    """While another transaction holds a running job's row, the run's beat waits for it; the
+    next beats are skipped, not piled on the worker's pool (4 connections) meanwhile."""
+    job = enqueue("fleet.slow", {}, queue="fleet")
+    child = node.start()
+    wait_until(lambda: Job.objects.filter(id=job, status="processing").exists()
+               or child.exited(), 30, "the slow job to start")
+    most = 0
+    with raw(autocommit=False) as holder:
+        holder.execute("SELECT 1 FROM soniq_jobs WHERE id = %s FOR UPDATE", [job])
+        deadline = time.monotonic() + 2.5  # about four beats (LEASE / 3 apart)
+        while time.monotonic() < deadline:
+            most = max(most, _node_heartbeats_waiting())
+            time.sleep(0.05)
+        holder.rollback()
+    assert most == 1, most
+    assert OwnedJobSource().request_cancel(job)
+    wait_until(lambda: Job.objects.get(id=job).status == "cancelled" or child.exited(), 30,
+               "the cancel")
+    child.signal(signal.SIGTERM)
+    assert child.wait(30) == 0

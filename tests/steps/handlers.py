@@ -75,3 +75,20 @@ def held() -> list:
     context = current_job()
     during = context.step("held", _held_write_lock, atomic=True)
     return [during, [flight.holds_write_lock for flight in WORKER.flights.all()]]
+
+
+def _effect_then_lose_the_commit(name: str) -> dict:
+    """``effect``; on attempt 1 the step's COMMIT after its record is lost in a partition."""
+    from django.db import connection
+
+    from tests.support.commits import cut_after
+
+    if current_job().attempts == 1:
+        cut_after(connection, "soniq_record_step(")
+    return effect(name)
+
+
+@job(name="tests.steps.lost_commit", retries=3)
+def lost_commit() -> dict:
+    """One atomic step whose first COMMIT never reaches the server (PostgreSQL)."""
+    return current_job().step("a", _effect_then_lose_the_commit, "a", atomic=True)

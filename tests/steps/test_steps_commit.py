@@ -9,8 +9,9 @@ from soniq_django import enqueue, get_job
 from soniq_django.models import Job
 from soniq_django.steps import recorded_steps
 from soniq_django.worker import Worker
-from tests.support.commits import backend_in_commit, lose_the_first_job_thread_commit, slow_commit
-from tests.support.workers import WorkerThread, wait_until
+from tests.support.commits import (backend_in_commit, lose_the_first_job_thread_commit,
+                                   release_cut_sockets, slow_commit)
+from tests.support.workers import FAST, WorkerThread, wait_until
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -68,3 +69,24 @@ def test_a_step_whose_connection_is_terminated_at_commit_keeps_nothing_and_runs_
     assert effects(job_id) == [("a", 1), ("b", 2), ("c", 2)]
     assert [(r.name, r.attempt) for r in recorded_steps(job_id)] == [
         ("a", 1), ("b", 2), ("c", 2)]
+
+
+@pytest.mark.postgresql_only  # a lost COMMIT needs a server on the other end of a connection
+def test_a_step_commit_lost_in_a_partition_is_settled_once_the_server_ends_it(settings):
+    """The step's COMMIT never reaches the server, whose backend keeps the transaction open,
+    holding the job's row. The record set idle_in_transaction_session_timeout (a third of the
+    lease): the server ends the transaction, the settle's fenced heartbeat then gets the row,
+    finds no record, and the next attempt runs the step once."""
+    settings.SONIQ = {**FAST, "LEASE_SECONDS": 2, "HEARTBEAT_SECONDS": 0.5}
+    job_id = enqueue("tests.steps.lost_commit")
+    try:
+        with WorkerThread(Worker(burst=True)) as running:
+            assert running.join(30) == 0
+    finally:
+        release_cut_sockets()
+    info = get_job(job_id)
+    assert (info.status, info.attempts) == ("done", 2)
+    assert effects(job_id) == [("a", 2)]
+    # Settled from the database (without the server's bound the row stays held: the
+    # settle's three leases run out, and so does the run's claim).
+    assert "the database shows it did not happen" in Job.objects.get(id=job_id).last_error

@@ -1,11 +1,16 @@
 """Shared helpers for the tests of a COMMIT whose answer is lost: an atomic job's, an atomic step's.
 
-Two ways to lose it: ``lose_the_first_job_thread_commit`` makes the first COMMIT of a job
+Three ways to lose it: ``lose_the_first_job_thread_commit`` makes the first COMMIT of a job
 thread's own connection err after it landed (or instead of it), in process, on both
 databases; ``slow_commit`` (PostgreSQL) makes one COMMIT last 2 s and name its backend, so
-that a test can terminate that backend while the COMMIT runs (``backend_in_commit``).
+that a test can terminate that backend while the COMMIT runs (``backend_in_commit``);
+``cut_after`` (PostgreSQL) loses the COMMIT in a partition: the server never hears of it,
+and its backend stays idle in the transaction, holding its locks, until the server ends it
+or the test calls ``release_cut_sockets``.
 """
 
+import os
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,3 +79,38 @@ def backend_in_commit(mark: str) -> int | None:
         found = cursor.fetchall()
     assert len(found) <= 1, found  # one job, one first attempt: one such COMMIT
     return found[0][0] if found else None
+
+
+#: The real sockets of connections cut by ``cut_after``, kept open so that the server sees no
+#: end of them: their backends stay idle in transaction, as behind a partition.
+CUT_SOCKETS: list[int] = []
+
+
+def cut_after(connection, marker: str) -> None:
+    """Once a statement holding ``marker`` has run on ``connection`` (a Django wrapper), cut it.
+
+    The client's socket is swapped for a dead one (a socket pair whose other end is closed)
+    and the real socket is kept open in ``CUT_SOCKETS``: the COMMIT that follows fails on the
+    client, and the server never hears of it.
+    """
+    def cut(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if marker in sql:
+            wrapper = context["connection"]
+            wrapper.execute_wrappers.remove(cut)
+            fd = wrapper.connection.pgconn.socket
+            CUT_SOCKETS.append(os.dup(fd))
+            alive, dead = socket.socketpair()
+            dead.close()
+            os.dup2(alive.fileno(), fd)
+            alive.close()
+        return result
+
+    connection.execute_wrappers.append(cut)
+
+
+def release_cut_sockets() -> None:
+    """Close the real sockets ``cut_after`` kept: the server then ends those backends."""
+    for fd in CUT_SOCKETS:
+        os.close(fd)
+    CUT_SOCKETS.clear()

@@ -368,34 +368,6 @@ def timeouts_atomic(hold: float = 0.0, note: str = "") -> dict:
 
 # --- Bounded waits (tests/worker/test_liveness.py) -----------------------------
 
-#: The real sockets of connections cut by ``atomic_lost_commit``, kept open so that the server
-#: sees no end of them: their backends stay idle in transaction, as behind a partition.
-CUT_SOCKETS: list[int] = []
-
-
-def _cut_after_completion(execute, sql, params, many, context):
-    """An execute wrapper: once the atomic run's completion has run, cut the connection.
-
-    The client's socket is swapped for a dead one (a socket pair whose other
-    end is closed) and the real socket is kept open in ``CUT_SOCKETS``: the
-    COMMIT fails on the client, and the server never hears of it -- its
-    backend holds the job's row, idle in the transaction.
-    """
-    import socket
-
-    result = execute(sql, params, many, context)
-    if "soniq_complete(" in sql:
-        connection = context["connection"]
-        connection.execute_wrappers.remove(_cut_after_completion)
-        fd = connection.connection.pgconn.socket
-        CUT_SOCKETS.append(os.dup(fd))
-        alive, dead = socket.socketpair()
-        dead.close()
-        os.dup2(alive.fileno(), fd)
-        alive.close()
-    return result
-
-
 @job(name="tests.atomic.lost_commit", atomic=True, retries=3)
 def atomic_lost_commit(note: str = "") -> dict:
     """Write an Effect; on attempt 1 the COMMIT after its completion is lost (PostgreSQL)."""
@@ -405,7 +377,9 @@ def atomic_lost_commit(note: str = "") -> dict:
     context = current_job()
     _effect(note).save()
     if context.attempts == 1:
-        connection.execute_wrappers.append(_cut_after_completion)
+        from tests.support.commits import cut_after
+
+        cut_after(connection, "soniq_complete(")
     return {"generation": context.generation}
 
 

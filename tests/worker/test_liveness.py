@@ -13,7 +13,6 @@ lease, the run is failed and runs again, and the worker goes on claiming
 meanwhile.
 """
 
-import os
 import threading
 import time
 from contextlib import contextmanager
@@ -24,12 +23,12 @@ from django.db import connection
 from django.utils import timezone
 
 from soniq_django import enqueue
+from soniq_django.bounds import longest_turn, orphan_limit
 from soniq_django.models import Job
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker import Worker
-from soniq_django.bounds import longest_turn, orphan_limit
+from tests.support.commits import release_cut_sockets
 from tests.support.workers import FAST, WorkerThread, wait_until
-from tests.testapp import jobs as test_jobs
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -200,9 +199,7 @@ def test_an_atomic_commit_lost_in_a_partition_neither_freezes_the_worker_nor_kee
             recovered = time.monotonic() - cut
             assert running_worker.stop(20) == 0
     finally:
-        for fd in test_jobs.CUT_SOCKETS:
-            os.close(fd)
-        test_jobs.CUT_SOCKETS.clear()
+        release_cut_sockets()
     assert recovered < 3 * LEASE  # docs/exactly-once.md: within three leases
     row = Job.objects.get(id=lost)
     assert (row.status, row.attempts) == ("done", 2)
