@@ -919,7 +919,7 @@ def test_reversing_0031_restores_version_12s_bodies_and_reapplying_gives_version
     try:
         call_command("migrate", "soniq_django", target, verbosity=0)
         assert _soniq_functions() == _reversed_0031(
-            {n: b for n, b in before.items() if n not in _ADDED_BY_0031})
+            {n: b for n, b in before.items() if n not in _added_from("0031")})
         assert _claim_settings() == settings  # version 11's, given again after the restore
         assert _claim_and_complete_two_keys("back.to_v12") == [True, True]
     finally:
