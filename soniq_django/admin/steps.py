@@ -11,7 +11,7 @@ import uuid
 
 from django.utils.html import format_html, format_html_join
 
-from ..steps import recorded_steps
+from ..steps import count_steps, recorded_steps
 from .display import visible, when
 
 #: Steps listed on a job's page at most (the count covers them all).
@@ -24,15 +24,14 @@ def _size(size: int) -> str:
 
 def render_steps(job_id: uuid.UUID, using: str) -> str:
     """The job's recorded steps as an HTML table, or "-" when it has none."""
-    steps = recorded_steps(job_id, using)
+    steps = recorded_steps(job_id, using, limit=STEPS_SHOWN)  # a job may record thousands
     if not steps:
         return "-"
     rows = format_html_join(
         "\n", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-        ((visible(s.name), when(s.recorded_at), s.attempt, _size(s.size))
-         for s in steps[:STEPS_SHOWN]))
-    more = (format_html("<p>and {} more</p>", len(steps) - STEPS_SHOWN)
-            if len(steps) > STEPS_SHOWN else "")
+        ((visible(s.name), when(s.recorded_at), s.attempt, _size(s.size)) for s in steps))
+    total = count_steps(job_id, using) if len(steps) == STEPS_SHOWN else len(steps)
+    more = format_html("<p>and {} more</p>", total - STEPS_SHOWN) if total > STEPS_SHOWN else ""
     return format_html(
         '<table class="soniq-steps"><thead><tr><th>step</th><th>recorded</th>'
         "<th>by attempt</th><th>size</th></tr></thead><tbody>{}</tbody></table>{}",

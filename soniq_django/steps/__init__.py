@@ -28,16 +28,30 @@ class StepRecord:
     size: int
 
 
-def recorded_steps(job_id: uuid.UUID | str, using: str = DEFAULT_DB_ALIAS) -> list[StepRecord]:
-    """The steps recorded for ``job_id``, in the order they were recorded (never their results)."""
+def recorded_steps(job_id: uuid.UUID | str, using: str = DEFAULT_DB_ALIAS, *,
+                   limit: int | None = None) -> list[StepRecord]:
+    """The steps recorded for ``job_id``, in the order they were recorded (never their results).
+
+    ``limit``: the first that many at most (one read of that many rows).
+    """
     from ..models import JobStep
 
     with translating(using):
         rows = (JobStep.objects.using(using).filter(job_id=uuid.UUID(str(job_id)))
                 .order_by("recorded_at", "name")
                 .values_list("name", "recorded_at", "attempt", "generation", "size"))
+        if limit is not None:
+            rows = rows[:limit]
         return [StepRecord(name=n, recorded_at=at, attempt=a, generation=g, size=s)
                 for n, at, a, g, s in rows]
+
+
+def count_steps(job_id: uuid.UUID | str, using: str = DEFAULT_DB_ALIAS) -> int:
+    """How many steps are recorded for ``job_id``."""
+    from ..models import JobStep
+
+    with translating(using):
+        return JobStep.objects.using(using).filter(job_id=uuid.UUID(str(job_id))).count()
 
 
 def reset_steps(job_id: uuid.UUID | str, names: "list[str] | None" = None, *,

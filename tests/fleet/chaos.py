@@ -145,7 +145,8 @@ def run(args) -> int:
                     else:
                         tally["backends_terminated"] += len(conn.execute(
                             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                            "WHERE application_name = %s ORDER BY random() LIMIT 3",
+                            "WHERE application_name = %s AND datname = current_database() "
+                            "ORDER BY random() LIMIT 3",
                             [APP_NAME]).fetchall())
                 deadline = time.monotonic() + args.timeout
                 while left() and time.monotonic() < deadline:

@@ -1,9 +1,12 @@
 """Steps seen from outside: get_job().steps, the admin's job and dead-letter pages, the signals."""
 
 import pytest
+from django.db import connection
 from django.urls import reverse
+from django.test.utils import CaptureQueriesContext
 
 from soniq_django import enqueue, get_job, signals
+from soniq_django.admin.steps import STEPS_SHOWN, render_steps
 from soniq_django.models import DeadLetterJob
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker.context import _current
@@ -59,6 +62,21 @@ def test_the_admin_lists_steps_with_attempt_and_size_never_results(admin_client)
     page = section(admin_client.get(
         reverse("admin:soniq_django_deadletterjob_change", args=[job_id])).content.decode())
     assert "<td>charge</td>" in page
+
+
+def test_the_admin_reads_the_steps_it_shows_and_counts_the_rest():
+    source = OwnedJobSource("default")
+    job_id = enqueue("tests.steps.three", {})
+    run = run_of(source)
+    for n in range(STEPS_SHOWN + 5):
+        run.step(f"page-{n:04d}", lambda: None)
+    with CaptureQueriesContext(connection) as queries:
+        page = render_steps(job_id, "default")
+    assert page.count("<tr><td>") == STEPS_SHOWN and "<td>page-0000</td>" in page
+    assert f"<td>page-{STEPS_SHOWN:04d}</td>" not in page and "and 5 more" in page
+    # The listing's read stops at STEPS_SHOWN rows; the rest are only counted.
+    assert [q["sql"] for q in queries.captured_queries if "LIMIT" in q["sql"]], queries
+    assert any("COUNT(" in q["sql"] for q in queries.captured_queries)
 
 
 def test_a_job_without_steps_shows_a_dash(admin_client):
