@@ -71,6 +71,10 @@ LEVERS = {
     # The claims of due scheduled jobs, limited queues' probes and the queue discovery
     # read it: only a new claim protocol version could do without it.
     "no-claim-idx": "DROP INDEX soniq_jobs_claim_idx",
+    # Room on each page for the claim's and the completion's new versions (a storage
+    # parameter, not part of the format: docs/storage-format.md; decision 0020).
+    **{f"fillfactor-{n}": f"ALTER TABLE soniq_jobs SET (fillfactor = {n})"
+       for n in (90, 80, 70, 50)},
 }
 
 
