@@ -273,11 +273,8 @@ class Job(models.Model):
             ),
             # The admin's newest-first list, its date drill-down and its
             # search window read this, not the table (migration 0022,
-            # decision 0040): one entry per row version but a processing
-            # one (migration 0033, decision 0051: 64 B of WAL a job less);
-            # the admin reads the running jobs apart (admin/scale.py, Apart).
-            models.Index(fields=["created_at"], name="soniq_jobs_created_idx",
-                         condition=~models.Q(status="processing")),
+            # decision 0040): one entry per row version, whatever its state.
+            models.Index(fields=["created_at"], name="soniq_jobs_created_idx"),
         ]
 
     def __str__(self) -> str:

@@ -8,7 +8,7 @@ from django.contrib.admin.models import DELETION
 from django.contrib.admin.views.main import SEARCH_VAR
 from django.contrib.auth import get_permission_codename
 from django.db import router
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.template.response import TemplateResponse
@@ -42,14 +42,6 @@ class _RowsChangeList(OnlyListedColumns):
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        apart = getattr(self.paginator, "apart", None)
-        listed: Any = getattr(self, "result_list", None)  # set by Django above
-        if apart is not None and isinstance(listed, QuerySet) and apart.newest_first(listed):
-            # One page holds every row (Django lists the query itself, unsliced): it
-            # too is read arm by arm, each through its index.
-            top = max(int(self.result_count), self.list_per_page,
-                      self.list_max_show_all if self.show_all else 0)
-            self.result_list = apart.slice(listed, 0, top)
         self.result_estimated = bool(getattr(self.paginator, "estimated", False))
         bound = getattr(request, "_soniq_search_window", None)
         self.dates_from_ends = self.result_estimated or (
@@ -75,8 +67,6 @@ class _JobRowAdmin(ReadOnlyAdmin):
     search_window_field = ""
     """An indexed timestamp: a search reads the newest rows by it (scale.SEARCH_WINDOW)."""
     search_noun = "rows"
-    apart: scale.Apart | None = None
-    """The rows the index on ``search_window_field`` leaves out, read apart (scale.Apart)."""
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[OnlyListedColumns]:
         return _RowsChangeList
@@ -88,13 +78,7 @@ class _JobRowAdmin(ReadOnlyAdmin):
         # they are counted.
         searching = bool(request.GET.get(SEARCH_VAR, "").strip())
         kind = ExactPaginator if searching else EstimatingPaginator
-        paginator = kind(queryset, per_page, orphans, allow_empty_first_page)
-        # A list of one status reads one index (the partial index implied by a
-        # status but processing; the lease index for processing): nothing apart.
-        # (The history page pages other rows: the admin's log.)
-        if queryset.model is self.model and "status__exact" not in request.GET:
-            paginator.apart = self.apart
-        return paginator
+        return kind(queryset, per_page, orphans, allow_empty_first_page)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None
                         ) -> HttpResponseBase:
@@ -141,10 +125,7 @@ class _JobRowAdmin(ReadOnlyAdmin):
         field = self.date_hierarchy
         dates = {name: value for name, value in request.GET.items()
                  if name in {f"{field}__year", f"{field}__month", f"{field}__day"}}
-        root = self.get_queryset(request).filter(**dates)
-        # The rows apart (running jobs, few) are not counted back through: the
-        # window is the newest rows the index holds, and the running ones among them.
-        return root if self.apart is None else self.apart.arms(root)[0]
+        return self.get_queryset(request).filter(**dates)
 
     @admin.display(description="id", ordering="id")
     def short_id(self, obj: Job | DeadLetterJob) -> str:
@@ -291,9 +272,6 @@ class JobAdmin(PageActions, AllMatching, _JobRowAdmin):
                         "inside its args (customer=42), or part of a job name or dedup key.")
     search_window_field = "created_at"
     search_noun = "jobs"
-    # soniq_jobs_created_idx holds no processing row version (migration 0033, decision
-    # 0051): the running jobs, few, are read apart and merged in.
-    apart = scale.Apart("created_at", Q(status=JobStatus.PROCESSING))
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
     actions = ("cancel_selected", "retry_selected_now", "delete_selected_finished")

@@ -11,10 +11,6 @@
   search but an id's reads at most the ``SEARCH_WINDOW`` newest rows.
 - ``date_hierarchy``: the date drill-down, without reading every row's date
   when the list's count is an estimate.
-- ``Apart``: the rows the index of a list's order leaves out (the running
-  jobs: ``soniq_jobs_created_idx`` has no entry for a processing row version,
-  decision 0051), read on their own and merged in: pages, counts, the
-  drill-down's ends and the search window never read the whole table.
 """
 
 import calendar
@@ -55,49 +51,6 @@ class Estimate(int):
         return f"about {int(self):,}"
 
 
-@dataclass(frozen=True)
-class Apart:
-    """Rows the index on a list's order (``field``) leaves out, and which are few: ``rows``.
-
-    A list newest first reads the others through the partial index (their
-    condition, ``~rows``, implies its predicate) and these on their own, and
-    merges them; so do its counts, its drill-down's ends and its search window.
-    """
-
-    field: str
-    rows: Q
-
-    def arms(self, queryset: QuerySet) -> tuple[QuerySet, QuerySet]:
-        """(the rows the index holds, the rows apart) of ``queryset``."""
-        return queryset.exclude(self.rows), queryset.filter(self.rows)
-
-    def newest_first(self, queryset: QuerySet) -> bool:
-        """Whether ``queryset`` is ordered newest first by ``field`` (then by id, as the
-        changelist's deterministic ordering adds)."""
-        ordering = list(dict.fromkeys(queryset.query.order_by))  # the admin's, then the query's
-        return ordering in ([f"-{self.field}"], [f"-{self.field}", "-pk"])
-
-    def slice(self, queryset: QuerySet, bottom: int, top: int) -> list[Any]:
-        """``queryset[bottom:top]``, newest first: the first ``top`` of each arm, merged."""
-        keys: list[tuple[Any, Any]] = []
-        for arm in self.arms(queryset):
-            keys.extend(arm.order_by(f"-{self.field}", "-pk")
-                        .values_list(self.field, "pk")[:top])
-        ids = [pk for _, pk in sorted(keys, reverse=True)[bottom:top]]
-        found = {row.pk: row for row in queryset.order_by().filter(pk__in=ids)}
-        return [found[pk] for pk in ids if pk in found]
-
-    def ends(self, queryset: QuerySet) -> tuple[Any, Any]:
-        """The oldest and the newest ``field`` of ``queryset`` (None, None: no row)."""
-        firsts, lasts = [], []
-        for arm in self.arms(queryset):
-            found = arm.aggregate(first=Min(self.field), last=Max(self.field))
-            if found["first"] is not None:
-                firsts.append(found["first"])
-                lasts.append(found["last"])
-        return (min(firsts), max(lasts)) if firsts else (None, None)
-
-
 class EstimatingPaginator(Paginator):
     """Django's paginator, counting with ``estimates.count`` (exact where it is cheap).
 
@@ -107,29 +60,12 @@ class EstimatingPaginator(Paginator):
     """
 
     exact = False
-    apart: Apart | None = None
-    """The rows the index on the list's order leaves out (set by the admin), if any."""
 
     @cached_property
     def counted(self) -> estimates.Count:
-        arms = [self.object_list] if self.apart is None else self.apart.arms(self.object_list)
         if self.exact:
-            return estimates.Count(sum(arm.count() for arm in arms), estimated=False)
-        found = [estimates.count(arm) for arm in arms]
-        return estimates.Count(sum(one.value for one in found),
-                               estimated=any(one.estimated for one in found))
-
-    def page(self, number: Any) -> Any:
-        """Django's page; newest first with rows apart, the two arms merged (``Apart.slice``)."""
-        if self.apart is None or not isinstance(self.object_list, QuerySet) or not (
-                self.apart.newest_first(self.object_list)):
-            return super().page(number)
-        number = self.validate_number(number)
-        bottom = (number - 1) * self.per_page
-        top = bottom + self.per_page
-        if top + self.orphans >= self.count:
-            top = self.count
-        return self._get_page(self.apart.slice(self.object_list, bottom, top), number, self)
+            return estimates.Count(self.object_list.count(), estimated=False)
+        return estimates.count(self.object_list)
 
     @cached_property
     def count(self) -> int:
@@ -281,15 +217,10 @@ def date_hierarchy(cl: Any) -> dict[str, Any] | None:
     def link(filters: dict[str, Any]) -> str:
         return str(cl.get_query_string(filters, [f"{field}__"]))
 
-    apart = getattr(cl.model_admin, "apart", None)
-    if apart is not None:
-        oldest, newest = apart.ends(cl.root_queryset)
-    else:
-        ends = cl.root_queryset.aggregate(first=Min(field), last=Max(field))
-        oldest, newest = ends["first"], ends["last"]
-    if not (oldest and newest):
+    ends = cl.root_queryset.aggregate(first=Min(field), last=Max(field))
+    if not (ends["first"] and ends["last"]):
         return None
-    first, last = (timezone.localtime(end).date() for end in (oldest, newest))
+    first, last = (timezone.localtime(ends[end]).date() for end in ("first", "last"))
     year, month, day = (_one(value) for value in (year, month, day))
     if not (year or month or day) and first.year == last.year:
         # As Django's: one year's rows open at its months, one month's at its days.

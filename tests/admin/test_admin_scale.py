@@ -13,14 +13,12 @@ import uuid
 
 import pytest
 from django.db import connection
-from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
 from soniq_django import estimates, overview
 from soniq_django.admin import scale
-from soniq_django.admin.jobs import JobAdmin
 from soniq_django.models import DeadLetterJob, Job
 
 pytestmark = pytest.mark.django_db
@@ -188,113 +186,6 @@ def test_estimated_filters_and_dates_read_no_row(admin_client, estimating):
         assert distinct == []  # neither the filters' values nor the drill-down's dates
     else:
         assert distinct  # SQLite: Django's own, exact
-
-
-# -- the running jobs, apart (decision 0051) -----------------------------------------------
-
-def _mixed() -> list[str]:
-    """Jobs in every state, one a minute apart, processing ones among them: their ids newest
-    first."""
-    states = ["queued", "processing", "done", "processing", "cancelled", "queued", "done",
-              "processing", "done", "queued"]
-    made = [_job(status=status, age_minutes=minute) for minute, status in enumerate(states)]
-    return [str(job.id) for job in made]  # minute 0 first: the newest
-
-
-def test_the_created_index_leaves_out_processing_rows():
-    [index] = [index for index in Job._meta.indexes if index.name == "soniq_jobs_created_idx"]
-    assert index.fields == ["created_at"] and index.condition == ~Q(status="processing")
-    if POSTGRESQL:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT indexdef FROM pg_indexes "
-                           "WHERE indexname = 'soniq_jobs_created_idx'")
-            [(definition,)] = cursor.fetchall()
-        assert "WHERE (NOT (status = 'processing'::text))" in definition
-
-
-def test_the_newest_first_list_merges_the_running_jobs_in_order_on_every_page(
-        admin_client, monkeypatch):
-    newest_first = _mixed()
-    monkeypatch.setattr(JobAdmin, "list_per_page", 3)
-    shown = []
-    for page in (1, 2, 3, 4):
-        with CaptureQueriesContext(connection) as captured:
-            response = admin_client.get(JOBS, {"p": page})
-        assert response.context["cl"].result_count == 10
-        shown += [str(job.id) for job in response.context["cl"].result_list]
-        ordered = [q["sql"] for q in captured if 'FROM "soniq_jobs"' in q["sql"]
-                   and "ORDER BY" in q["sql"] and "LIMIT" in q["sql"]]
-        # Two reads of the page, each by one index: the rows it holds, the running ones.
-        assert len(ordered) == 2, ordered
-        assert """NOT ("soniq_jobs"."status" = 'processing')""" in ordered[0]
-        assert """"soniq_jobs"."status" = 'processing'""" in ordered[1]
-    assert shown == newest_first
-
-
-def test_counts_add_the_running_jobs_to_the_rest(estimating):
-    _mixed()
-    _analyze()
-    for kind in (scale.ExactPaginator, scale.EstimatingPaginator):
-        paginator = kind(Job.objects.order_by("-created_at", "-pk"), 3)
-        paginator.apart = JobAdmin.apart
-        if kind is scale.ExactPaginator or not POSTGRESQL:
-            assert paginator.count == 10 and not paginator.estimated
-        assert [str(job.id) for job in paginator.page(2).object_list] == _newest_ids()[3:6]
-
-
-def _newest_ids() -> list[str]:
-    return [str(pk) for pk in Job.objects.order_by("-created_at", "-pk")
-            .values_list("pk", flat=True)]
-
-
-def test_a_list_of_one_status_and_another_order_read_as_before(admin_client):
-    newest_first = _mixed()
-    running = admin_client.get(JOBS, {"status__exact": "processing"})
-    assert [str(job.id) for job in running.context["cl"].result_list] == [
-        newest_first[1], newest_first[3], newest_first[7]]
-    oldest_first = admin_client.get(JOBS, {"o": "-9"})  # any other order: Django's own page
-    assert running.status_code == oldest_first.status_code == 200
-
-
-def test_the_drill_down_ends_and_the_search_window_see_the_running_jobs(
-        admin_client, estimating, monkeypatch):
-    newest = _job(status="done")
-    ancient = _job(status="processing", args={"customer": "c"}, age_minutes=60 * 24 * 800)
-    _analyze()
-    page = admin_client.get(JOBS).content.decode()
-    if POSTGRESQL:  # an estimated count: the drill-down lists the years between the ends
-        assert f"created_at__year={timezone.localtime(ancient.created_at).year}" in page
-    assert scale.Apart("created_at", Q(status="processing")).ends(Job.objects.all()) == (
-        ancient.created_at, newest.created_at)
-    # The window: the newest rows the index holds (here two: the done jobs 0 and 10
-    # minutes old), and the running jobs among them.
-    monkeypatch.setattr(scale, "SEARCH_WINDOW", 2)
-    _job(status="done", age_minutes=10)
-    _job(status="done", age_minutes=20)
-    recent = _job(status="processing", args={"customer": "c"}, age_minutes=1)
-    with CaptureQueriesContext(connection) as captured:
-        found = admin_client.get(JOBS, {"q": "customer=c"})
-    assert _ids(found) == {str(recent.id)}  # the old running job is outside the window
-    # One page holds them all: read arm by arm too, never by the whole table's order.
-    listed = [q["sql"] for q in captured if 'FROM "soniq_jobs"' in q["sql"]
-              and "ORDER BY" in q["sql"] and "COUNT" not in q["sql"]
-              and "DISTINCT" not in q["sql"]]  # (the filters' choices)
-    assert listed and all("processing" in sql for sql in listed), listed
-
-
-@pytest.mark.postgresql_only
-def test_each_arm_reads_an_index_not_the_table():
-    _mixed()
-    _analyze()
-    rest, running = JobAdmin.apart.arms(Job.objects.all())
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_seqscan = off")
-        for arm, index in ((rest, "soniq_jobs_created_idx"), (running, "soniq_jobs_lease_idx")):
-            sql, params = (arm.order_by("-created_at", "-pk").values_list("created_at", "pk")[:10]
-                           .query.sql_with_params())
-            cursor.execute("EXPLAIN " + sql, params)
-            plan = "\n".join(row[0] for row in cursor.fetchall())
-            assert index in plan and "Seq Scan" not in plan, plan
 
 
 # -- the dashboard ------------------------------------------------------------------------
