@@ -786,6 +786,11 @@ def parse_args(argv):
                              "raw connections (default 8)")
     parser.add_argument("--wal-explain", action="store_true",
                         help="also list the WAL of each soniq phase by relation and record")
+    parser.add_argument("--wal-lever", action="append", default=[], metavar="NAME",
+                        choices=sorted(wal.LEVERS),
+                        help="what-if: change soniq's schema after its migrations "
+                             "(bench/wal.py LEVERS, decision 0051) to measure a lever not "
+                             "taken; repeatable; the header names them")
     parser.add_argument("--steps-calls", type=int,
                         help="calls of each kind of durable step (default 2000; quick 300)")
     parser.add_argument("--profile", type=int, metavar="CONCURRENCY",
@@ -840,6 +845,8 @@ def _header(cfg) -> str:
     drain = (f"full drains of {cfg.drain_jobs:,}" if cfg.window is None else
              f"{cfg.drain_jobs:,} queued, measured ≤{cfg.window:g} s or until empty")
     only = f"; only the --only {cfg.only} rows" if cfg.only else ""
+    if cfg.wal_lever:
+        only += f"; WHAT-IF soniq schema: {', '.join(cfg.wal_lever)} (not soniq_django's)"
     return (f"soniq_django benchmark — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
             f"{source}\n"
             f"PostgreSQL {version} (synchronous_commit={sync}, fsync={fsync}), "
@@ -882,6 +889,8 @@ def main(argv=None) -> int:
             created.append(name)
         soniq = systems["soniq"]
         soniq.action("migrate")
+        if cfg.wal_lever:
+            wal.apply_levers(soniq.db, cfg.wal_lever)
         # soniq_django also runs in this process (the interleaved enqueue rows).
         os.environ["BENCH_DB_NAME"] = soniq.db
         os.environ["DJANGO_SETTINGS_MODULE"] = "bench.soniq_settings"

@@ -49,6 +49,42 @@ PHASES = ("enqueue", "bulk", "drain", "purge")
 LIFE = ("enqueue", "drain", "purge")
 SYSTEMS = ("raw", "soniq", "pgqueuer")
 
+#: What-if schemas for ``--wal-lever`` (decision 0051): each is DDL run on the soniq
+#: database after its migrations, to measure what a lever not taken would save. None
+#: of them is soniq_django's schema: a run with one says so in its header, and its soniq
+#: rows measure a table that would break something (the decision says what).
+LEVERS = {
+    # The admin's index entered by finished rows only (the list would need the live rows
+    # from elsewhere), or by every row version but the processing one, or not at all.
+    "created-idx-finished": "DROP INDEX soniq_jobs_created_idx; CREATE INDEX "
+                            "soniq_jobs_created_idx ON soniq_jobs (created_at) "
+                            "WHERE status IN ('done', 'cancelled')",
+    "created-idx-not-processing": "DROP INDEX soniq_jobs_created_idx; CREATE INDEX "
+                                  "soniq_jobs_created_idx ON soniq_jobs (created_at) "
+                                  "WHERE status <> 'processing'",
+    "no-created-idx": "DROP INDEX soniq_jobs_created_idx",
+    # Soniq's condition on the unique index: the raw INSERT that sql-api.md documented
+    # until the lead's deprecation no longer infers it (42P10; decision 0036).
+    "unique-queued-narrowed": "DROP INDEX soniq_jobs_unique_queued; CREATE UNIQUE INDEX "
+                              "soniq_jobs_unique_queued ON soniq_jobs (job_name, args_hash) "
+                              "WHERE status = 'queued' AND unique_job",
+    # The claims of due scheduled jobs, limited queues' probes and the queue discovery
+    # read it: only a new claim protocol version could do without it.
+    "no-claim-idx": "DROP INDEX soniq_jobs_claim_idx",
+    # Room on each page for the claim's and the completion's new versions (a storage
+    # parameter, not part of the format: docs/storage-format.md; decision 0020).
+    **{f"fillfactor-{n}": f"ALTER TABLE soniq_jobs SET (fillfactor = {n})"
+       for n in (90, 80, 70, 50)},
+}
+
+
+def apply_levers(dbname: str, levers: list[str]) -> None:
+    """Run each named lever's DDL on ``dbname`` (``--wal-lever``)."""
+    with connect(dbname) as conn:
+        for name in levers:
+            conn.execute(LEVERS[name])
+
+
 #: The records of one database: those with a block of one of its own relations
 #: (relfilenode >= 16384, FirstNormalObjectId: not a system catalog, whose pages the
 #: quiesce's ANALYZE leaves for the next reader to prune), and every record of a
