@@ -51,7 +51,7 @@ def count_steps(job_id: uuid.UUID | str, using: str = DEFAULT_DB_ALIAS) -> int:
     from ..models import JobStep
 
     with translating(using):
-        return JobStep.objects.using(using).filter(job_id=uuid.UUID(str(job_id))).count()
+        return int(JobStep.objects.using(using).filter(job_id=uuid.UUID(str(job_id))).count())
 
 
 def reset_steps(job_id: uuid.UUID | str, names: "list[str] | None" = None, *,
