@@ -140,19 +140,8 @@ def write_dependents(jobs: list[PreparedJob], alias: str, connection: Any) -> li
 
 def _after_row(job: PreparedJob) -> dict[str, Any]:
     """One element of ``soniq_enqueue_after_many``'s array."""
-    row: dict[str, Any] = {"job_name": job.job_name, "args": job.args, "queue": job.queue,
-                           "priority": job.priority, "max_attempts": job.max_attempts,
-                           "depends_on": [str(dep) for dep in job.depends_on or ()]}
-    if job.scheduled_at is not None:
-        row["run_at"] = job.scheduled_at.isoformat()
-    if job.unique_job:
-        row["unique_job"] = True
-    if job.dedup_key is not None:
-        row["dedup_key"] = job.dedup_key
-    if job.producer_id is not None:
-        row["producer_id"] = job.producer_id
-    if job.job_id is not SERVER_MADE_ID:
-        row["job_id"] = str(job.job_id)
+    row = job.as_json_row()
+    row["depends_on"] = [str(dep) for dep in job.depends_on or ()]
     if job.any_outcome:
         row["any_outcome"] = True
     return row

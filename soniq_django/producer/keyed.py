@@ -109,23 +109,12 @@ def write_keyed_many(jobs: list[PreparedJob], alias: str, connection: Any) -> li
         for job in jobs:
             key = job.key
             assert key is not None
-            row: dict[str, Any] = {"job_name": job.job_name, "args": job.args,
-                                   "queue": job.queue, "priority": job.priority,
-                                   "max_attempts": job.max_attempts, "concurrency_key": key.key}
+            row = job.as_json_row()
+            row["concurrency_key"] = key.key
             if key.concurrency is not None:
                 row["key_concurrency"] = key.concurrency
             if key.rate is not None:
                 row["key_rate"] = key.rate
-            if job.scheduled_at is not None:
-                row["run_at"] = job.scheduled_at.isoformat()
-            if job.unique_job:
-                row["unique_job"] = True
-            if job.dedup_key is not None:
-                row["dedup_key"] = job.dedup_key
-            if job.producer_id is not None:
-                row["producer_id"] = job.producer_id
-            if job.job_id is not SERVER_MADE_ID:
-                row["job_id"] = str(job.job_id)
             rows.append(row)
         with translating(alias), connection.cursor() as cursor:
             cursor.execute("SELECT soniq_enqueue_keyed_many(%s::jsonb)", [_json(rows)])

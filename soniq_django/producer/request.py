@@ -132,6 +132,26 @@ class PreparedJob:
         """Whether an equal queued job makes this one return that job's id."""
         return self.unique_job or self.dedup_key is not None
 
+    def as_json_row(self) -> dict[str, Any]:
+        """The fields every set-based enqueue function's JSON element takes, as that element.
+
+        ``soniq_enqueue_after_many`` and ``soniq_enqueue_keyed_many`` add their own.
+        """
+        row: dict[str, Any] = {"job_name": self.job_name, "args": self.args,
+                               "queue": self.queue, "priority": self.priority,
+                               "max_attempts": self.max_attempts}
+        if self.scheduled_at is not None:
+            row["run_at"] = self.scheduled_at.isoformat()
+        if self.unique_job:
+            row["unique_job"] = True
+        if self.dedup_key is not None:
+            row["dedup_key"] = self.dedup_key
+        if self.producer_id is not None:
+            row["producer_id"] = self.producer_id
+        if self.job_id is not SERVER_MADE_ID:
+            row["job_id"] = str(self.job_id)
+        return row
+
     def due_from(self, now: dt.datetime) -> "PreparedJob":
         """This job with its countdown (if any) counted from ``now``."""
         if self.delay is None:
