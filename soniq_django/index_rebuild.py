@@ -74,7 +74,9 @@ ADVISORY_KEY = 27
 ADVISORY_SQL = "(%s::regclass::oid::bigint << 8) | " + str(ADVISORY_KEY)
 
 #: The next transaction id, and whether something older than ``mark`` (a 32-bit transaction
-#: id from the previous look, or NULL) holds the horizon of soniq_jobs, as vacuum reckons it:
+#: id from the previous look, or NULL; the first id handed out after that look, so an id or
+#: xmin equal to it began after the look and is not older) holds the horizon of soniq_jobs,
+#: as vacuum reckons it:
 #: a snapshot of a session in this database, or of one in no database (a walsender's: a
 #: standby's hot_standby_feedback without a slot) -- a snapshot in another database holds
 #: only the shared catalogs -- the transaction id of a writing session in any database, a
@@ -95,7 +97,7 @@ SELECT pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text,
                         UNION ALL
                         SELECT transaction FROM pg_catalog.pg_prepared_xacts) AS held
             WHERE held.x IS NOT NULL
-              AND pg_catalog.age(held.x) >= pg_catalog.age(%(mark)s::text::xid))
+              AND pg_catalog.age(held.x) > pg_catalog.age(%(mark)s::text::xid))
 """
 
 #: Each valid index of soniq_jobs: its name (as regclass prints it: quoted, schema-qualified

@@ -193,8 +193,9 @@ def test_the_watch_tells_when_a_pin_older_than_its_last_look_ends():
             assert watch.look(cursor) is False  # the first look only marks
             pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             pin.execute("SELECT count(*) FROM soniq_jobs")
-            assert watch.look(cursor) is False  # the pin is younger than the mark
             busy.execute("SELECT pg_current_xact_id()")  # the server moves on
+            assert watch.look(cursor) is False  # the pin is younger than the mark
+            busy.execute("SELECT pg_current_xact_id()")
             assert watch.look(cursor) is False and watch.pinned  # older than the last look
             pin.execute("ROLLBACK")
             # Each look that must find the horizon free first lets the writes of other
@@ -233,6 +234,25 @@ def test_a_snapshot_in_another_database_is_no_pin_but_its_transaction_id_is():
         busy.execute("SELECT pg_current_xact_id()")
         assert watch.look(cursor) is False and watch.pinned
         elsewhere.execute("ROLLBACK")
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_that_began_after_the_last_look_is_not_older_than_it():
+    """The mark is the next transaction id at a look: the first one the server hands out
+    after it. A transaction given that very id (or a snapshot whose xmin is it) began after
+    the look, so the next look must not count it as older. (The CI run of 9436460 failed
+    when another lane's write took that id between two looks of the test above.)"""
+    watch = HorizonWatch()
+    with raw() as writer, raw() as reader, connection.cursor() as cursor:
+        watch.look(cursor)
+        writer.execute("BEGIN")
+        writer.execute("SELECT pg_current_xact_id()")
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        reader.execute("SELECT count(*) FROM soniq_jobs")
+        assert watch.look(cursor) is False and not watch.pinned
+        writer.execute("ROLLBACK")
+        reader.execute("ROLLBACK")
 
 
 @pytest.mark.postgresql_only

@@ -105,9 +105,9 @@ def wait_for_older_transactions(conn: psycopg.Connection, within: float = 90) ->
     mark = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0]
     older = """SELECT max(now() - xact_start) FROM pg_stat_activity
                 WHERE pid <> pg_backend_pid()
-                  AND (age(backend_xid) >= age(%(mark)s::text::xid)
+                  AND (age(backend_xid) > age(%(mark)s::text::xid)
                        OR (datname = current_database()
-                           AND age(backend_xmin) >= age(%(mark)s::text::xid)))"""
+                           AND age(backend_xmin) > age(%(mark)s::text::xid)))"""
     deadline = time.monotonic() + within
     while (running := conn.execute(older, {"mark": str(int(mark) % 2**32)}).fetchone()[0]):
         assert time.monotonic() < deadline, (
