@@ -12,8 +12,8 @@ docs/decisions/0047-limits-per-key.md.
 import datetime as dt
 
 from django.db import models
-from django.db.models import Q
-from django.db.models.functions import Now
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 #: The ``scheduled_at`` of a parked keyed job: 9999-01-01 UTC, as a job waiting on its
@@ -117,15 +117,15 @@ class KeyParked(models.Model):
     class Meta:
         db_table = "soniq_key_parked"
         verbose_name = "parked keyed job"
-        indexes = [models.Index(fields=["queue", "key", "priority", "created_at"],
-                                name="soniq_key_parked_order_idx"),
-                   # The head's other two descents: the key's earliest-due scheduled
-                   # job, and its unscheduled jobs (run_at NULL) by priority and age.
-                   models.Index(fields=["queue", "key", "run_at"],
-                                name="soniq_key_parked_due_idx"),
-                   models.Index(fields=["queue", "key", "priority", "created_at"],
-                                condition=models.Q(run_at__isnull=True),
-                                name="soniq_key_parked_now_idx")]
+        indexes = [
+            # The order a key offers its jobs in: by priority, then by how long each has
+            # been due (an unscheduled job since it was enqueued). A level's first entry
+            # is due when any of its jobs is (sql/key_order_v1.sql, decision 0052).
+            models.Index(F("queue"), F("key"), F("priority"), Coalesce("run_at", "created_at"),
+                         name="soniq_key_parked_rank_idx"),
+            # With none due: the job due first.
+            models.Index(fields=["queue", "key", "run_at"], name="soniq_key_parked_due_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job_id} ({self.key})"

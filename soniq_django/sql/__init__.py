@@ -132,11 +132,25 @@ def sqlite_statements(text: str) -> list[str]:
     return statements
 
 
-def run_sqlite_file(name: str) -> Callable[[Any, Any], None]:
+def released_sqlite_trigger(name: str, trigger: str) -> str:
+    """``trigger``'s CREATE TRIGGER statement in the released file ``sql/sqlite/<name>``
+    (a later version's reverse puts it back from there, as ``released_function`` does)."""
+    text = (SQL_DIR / "sqlite" / name).read_text(encoding="utf-8")
+    statements = [statement for statement in sqlite_statements(text)
+                  if statement.startswith(f"CREATE TRIGGER {trigger} ")]
+    if len(statements) != 1:
+        raise ValueError(f"sqlite/{name} does not create the trigger {trigger} exactly once")
+    return statements[0]
+
+
+def run_sqlite_file(name: str, *, restore: tuple[tuple[str, str], ...] = ()
+                    ) -> Callable[[Any, Any], None]:
     """A ``RunPython`` callable that executes ``sql/sqlite/<name>`` on SQLite only.
 
     The SQLite twins of the PostgreSQL files whose behaviour SQLite can have
-    too (triggers); on PostgreSQL the step does nothing.
+    too (triggers); on PostgreSQL the step does nothing. ``restore`` names
+    ``(released file, trigger)`` pairs created afterwards from those files
+    (``released_sqlite_trigger``).
     """
 
     def apply(apps: Any, schema_editor: Any) -> None:
@@ -147,6 +161,8 @@ def run_sqlite_file(name: str) -> Callable[[Any, Any], None]:
         with connection.cursor() as cursor:
             for statement in sqlite_statements(text):
                 cursor.execute(statement)
+            for released, trigger in restore:
+                cursor.execute(released_sqlite_trigger(released, trigger))
 
     apply.sqlite_file = name  # type: ignore[attr-defined]
     return apply

@@ -3484,8 +3484,8 @@ BEGIN
 END
 $fn$;
 
--- soniq_key_admit_v1 (from claim_protocol_v12.sql) --
-CREATE FUNCTION {schema}.soniq_key_admit_v1(p_queue text, p_key text) RETURNS void
+-- soniq_key_admit_v1 (from key_order_v1.sql) --
+CREATE OR REPLACE FUNCTION {schema}.soniq_key_admit_v1(p_queue text, p_key text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
@@ -3511,26 +3511,25 @@ BEGIN
     PERFORM pg_catalog.set_config('soniq.fenced_write', 'on', true);
     LOOP
         v_now := pg_catalog.clock_timestamp();
-        SELECT c.job_id, c.run_at INTO p
-          FROM ((SELECT q.job_id, q.run_at, q.priority, q.created_at
-                   FROM {schema}.soniq_key_parked AS q
-                  WHERE q.queue = p_queue AND q.key = p_key
-                  ORDER BY q.priority, q.created_at LIMIT 1)
-                UNION ALL
-                (SELECT q.job_id, q.run_at, q.priority, q.created_at
-                   FROM {schema}.soniq_key_parked AS q
-                  WHERE q.queue = p_queue AND q.key = p_key AND q.run_at IS NULL
-                  ORDER BY q.priority, q.created_at LIMIT 1)
-                UNION ALL
-                (SELECT q.job_id, q.run_at, q.priority, q.created_at
-                   FROM {schema}.soniq_key_parked AS q
-                  WHERE q.queue = p_queue AND q.key = p_key AND q.run_at IS NOT NULL
-                  ORDER BY q.run_at LIMIT 1)) AS c
-         ORDER BY (c.run_at IS NULL OR c.run_at <= v_now) DESC,
-                  CASE WHEN c.run_at IS NULL OR c.run_at <= v_now THEN c.priority END,
-                  CASE WHEN c.run_at IS NULL OR c.run_at <= v_now THEN c.created_at END,
-                  c.run_at
-         LIMIT 1;
+        -- The first job of each priority level in due order tells whether the level
+        -- has a due job; the first level that has one gives the head.
+        SELECT q.job_id, q.run_at, q.priority INTO p
+          FROM {schema}.soniq_key_parked AS q
+         WHERE q.queue = p_queue AND q.key = p_key
+         ORDER BY q.priority, coalesce(q.run_at, q.created_at) LIMIT 1;
+        WHILE FOUND AND p.run_at > v_now LOOP
+            SELECT q.job_id, q.run_at, q.priority INTO p
+              FROM {schema}.soniq_key_parked AS q
+             WHERE q.queue = p_queue AND q.key = p_key AND q.priority > p.priority
+             ORDER BY q.priority, coalesce(q.run_at, q.created_at) LIMIT 1;
+        END LOOP;
+        IF NOT FOUND THEN
+            -- Nothing due: the job due first, offered at its time.
+            SELECT q.job_id, q.run_at INTO p
+              FROM {schema}.soniq_key_parked AS q
+             WHERE q.queue = p_queue AND q.key = p_key AND q.run_at IS NOT NULL
+             ORDER BY q.run_at LIMIT 1;
+        END IF;
         EXIT WHEN NOT FOUND;
         DELETE FROM {schema}.soniq_key_parked AS q WHERE q.job_id = p.job_id;
         v_at := p.run_at;

@@ -2,8 +2,9 @@
 
 A keyed job scheduled for later (an enqueue's run_at, a retry's backoff) must
 not become the head while another job of the key is due now: the head is the
-due job first by priority and age, and only a key with no due job offers its
-earliest-due job, at its due time. On both databases, through OwnedJobSource.
+due job first by priority, then by how long it has been due (an unscheduled job
+since it was enqueued), and only a key with no due job offers its earliest-due
+job, at its due time (decision 0052). On both databases, through OwnedJobSource.
 """
 
 import datetime as dt
@@ -73,6 +74,31 @@ def test_among_due_jobs_priority_then_age_wins(source):
     assert Job.objects.get(id=urgent_later).scheduled_at == KEY_PARKED_AT
 
 
+def test_the_most_urgent_due_job_goes_first_though_the_most_urgent_is_later(source):
+    """Version 12 of the admission offered the job due longest here (decision 0052)."""
+    now = timezone.now()
+    put(run_at=now + dt.timedelta(hours=1), priority=1)
+    put(run_at=now - dt.timedelta(hours=2), priority=100)
+    urgent_due = put(run_at=now - dt.timedelta(hours=1), priority=50)
+    assert head() == urgent_due
+    assert [c.job_id for c in claim(source)] == [urgent_due]
+
+
+def test_among_due_jobs_of_one_priority_the_one_due_longest_goes_first(source):
+    (running,) = claim(source) if put() else ()  # the key is at its limit meanwhile
+    now = timezone.now()
+    put(run_at=now + dt.timedelta(hours=1), priority=1)  # the most urgent is later
+    enqueued = put()  # due since it was enqueued, a moment ago
+    overdue = put(run_at=now - dt.timedelta(minutes=5))  # enqueued later, due longer
+    just_due = put(run_at=timezone.now())  # due from after the first was enqueued
+    assert source.complete_owned(running.claim_fence) is True
+    for expected in (overdue, enqueued, just_due):
+        assert head() == expected
+        (got,) = claim(source)
+        assert got.job_id == expected
+        assert source.complete_owned(got.claim_fence) is True
+
+
 def test_a_due_new_job_takes_the_place_of_a_head_not_yet_due(source):
     a = put(run_at=timezone.now() + dt.timedelta(hours=1), priority=1)
     assert head() == a
@@ -130,17 +156,17 @@ def parked_reads():
 
 @pytest.mark.postgresql_only
 def test_the_admission_reads_a_handful_of_rows_beside_a_large_backlog(source):
-    """1,000 more urgent jobs scheduled for later and 1,000 due: the head is found by index
-    descents, not by reading past the scheduled ones (a filtered ordered scan would fetch
-    1,000 rows)."""
+    """1,000 more urgent jobs scheduled for later (three priority levels) and 1,000 due: the
+    head is found by one index descent per level, not by reading past the scheduled ones (a
+    filtered ordered scan would fetch 1,000 rows)."""
     from django.db import connection
 
     first = put()
     (got,) = claim(source)
     assert got.job_id == first
     later = timezone.now() + dt.timedelta(hours=1)
-    for _ in range(1000):
-        put(run_at=later, priority=1)
+    for n in range(1000):
+        put(run_at=later + dt.timedelta(seconds=n), priority=1 + n % 3)
     due = [put(priority=100) for _ in range(1000)]
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE soniq_key_parked")

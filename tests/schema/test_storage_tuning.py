@@ -49,6 +49,8 @@ LATER_OBJECTS = {"soniq_queue_holds", "soniq_jobs_claim_queue_now_idx",
                  "soniq_key_limits_concurrency_valid", "soniq_key_limits_rate_valid",
                  "soniq_key_parked_order_idx", "soniq_key_parked_due_idx",
                  "soniq_key_parked_now_idx",
+                 # 0033_key_admit_exact: the index of a key's order (it drops two above).
+                 "soniq_key_parked_rank_idx",
                  "soniq_key_starts_idx", "soniq_key_holds_claim",
                  "soniq_key_moved", "soniq_key_gone", "soniq_key_deferred",
                  "soniq_key_hold_gone", "soniq_key_admit", "concurrency_key",

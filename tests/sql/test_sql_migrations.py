@@ -212,31 +212,39 @@ _REPLACED_BY_0031 = {"soniq_claim_many": "claim_protocol_v10.sql",
 _ADDED_BY_0032 = ("soniq_key_park_v1", "soniq_key_dead_letter_v1", "soniq_settle_dependents_v2",
                   "soniq_dependency_ended_v2", "soniq_enqueue_keyed_many",
                   "soniq_enqueue_keyed_after")
+# 0033 adds no function: it gives soniq_key_admit_v1 a new body (function: the released file
+# whose body its reverse puts back).
+_REPLACED_BY_0033 = {"soniq_key_admit_v1": "claim_protocol_v12.sql"}
 #: What the migrations after 0026 add, each with its file (number, file, names), in order:
 #: reversing one of them reverses those after it too.
 _LATER = (("0027", "producer_api_v6.sql", _ADDED_BY_0027), ("0028", "steps_v1.sql", _ADDED_BY_0028),
           ("0029", "claim_protocol_v12.sql", _ADDED_BY_0029),
           ("0030", "worker_registry_v1.sql", _ADDED_BY_0030),
           ("0031", "claim_protocol_v13.sql", _ADDED_BY_0031),
-          ("0032", "key_park_v1.sql", _ADDED_BY_0032))
+          ("0032", "key_park_v1.sql", _ADDED_BY_0032), ("0033", "key_order_v1.sql", ()))
 _ADDED_AFTER_0026 = tuple(name for _, _, names in _LATER for name in names)
 #: What the migrations after 0026 give new bodies (reversing one of them puts the released ones back).
-_REPLACED_AFTER_0026 = tuple(_REPLACED_BY_0031)
+_REPLACED_AFTER_0026 = (*_REPLACED_BY_0031, *_REPLACED_BY_0033)
 #: The file that last gave soniq_claim_many, soniq_complete_many, soniq_hold_slot and
 #: soniq_key_sweep their bodies (0031).
 _LATEST_BATCHED = "claim_protocol_v13.sql"
+#: The file that last gave each function replaced after 0026 its body.
+_LATEST_BODY = {**{name: _LATEST_BATCHED for name in _REPLACED_BY_0031},
+                "soniq_key_admit_v1": "key_order_v1.sql"}
 
 
 def _reversed_0031(functions: dict[str, str]) -> dict[str, str]:
-    """``functions`` as they stand once 0031 is reversed: the bodies it replaced put back."""
-    return {name: _file_source(_REPLACED_BY_0031[name], name) if name in _REPLACED_BY_0031
+    """``functions`` as they stand once 0031 (and so 0033) is reversed: the bodies they
+    replaced put back."""
+    replaced = {**_REPLACED_BY_0031, **_REPLACED_BY_0033}
+    return {name: _file_source(replaced[name], name) if name in replaced
             else body for name, body in functions.items()}
 
 
 def _added_from(number: str) -> dict[str, str]:
     """The functions migration ``number`` and those after it add (name: source), each as the
     last migration leaves it (soniq_key_sweep: version 13's, since 0031)."""
-    return {name: _file_source(_LATEST_BATCHED if name in _REPLACED_BY_0031 else file, name)
+    return {name: _file_source(_LATEST_BODY.get(name, file), name)
             for later, file, names in _LATER if later >= number for name in names}
 
 
@@ -931,3 +939,18 @@ def test_reversing_0031_restores_version_12s_bodies_and_reapplying_gives_version
                  "double precision, double precision, integer)', 'EXECUTE'), "
                  "has_function_privilege(%s, 'soniq_hold_slot(text, text, bigint, text, text, "
                  "double precision)', 'EXECUTE')", [worker, worker]) == [(True, True)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0033_restores_version_12s_admission_and_reapplying_gives_the_exact_one():
+    exact = _file_source("key_order_v1.sql", "soniq_key_admit_v1")
+    released = _file_source("claim_protocol_v12.sql", "soniq_key_admit_v1")
+    assert exact != released
+    before = _soniq_functions()
+    assert before["soniq_key_admit_v1"] == exact
+    try:
+        call_command("migrate", "soniq_django", "0032", verbosity=0)
+        assert _soniq_functions() == {**before, "soniq_key_admit_v1": released}
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before

@@ -1,0 +1,3 @@
+-- Reverse of key_order_v1.sql: nothing of its own to drop. Migration 0033 puts
+-- back soniq_key_admit_v1's body from claim_protocol_v12.sql (same signature,
+-- so its callers keep calling it) and, before that, the two indexes it replaced.
