@@ -43,13 +43,15 @@ class Worker {
     this.wake = () => {};
   }
 
-  // One call, answered: an unknown outcome is asked again until the database answers.
+  // One call, answered: an unknown outcome (no answer within answerWait(), a broken
+  // connection) is asked again until the database answers.
   // bounded: each try waits for a lock at most lockWait() (55P03, nothing done: asked again).
   async call(sql, params, bounded = false) {
     for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
       try {
-        if (bounded) return await this.readInBounds(sql, params);
-        return (await this.pool.query(sql, params)).rows;
+        if (bounded) return await this.inBounds(sql, params);
+        return (await this.pool.query({ text: sql, values: params,
+          query_timeout: this.answerWait() })).rows;
       } catch (err) {
         if (outcomeOf(err) === 'refused') throw err;
         this.log({ event: 'retry', sql: sql.slice(0, 40), code: err.code || 'connection' });
@@ -72,17 +74,26 @@ class Worker {
       + `set_config('statement_timeout', '${2 * ms}', true)`;
   }
 
-  // A read that locks (soniq_claim_outcome) within boundsSql()'s bounds: in a transaction
-  // of its own (BEGIN and the bounds in one round trip), ended by a ROLLBACK, since it
-  // writes nothing. Its values stay parameters: a claim token is never written into the
-  // SQL text, which pg_stat_activity and the server's logs show.
-  async readInBounds(sql, params) {
+  // How long any one round trip may go unanswered (a stalled server, a path that hangs:
+  // TCP sees nothing wrong, and no server-side timeout can end that wait). Past it the
+  // call's outcome is unknown and its connection is dropped.
+  answerWait() {
+    return 4 * this.lockWait();
+  }
+
+  // A call that may wait for a lock (soniq_heartbeat, the final writes, soniq_claim_outcome)
+  // within boundsSql()'s bounds: in a transaction of its own (BEGIN and the bounds in one
+  // round trip), ended by a COMMIT for a write and a ROLLBACK for a read; every round trip
+  // answered within answerWait(). Its values stay parameters: a claim token is never written
+  // into the SQL text, which pg_stat_activity and the server's logs show.
+  async inBounds(sql, params, { write = false } = {}) {
     const client = await this.pool.connect();
+    const query_timeout = this.answerWait();
     let clean = false;
     try {
-      await client.query(`BEGIN; ${this.boundsSql()}`);
-      const { rows } = await client.query(sql, params);
-      await client.query('ROLLBACK');
+      await client.query({ text: `BEGIN; ${this.boundsSql()}`, query_timeout });
+      const { rows } = await client.query({ text: sql, values: params, query_timeout });
+      await client.query({ text: write ? 'COMMIT' : 'ROLLBACK', query_timeout });
       clean = true;
       return rows;
     } finally {
@@ -105,20 +116,27 @@ class Worker {
   }
 
   // Claim one job under a fresh nonce; after an unknown outcome, recover it by that nonce.
+  // The job carries when its claim was sent (sentAt): its lease began no earlier.
   async claim() {
     const nonce = crypto.randomUUID();
-    const claim = ['SELECT * FROM soniq_claim($1, $2, $3, $4, pid => $5)',
-      [this.id, nonce, this.queues, this.leaseSeconds, process.pid]];
+    const sentAt = performance.now();
+    const claim = {
+      text: 'SELECT * FROM soniq_claim($1, $2, $3, $4, pid => $5)',
+      values: [this.id, nonce, this.queues, this.leaseSeconds, process.pid],
+      query_timeout: this.answerWait(),
+    };
+    let job;
     try {
-      return (await this.pool.query(...claim)).rows[0] || null;
+      job = (await this.pool.query(claim)).rows[0] || null;
     } catch (err) {
       const outcome = outcomeOf(err);
       if (outcome === 'refused') throw err;
       if (outcome === 'nothing') return null;
       const rows = await this.call('SELECT * FROM soniq_recover_claim($1, $2)', [this.id, nonce]);
       this.log({ event: 'recovered-claim', found: rows.length });
-      return rows[0] || null;
+      job = rows[0] || null;
     }
+    return job && Object.assign(job, { sentAt });
   }
 
   fence(job) {
@@ -142,7 +160,8 @@ class Worker {
     const marks = args.map((_, i) => `$${i + 1}`).join(', ');
     for (;;) {
       try {
-        const [{ ok }] = (await this.pool.query(`SELECT ${fn}(${marks}) AS ok`, args)).rows;
+        const [{ ok }] = await this.inBounds(`SELECT ${fn}(${marks}) AS ok`, args,
+          { write: true });
         return ok;
       } catch (err) {
         if (outcomeOf(err) === 'refused') throw err;
@@ -152,27 +171,41 @@ class Worker {
     }
   }
 
-  // Renew the lease every third of it; hear a cancel request; notice a lost claim. A beat
-  // still waiting (for the job's row, held by another transaction) skips the next ones
-  // instead of piling them onto the pool, whose few connections the run needs too.
+  // Renew the lease every third of it; hear a cancel request; notice a lost claim. Each
+  // beat is bounded (inBounds: a lock wait, every answer); a beat still running skips the
+  // next ones instead of piling them onto the pool, whose few connections the run needs
+  // too. The lease is also kept on this side: when no renewal sent within the last lease
+  // has been answered, the claim may have lapsed (the database ends it by its own clock),
+  // so the run is told it is lost rather than run on past its lease unknowing.
   keepAlive(job, abort) {
+    const leaseMs = this.leaseSeconds * 1000;
+    let renewedAt = job.sentAt ?? performance.now(); // a lease runs from no earlier than this
     let beating = false;
+    const lapsed = () => performance.now() - renewedAt >= leaseMs;
     const timer = setInterval(async () => {
-      if (beating) return;
+      if (beating) {
+        if (lapsed()) abort.abort('lost');
+        return;
+      }
       beating = true;
+      const sentAt = performance.now();
       try {
-        const [{ ok }] = (await this.pool.query(
+        const [{ ok }] = await this.inBounds(
           'SELECT soniq_heartbeat($1, $2, $3, $4, $5, $6) AS ok',
-          [...this.fence(job), this.leaseSeconds])).rows;
+          [...this.fence(job), this.leaseSeconds], { write: true });
         if (!ok) return abort.abort('lost');
-        const [state] = (await this.pool.query(
-          'SELECT cancel_requested FROM soniq_get_state($1, $2, $3, $4, $5)',
-          this.fence(job))).rows;
+        renewedAt = sentAt;
+        const [state] = (await this.pool.query({
+          text: 'SELECT cancel_requested FROM soniq_get_state($1, $2, $3, $4, $5)',
+          values: this.fence(job), query_timeout: this.answerWait() })).rows;
         if (state && state.cancel_requested) abort.abort('cancel');
-      } catch (err) { /* the next beat tries again, within the lease */ } finally {
+      } catch (err) { // the next beat tries again, within the lease
+        this.log({ event: 'beat-failed', job: job.job_id, code: err.code || 'no answer' });
+        if (lapsed()) abort.abort('lost');
+      } finally {
         beating = false;
       }
-    }, (this.leaseSeconds * 1000) / 3);
+    }, leaseMs / 3);
     return () => clearInterval(timer);
   }
 
@@ -219,13 +252,17 @@ class Worker {
         // The completion waits for the job's row at most lockWait(); and should the COMMIT's
         // answer be lost while the server keeps the transaction open (a partition), the
         // server ends it after a third of the lease, and settle() waits no longer than that.
-        await client.query(`${this.boundsSql()}, set_config(`
-          + `'idle_in_transaction_session_timeout', '${Math.round(this.leaseSeconds * 1000 / 3)}', true)`);
-        [{ ok }] = (await client.query(
-          'SELECT soniq_complete($1, $2, $3, $4, $5, $6) AS ok',
-          [...this.fence(job), JSON.stringify(result ?? null)])).rows;
+        // Each of these round trips is answered within answerWait(), or its outcome is
+        // unknown (a server or path that stalls) and settle() finds out.
+        const query_timeout = this.answerWait();
+        await client.query({ text: `${this.boundsSql()}, set_config(`
+          + `'idle_in_transaction_session_timeout', '${Math.round(this.leaseSeconds * 1000 / 3)}', true)`,
+        query_timeout });
+        [{ ok }] = (await client.query({
+          text: 'SELECT soniq_complete($1, $2, $3, $4, $5, $6) AS ok',
+          values: [...this.fence(job), JSON.stringify(result ?? null)], query_timeout })).rows;
         step = 'commit';
-        await client.query(ok ? 'COMMIT' : 'ROLLBACK');
+        await client.query({ text: ok ? 'COMMIT' : 'ROLLBACK', query_timeout });
         client.release();
       } catch (err) {
         client.release(true); // never reuse a connection whose transaction state is unknown
@@ -313,13 +350,16 @@ module.exports = { Worker, outcomeOf };
 if (require.main === module) {
   const path = require('node:path');
   const handlers = require(path.resolve(process.argv[2] || './handlers.js'));
-  const pool = new Pool({ connectionString: process.env.DATABASE_URL, max: 4 });
+  const leaseSeconds = Number(process.env.SONIQ_LEASE_SECONDS || 30);
+  // A connection attempt is bounded too, and TCP keepalives find a peer that is gone.
+  const pool = new Pool({ connectionString: process.env.DATABASE_URL, max: 4,
+    connectionTimeoutMillis: Math.max(1000, leaseSeconds * 250), keepAlive: true });
   pool.on('error', () => {}); // an idle connection broke: the pool makes a new one
   const env = (name, fallback) => Number(process.env[name] || fallback);
   const worker = new Worker({
     pool, handlers,
     queues: process.env.SONIQ_QUEUES ? process.env.SONIQ_QUEUES.split(',') : null,
-    leaseSeconds: env('SONIQ_LEASE_SECONDS', 30),
+    leaseSeconds,
     heartbeatSeconds: env('SONIQ_HEARTBEAT_SECONDS', 10),
     pollSeconds: env('SONIQ_POLL_INTERVAL', 5),
   });
