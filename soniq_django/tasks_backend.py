@@ -325,8 +325,7 @@ class SoniqTaskBackend(BaseTaskBackend):
 
 def _key_options(alias: str, options: dict[str, Any]) -> "KeyOptions | None":
     """``OPTIONS``' limits per key, checked (``ImproperlyConfigured``); None: none."""
-    from .flow import MAX_LIMIT
-    from .keys.options import KeyOptions, normal_rate
+    from .keys.options import KeyOptions, checked_limits
 
     name = options.get("concurrency_key")
     limit, rate = options.get("key_concurrency"), options.get("key_rate")
@@ -339,14 +338,7 @@ def _key_options(alias: str, options: dict[str, Any]) -> "KeyOptions | None":
         return None
     if type(name) is not str or not name.isidentifier():
         raise ImproperlyConfigured(f"{where}['concurrency_key'] must be an argument name.")
-    if limit is not None and (type(limit) is not int or not 1 <= limit <= MAX_LIMIT):
-        raise ImproperlyConfigured(
-            f"{where}['key_concurrency'] must be a whole number from 1 to {MAX_LIMIT}, or None.")
-    if rate is not None:
-        try:
-            rate = normal_rate(rate)
-        except ValueError as error:
-            raise ImproperlyConfigured(f"{where}['key_rate']: {error}") from None
+    limit, rate = checked_limits(limit, rate, lambda option: f"{where}[{option!r}]")
     return KeyOptions(name, limit, rate)
 
 

@@ -70,16 +70,26 @@ def handler_options(func: Callable[..., Any], concurrency_key: Any, key_concurre
         raise ImproperlyConfigured(
             f"@job(concurrency_key=...) must be an argument name or a callable, not "
             f"{_kind(concurrency_key)}")
+    limit, rate = checked_limits(key_concurrency, key_rate, lambda name: f"@job({name}=...)")
+    return KeyOptions(concurrency_key, limit, rate)
+
+
+def checked_limits(key_concurrency: Any, key_rate: Any, option: Callable[[str], str]
+                   ) -> tuple[int | None, str | None]:
+    """A key's limits as declared (``@job``'s, a Tasks backend's OPTIONS'), checked: the
+    concurrency a whole number from 1 to ``MAX_LIMIT`` or None, the rate as
+    ``normal_rate`` gives it. ``option(name)`` names an option in the messages; raises
+    ``ImproperlyConfigured``."""
     if key_concurrency is not None and (
             type(key_concurrency) is not int or not 1 <= key_concurrency <= MAX_LIMIT):
         raise ImproperlyConfigured(
-            f"@job(key_concurrency=...) must be a whole number from 1 to {MAX_LIMIT}, or None")
+            f"{option('key_concurrency')} must be a whole number from 1 to {MAX_LIMIT}, or None")
     if key_rate is not None:
         try:
             key_rate = normal_rate(key_rate)
         except ValueError as error:
-            raise ImproperlyConfigured(f"@job(key_rate=...): {error}") from None
-    return KeyOptions(concurrency_key, key_concurrency, key_rate)
+            raise ImproperlyConfigured(f"{option('key_rate')}: {error}") from None
+    return key_concurrency, key_rate
 
 
 def normal_rate(value: Any) -> str:
