@@ -45,6 +45,7 @@ from soniq_django.models import DeadLetterJob, Job, JobDependency, JobWait, Queu
 from soniq_django.replay import replay_dead_letters
 from soniq_django.owned import OwnedJobSource
 from tests.support.owned import nonce, rewrite
+from tests.support.stateful import failure_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -298,5 +299,5 @@ def test_the_model_finds_a_release_twice_and_a_release_never(bug):
             run_state_machine_as_test(KeyedSlots, settings=found)
     finally:
         undo()
-    message = str(error.value)
+    message = failure_text(error.value)
     assert "released twice or never" in message or "room" in message, message

@@ -49,7 +49,8 @@ from soniq_django.models import Job, JobStep
 from soniq_django.owned import OwnedJobSource
 from soniq_django.worker.context import JobContext, _current, bind
 from tests.support.owned import nonce, rewrite
-from tests.support.stateful import empty_tables, install_function, stateful_settings
+from tests.support.stateful import (empty_tables, failure_text, install_function,
+                                    stateful_settings)
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -345,5 +346,5 @@ def test_the_model_finds_a_record_without_its_fence():
             run_state_machine_as_test(Steps, settings=broken)
     finally:
         install_function(released)
-    message = str(found.value)
+    message = failure_text(found.value)
     assert "recorded by a run whose claim lapsed during the step" in message, message

@@ -52,7 +52,8 @@ from soniq_django.models import (WAITING_SCHEDULED_AT, Batch, BatchMember, DeadL
                                  JobDependency, JobWait)
 from soniq_django.owned import OwnedJobSource
 from tests.support.owned import nonce
-from tests.support.stateful import empty_tables, install_function, stateful_settings
+from tests.support.stateful import (empty_tables, failure_text, install_function,
+                                    stateful_settings)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -315,5 +316,5 @@ def test_the_model_finds_a_callback_count_read_without_the_row_lock():
             run_state_machine_as_test(WorkflowsFromABatch, settings=racy)
     finally:
         install_function(released)
-    message = str(found.value)
+    message = failure_text(found.value)
     assert "never fired" in message or "pending" in message.lower() or "held" in message, message

@@ -5,7 +5,8 @@
 database trips. ``empty_tables``: every job and dead letter deleted, with
 the models given, the protection trigger's gate open. ``install_function``:
 a SQL function definition (a released one, or one broken on purpose to show
-that a model finds the defect) loaded into the test schema.
+that a model finds the defect) loaded into the test schema. ``failure_text``:
+what a model's failure says, a flaky one's included.
 """
 
 import os
@@ -46,3 +47,13 @@ def install_function(definition: str) -> None:
         cursor.execute("SELECT quote_ident(current_schema())")
         (schema,) = cursor.fetchone()
         cursor.execute(fill_schema(definition, schema))
+
+
+def failure_text(error: BaseException) -> str:
+    """The message of ``error`` and of every exception it groups: a model that finds a race
+    may not find it again when Hypothesis replays the example, and then raises Flaky, an
+    exception group whose own message only says so; the model's words are in its members."""
+    parts = [str(error)]
+    for member in getattr(error, "exceptions", ()):
+        parts.append(failure_text(member))
+    return "\n".join(parts)
