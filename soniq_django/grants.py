@@ -58,6 +58,9 @@ WORKER_FUNCTIONS = (
     # claim_protocol_v12.sql (migration 0029, issue 31): give back the key slots of
     # lapsed holds (a worker that keeps holds calls it now and then).
     "soniq_key_sweep()",
+    # claim_protocol_v14.sql (migration 0034): settle lapsed leases read from the start (what
+    # a claim under a pinned horizon does only every 300 s; the housekeeping's, once a minute).
+    "soniq_settle_lapsed(double precision)",
 )
 
 #: What each grant names, by the command's flag.

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
@@ -210,3 +210,23 @@ def forget_lapsed_waiters(using: str) -> int:
     with translating(using), connections[using].cursor() as cursor:
         cursor.execute("DELETE FROM soniq_job_waiters WHERE expires_at < pg_catalog.now()")
         return int(cursor.rowcount)
+
+
+def settle_lapsed(using: str, ttl: float) -> int:
+    """Settle up to 100 lapsed leases, read from the start of the lease index; how many
+    (PostgreSQL: ``soniq_settle_lapsed``, claim protocol v14; the heartbeat's housekeeping
+    calls it once a minute). 0 on SQLite, whose claims read every lapsed lease themselves.
+
+    Under a pinned horizon a claim reads only the leases that ended since its session's
+    last probe, and from the start only every 300 s: this is the probe from the start that
+    settles, within about a minute, a lease that ended before that bound but committed late
+    (decision 0053). Each row waits at most 5 ms for its lock; one held elsewhere is left
+    for a later call or claim.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return 0
+    with translating(using), transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.execute("SELECT soniq_settle_lapsed(%s)", [ttl])
+        settled: int = cursor.fetchone()[0]
+        return settled

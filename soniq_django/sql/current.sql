@@ -907,7 +907,7 @@ BEGIN
 END
 $fn$;
 
--- soniq_claim_many (from claim_protocol_v13.sql) --
+-- soniq_claim_many (from claim_protocol_v14.sql) --
 CREATE OR REPLACE FUNCTION {schema}.soniq_claim_many(
     worker_id text,
     claim_tokens text[],
@@ -1018,7 +1018,8 @@ BEGIN
     -- without finding a lapsed lease (a pinned horizon keeps the leases of
     -- every job finished since) makes this session's next probes, and the
     -- reaper, read only the leases that ended after the last probe that
-    -- found none, less LAPSED_MARGIN, for FULL_PROBE_EVERY.
+    -- found none, less LAPSED_MARGIN, for FULL_PROBE_EVERY. Version 14: for
+    -- CLAIM_FULL_PROBE_EVERY (300 s); see the header of claim_protocol_v14.sql.
     v_hint := pg_catalog.current_setting('soniq.lapsed_hint', true);
     IF v_hint IS NOT NULL AND v_hint <> '' AND pg_catalog.split_part(v_hint, '|', 1) = v_table THEN
         IF pg_catalog.split_part(v_hint, '|', 2) = 'suspect' THEN
@@ -1051,10 +1052,13 @@ BEGIN
         -- DEAD_ENTRIES read from the start, and none lapsed. Twice in a row (the first
         -- probe marks the entries it can dead, so the second reads them again only if
         -- a snapshot still needs them): hints, for FULL_PROBE_EVERY.
+        -- Version 14: the next probe from the start CLAIM_FULL_PROBE_EVERY (300 s)
+        -- later, not 30 s: the workers' housekeeping makes the frequent ones
+        -- (soniq_settle_lapsed).
         IF v_lapsed_suspect THEN
             PERFORM pg_catalog.set_config('soniq.lapsed_hint', v_table || '|'
                 || pg_catalog.date_part('epoch', v_clock - interval '1 second') || '|'
-                || pg_catalog.date_part('epoch', v_clock + interval '30 seconds'), false);
+                || pg_catalog.date_part('epoch', v_clock + interval '300 seconds'), false);
         ELSE
             PERFORM pg_catalog.set_config('soniq.lapsed_hint', v_table || '|suspect', false);
         END IF;
@@ -4622,5 +4626,21 @@ BEGIN
         PERFORM {schema}.soniq_key_admit_v1(r.queue, r.key);
     END LOOP;
     RETURN v_found;
+END
+$fn$;
+
+-- soniq_settle_lapsed (from claim_protocol_v14.sql) --
+CREATE FUNCTION {schema}.soniq_settle_lapsed(result_ttl_seconds double precision DEFAULT 300)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF result_ttl_seconds IS NULL OR result_ttl_seconds = 'NaN'::float8
+       OR result_ttl_seconds < 0 OR result_ttl_seconds > 31536000 THEN
+        RAISE EXCEPTION 'result_ttl_seconds is out of range'
+            USING ERRCODE = '22023', HINT = 'CONFIG';
+    END IF;
+    RETURN {schema}.soniq_reap_lapsed_v3(100, result_ttl_seconds, NULL);  -- SETTLE_BATCH
 END
 $fn$;

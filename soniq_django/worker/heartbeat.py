@@ -31,8 +31,9 @@ from django.db import connections
 
 from .. import signals
 from ..bounds import beat_interval, lock_wait, patience, renewal_wait
+from ..conf import get_settings
 from ..errors import ErrorCode, SoniqError
-from ..housekeeping import database_now, forget_lapsed_waiters, purge_expired
+from ..housekeeping import database_now, forget_lapsed_waiters, purge_expired, settle_lapsed
 from ..keys.limits import sweep_lapsed_holds
 from ..owned import OwnedJobSource, OwnedJobState
 from ..owned._store import LOCK_NOT_AVAILABLE
@@ -256,6 +257,17 @@ class Heartbeat:
                         forget_lapsed_waiters(self.using)
                     except SoniqError:
                         logger.debug("housekeeping: could not delete lapsed waiters' rows")
+        # Lapsed leases, read from the start: under a pinned horizon the claims do it only
+        # every 300 s, this once a minute (claim protocol v14, decision 0053).
+        with self.shared.try_turn(max(0.0, deadline - time.monotonic())) as turn:
+            if turn:
+                try:
+                    settled = settle_lapsed(self.using, float(get_settings().RESULT_TTL))
+                except SoniqError:
+                    settled = 0
+                    logger.debug("housekeeping: could not settle lapsed leases")
+                if settled:
+                    logger.info("housekeeping: settled %d lapsed leases", settled)
         # The lapsed holds that keep a key's slot (limits per key, docs/keys.md).
         with self.shared.try_turn(max(0.0, deadline - time.monotonic())) as turn:
             if turn:

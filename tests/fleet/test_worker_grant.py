@@ -97,6 +97,7 @@ def test_a_fresh_role_with_the_worker_grant_drives_the_whole_protocol(roles):
         assert one(conn, "SELECT * FROM soniq_get_step(%s, %s, %s, %s, %s, 'fetch')", fence) == (
             True, True, {"n": 1})
         assert one(conn, "SELECT soniq_key_sweep()") == (0,)
+        assert one(conn, "SELECT soniq_settle_lapsed(300)") == (0,)  # claim protocol v14
         assert one(conn, "SELECT * FROM soniq_get_state(%s, %s, %s, %s, %s)", fence) == (
             False, 4242)
         assert one(conn, "SELECT soniq_complete(%s, %s, %s, %s, %s, '{\"ok\": 1}')", fence) == (

@@ -143,11 +143,11 @@ def test_reversing_0009_restores_version_1_and_reapplying_gives_version_2():
     assert v1 != v2 and "soniq_complete_many" in v2
     new = ("soniq_claim_many", "soniq_complete_many")
     assert _function_source("soniq_complete") == v2
-    # The batched functions have version 13's bodies (0031, tested below).
+    # The batched functions have version 13's bodies (0031), the claim version 14's (0034).
     assert _function_source("soniq_complete_many") == _file_source(
         _LATEST_BATCHED, "soniq_complete_many")
     assert _function_source("soniq_claim_many") == _file_source(
-        _LATEST_BATCHED, "soniq_claim_many")
+        _LATEST_CLAIM, "soniq_claim_many")
     try:
         call_command("migrate", "soniq_django", "0008", verbosity=0)
         assert _function_source("soniq_complete") == v1
@@ -217,20 +217,32 @@ _ADDED_BY_0032 = ("soniq_key_park_v1", "soniq_key_dead_letter_v1", "soniq_settle
 _REPLACED_BY_0033 = {"soniq_key_admit_v1": "claim_protocol_v12.sql"}
 #: What the migrations after 0026 add, each with its file (number, file, names), in order:
 #: reversing one of them reverses those after it too.
+# 0034 (claim protocol v14) adds the housekeeping's probe for lapsed leases from the start, and
+# gives soniq_claim_many a new body (function: the released file its reverse puts back).
+_ADDED_BY_0034 = ("soniq_settle_lapsed",)
+_REPLACED_BY_0034 = {"soniq_claim_many": "claim_protocol_v13.sql"}
 _LATER = (("0027", "producer_api_v6.sql", _ADDED_BY_0027), ("0028", "steps_v1.sql", _ADDED_BY_0028),
           ("0029", "claim_protocol_v12.sql", _ADDED_BY_0029),
           ("0030", "worker_registry_v1.sql", _ADDED_BY_0030),
           ("0031", "claim_protocol_v13.sql", _ADDED_BY_0031),
-          ("0032", "key_park_v1.sql", _ADDED_BY_0032), ("0033", "key_order_v1.sql", ()))
+          ("0032", "key_park_v1.sql", _ADDED_BY_0032), ("0033", "key_order_v1.sql", ()),
+          ("0034", "claim_protocol_v14.sql", _ADDED_BY_0034))
 _ADDED_AFTER_0026 = tuple(name for _, _, names in _LATER for name in names)
 #: What the migrations after 0026 give new bodies (reversing one of them puts the released ones back).
 _REPLACED_AFTER_0026 = (*_REPLACED_BY_0031, *_REPLACED_BY_0033)
-#: The file that last gave soniq_claim_many, soniq_complete_many, soniq_hold_slot and
-#: soniq_key_sweep their bodies (0031).
+#: The file that last gave soniq_complete_many, soniq_hold_slot and soniq_key_sweep their
+#: bodies (0031).
 _LATEST_BATCHED = "claim_protocol_v13.sql"
+#: The file that last gave soniq_claim_many its body (0034).
+_LATEST_CLAIM = "claim_protocol_v14.sql"
 #: The file that last gave each function replaced after 0026 its body.
 _LATEST_BODY = {**{name: _LATEST_BATCHED for name in _REPLACED_BY_0031},
-                "soniq_key_admit_v1": "key_order_v1.sql"}
+                "soniq_claim_many": _LATEST_CLAIM, "soniq_key_admit_v1": "key_order_v1.sql"}
+
+
+def _latest_batched(function: str) -> str:
+    """The body the last migration gave one of the batched functions."""
+    return _file_source(_LATEST_BODY[function], function)
 
 
 def _reversed_0031(functions: dict[str, str]) -> dict[str, str]:
@@ -369,8 +381,8 @@ def test_reversing_0013_restores_version_2s_claim_and_reapplying_gives_version_5
     v5 = _file_source("claim_protocol_v5.sql", "soniq_claim_many")
     assert v2 != v5 and "soniq_queue_budget_v1" in v5
     before = _soniq_functions()
-    # Version 13 (0031, tested below) has the body now; going back to 0012 reverses it too.
-    assert before["soniq_claim_many"] == _file_source(_LATEST_BATCHED, "soniq_claim_many")
+    # Version 14 (0034, tested below) has the body now; going back to 0012 reverses it too.
+    assert before["soniq_claim_many"] == _file_source(_LATEST_CLAIM, "soniq_claim_many")
     assert "soniq_queue_budget_v1" in before
     try:
         call_command("migrate", "soniq_django", "0012", verbosity=0)
@@ -410,9 +422,9 @@ def test_reversing_0014_restores_version_5s_claim_and_index_and_reapplying_gives
                   "soniq_jobs_claim_scheduled_idx", "soniq_jobs_claim_due_idx"}
     # ... and 0018's (claim protocol v8, tested below).
     v8_indexes = v6_indexes | {"soniq_jobs_claim_queue_now_idx"}
-    v13 = _file_source(_LATEST_BATCHED, "soniq_claim_many")  # since 0031 (tested below)
+    v14 = _file_source(_LATEST_CLAIM, "soniq_claim_many")  # since 0034 (tested below)
     before = _soniq_functions()
-    assert before["soniq_claim_many"] == v13 and _claim_indexes() == v8_indexes
+    assert before["soniq_claim_many"] == v14 and _claim_indexes() == v8_indexes
     try:
         call_command("migrate", "soniq_django", "0013", verbosity=0)
         after = _soniq_functions()
@@ -452,9 +464,10 @@ def test_reversing_0016_restores_the_per_row_batches_and_reapplying_gives_versio
           for name in ("soniq_claim_many", "soniq_complete_many")}
     assert v7["soniq_claim_many"] != v6 and v7["soniq_complete_many"] != v2
     before = _soniq_functions()
-    # Version 13's since 0031 (tested below), which going back to 0015 reverses.
+    # Version 13's since 0031 and 14's since 0034 (tested below), which going back to 0015
+    # reverses.
     assert {name: before[name] for name in v7} == {
-        name: _file_source(_LATEST_BATCHED, name) for name in v7}
+        name: _latest_batched(name) for name in v7}
     try:
         call_command("migrate", "soniq_django", "0015", verbosity=0)
         after = _soniq_functions()
@@ -639,7 +652,7 @@ def test_reversing_0020_drops_the_attempt_history_and_reapplying_gives_it_back()
         ",\n                       claimed_at = v_now", "") == v9  # one change: the claim time
     added = {name: _file_source("attempts_v1.sql", name) for name in _ADDED_BY_0020}
     before = _soniq_functions()
-    assert before["soniq_claim_many"] == _file_source(_LATEST_BATCHED, "soniq_claim_many")
+    assert before["soniq_claim_many"] == _file_source(_LATEST_CLAIM, "soniq_claim_many")
     assert {name: before[name] for name in added} == added
     triggers = ("soniq_attempt_dead", "soniq_attempt_ended", "soniq_attempts_dead_letter_gone",
                 "soniq_attempts_job_gone")
@@ -916,7 +929,9 @@ def test_reversing_0031_restores_version_12s_bodies_and_reapplying_gives_version
                 for name, released in _REPLACED_BY_0031.items()}
     assert all(v13[name] != restored[name] for name in restored)
     before = _soniq_functions()
-    assert {name: before[name] for name in v13} == v13
+    # soniq_claim_many: version 14's since 0034 (tested below), which this reverses too.
+    assert {name: before[name] for name in v13 if name not in _REPLACED_BY_0034} == {
+        name: body for name, body in v13.items() if name not in _REPLACED_BY_0034}
     settings = ["search_path=pg_catalog, pg_temp", "enable_sort=off", "jit=off"]
     assert _claim_settings() == settings
     worker = roles.create("soniq_worker")
@@ -948,9 +963,51 @@ def test_reversing_0033_restores_version_12s_admission_and_reapplying_gives_the_
     assert exact != released
     before = _soniq_functions()
     assert before["soniq_key_admit_v1"] == exact
+    # Going back to 0032 reverses 0034 (claim protocol v14, tested below) too.
+    after_0034 = {"soniq_claim_many": _file_source("claim_protocol_v13.sql", "soniq_claim_many")}
     try:
         call_command("migrate", "soniq_django", "0032", verbosity=0)
-        assert _soniq_functions() == {**before, "soniq_key_admit_v1": released}
+        assert _soniq_functions() == {
+            **{n: b for n, b in before.items() if n not in _ADDED_BY_0034}, **after_0034,
+            "soniq_key_admit_v1": released}
     finally:
         call_command("migrate", "soniq_django", verbosity=0)
     assert _soniq_functions() == before
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reversing_0034_restores_version_13s_claim_and_reapplying_gives_version_14(roles):
+    v14 = {name: _file_source("claim_protocol_v14.sql", name)
+           for name in (*_REPLACED_BY_0034, *_ADDED_BY_0034)}
+    v13 = _file_source("claim_protocol_v13.sql", "soniq_claim_many")
+    # One change to the claim: the next probe from the start 300 s on, not 30 s.
+    assert " ".join(v14["soniq_claim_many"].split()) != " ".join(v13.split())
+    assert v14["soniq_claim_many"].count("interval '300 seconds'") == 1
+    assert v13.count("interval '300 seconds'") == 0
+    before = _soniq_functions()
+    assert {name: before[name] for name in v14} == v14
+    settings = ["search_path=pg_catalog, pg_temp", "enable_sort=off", "jit=off"]
+    assert _claim_settings() == settings
+    worker = roles.create("soniq_worker")
+    call_command("soniq_grant", worker, "--worker", stdout=io.StringIO())
+    # The migration 0034 follows (0032 here; whatever the integrator chains it after).
+    [(_, target)] = [parent.key for parent in MigrationLoader(connection).graph.node_map[
+        ("soniq_django", "0034_claim_protocol_v14")].parents]
+    try:
+        call_command("migrate", "soniq_django", target, verbosity=0)
+        after = _soniq_functions()
+        assert "soniq_settle_lapsed" not in after
+        assert after == {**{n: b for n, b in before.items() if n not in _ADDED_BY_0034},
+                         "soniq_claim_many": v13}
+        assert _claim_settings() == settings  # carried by version 13's CREATE
+        assert _claim_and_complete_two_keys("back.to_v13") == [True, True]
+    finally:
+        call_command("migrate", "soniq_django", verbosity=0)
+    assert _soniq_functions() == before and _claim_settings() == settings
+    assert _claim_and_complete_two_keys("again.v14") == [True, True]
+    # The claim was replaced, not dropped: the worker keeps its grant. soniq_settle_lapsed was
+    # dropped and created again: granted by soniq_grant --worker once more.
+    assert fetch("SELECT has_function_privilege(%s, 'soniq_claim_many(text, text[], text[], "
+                 "double precision, double precision, integer)', 'EXECUTE'), "
+                 "has_function_privilege(%s, 'soniq_settle_lapsed(double precision)', "
+                 "'EXECUTE')", [worker, worker]) == [(True, False)]

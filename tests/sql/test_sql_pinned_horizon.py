@@ -267,3 +267,90 @@ def test_a_completion_under_a_pinned_horizon_finds_its_row_by_primary_key(pinned
         assert read < FEW, read
         assert worker.execute("SELECT status, result FROM soniq_jobs WHERE id = %s",
                               [job_id]).fetchone() == ("done", {"ok": True})
+
+
+# -- Claim protocol v14: the probe from the start leaves the claim (decision 0053) --
+
+#: A hinted session's next probe from the start comes this long after its last one (s).
+CLAIM_FULL_PROBE_EVERY = 300
+
+
+def lapsed_hint(conn):
+    """The session's lapsed-lease hint: (scope, lower bound, next probe from the start)."""
+    scope, after, full = conn.execute(
+        "SELECT current_setting('soniq.lapsed_hint')").fetchone()[0].split("|")
+    return scope, float(after), float(full)
+
+
+def age_lapsed_hint(conn, seconds):
+    """As if ``seconds`` had passed since the hint was written: its next probe from the start
+    comes that much sooner (the bound is left: the claims move it themselves)."""
+    scope, after, full = lapsed_hint(conn)
+    conn.execute("SELECT set_config('soniq.lapsed_hint', %s, false)",
+                 [f"{scope}|{after}|{full - seconds}"])
+
+
+def test_a_hinted_session_probes_the_leases_from_the_start_only_every_300_s(pinned):
+    with raw() as worker:
+        run_through(PINNED_JOBS)
+        enqueue(worker, 8, name="pinned.after")
+        for _ in range(2):  # from the start, twice: then hinted
+            claim_reading(worker)
+        now = worker.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0]
+        assert CLAIM_FULL_PROBE_EVERY - 5 < lapsed_hint(worker)[2] - float(now) \
+            <= CLAIM_FULL_PROBE_EVERY
+        # 35 s on (version 13 probed from the start after 30 s): still from the hint only.
+        age_lapsed_hint(worker, 35)
+        for _ in range(2):
+            names, read = claim_reading(worker)
+            assert names == ["pinned.after"]
+            assert read["soniq_jobs_lease_idx"] < FEW, read
+        # 300 s on: one probe from the start, and the next one 300 s later again.
+        age_lapsed_hint(worker, CLAIM_FULL_PROBE_EVERY)
+        names, read = claim_reading(worker)
+        assert names == ["pinned.after"]
+        assert read["soniq_jobs_lease_idx"] >= PINNED_JOBS
+        now = worker.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0]
+        assert lapsed_hint(worker)[2] - float(now) > CLAIM_FULL_PROBE_EVERY - 5
+        names, read = claim_reading(worker)
+        assert names == ["pinned.after"]
+        assert read["soniq_jobs_lease_idx"] < FEW, read
+
+
+@pytest.mark.parametrize("path", ["housekeeping", "claim"])
+def test_a_lease_committed_late_under_a_pinned_horizon_is_settled(pinned, path):
+    """A lease that ended before the hinted probes' lower bound, visible only once its
+    claim commits later, is settled by soniq_settle_lapsed (the workers' housekeeping, once
+    a minute) or else by the session's next probe from the start (within 300 s)."""
+    with raw() as worker, raw() as slow:
+        run_through(PINNED_JOBS)
+        enqueue(worker, 6, name="pinned.after")
+        for _ in range(2):
+            claim_reading(worker)  # hinted from now on
+        # Another worker's claim, with a lease of 0.2 s, commits late.
+        slow.execute("BEGIN")
+        [(late,)] = slow.execute(
+            "SELECT job_id FROM soniq_claim_many('slow', %s::text[], NULL, 0.2)",
+            [nonces(1)]).fetchall()
+        time.sleep(1.5)
+        claim_reading(worker)  # finds none: the bound moves past the late lease's end
+        assert lapsed_hint(worker)[1] > slow.execute(
+            "SELECT extract(epoch FROM lease_expires_at) FROM soniq_jobs WHERE id = %s",
+            [late]).fetchone()[0]
+        slow.execute("COMMIT")
+        # The hinted probe cannot see it: it stays lapsed, unsettled.
+        names, read = claim_reading(worker)
+        assert read["soniq_jobs_lease_idx"] < FEW, read
+        assert worker.execute("SELECT status, attempts FROM soniq_jobs WHERE id = %s",
+                              [late]).fetchone() == ("processing", 1)
+        if path == "housekeeping":
+            assert worker.execute("SELECT soniq_settle_lapsed(300)").fetchone() == (1,)
+            assert worker.execute("SELECT status, attempts FROM soniq_jobs WHERE id = %s",
+                                  [late]).fetchone() == ("queued", 1)
+            assert worker.execute("SELECT soniq_settle_lapsed(300)").fetchone() == (0,)
+        else:  # a worker that only claims: its probe from the start, 300 s on
+            age_lapsed_hint(worker, CLAIM_FULL_PROBE_EVERY)
+            names, read = claim_reading(worker)
+            assert read["soniq_jobs_lease_idx"] >= PINNED_JOBS
+            assert worker.execute("SELECT status, attempts FROM soniq_jobs WHERE id = %s",
+                                  [late]).fetchone() in (("queued", 1), ("processing", 2))

@@ -134,6 +134,7 @@ def test_a_granted_producer_can_enqueue_and_read_but_not_touch_the_tables(roles)
             "SELECT * FROM soniq_task_registry",
             "SELECT * FROM soniq_key_slots",
             "SELECT soniq_key_sweep()",
+            "SELECT soniq_settle_lapsed(300)",
             "SELECT soniq_key_refresh('default', '*')",
             # The internal helpers are not granted.
             "SELECT soniq_canonical_json_v1('{}')",

@@ -695,6 +695,28 @@ def test_the_worker_purge_reads_what_expired_since_its_last_complete_one(houseke
     assert fresh != late
 
 
+def test_the_housekeeping_settles_lapsed_leases(housekeeper):
+    # Claim protocol v14 (decision 0053): under a pinned horizon a claim reads from the
+    # start of the lease index only every 300 s; the housekeeping does, once a minute, so a
+    # lease that committed late (here: backdated, as the claims' hints cannot see it) is
+    # settled without a claim. SQLite has no pin: its claims settle every lapsed lease, and
+    # its housekeeping leaves them to them, as before.
+    from django.db import connection
+    from tests.support.owned import nonce
+
+    job_id = enqueue("a.plain")
+    source = OwnedJobSource()
+    claimed = source.claim_next_owned("gone", claim_token=nonce())
+    assert claimed.job_id == job_id
+    rewrite(job_id, lease_expires_at=timezone.now() - dt.timedelta(hours=1))
+    housekeeper.housekeep()
+    row = Job.objects.get(id=job_id)
+    if connection.vendor == "postgresql":
+        assert (row.status, row.attempts, row.lease_expires_at) == ("queued", 1, None)
+    else:
+        assert (row.status, row.attempts) == ("processing", 1)
+
+
 def test_a_purge_stops_after_half_a_beat_and_goes_on_at_the_next(settings, monkeypatch,
                                                                  housekeeper):
     from soniq_django.worker import heartbeat
