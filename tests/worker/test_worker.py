@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from soniq_django import bulk_enqueue, enqueue
@@ -290,9 +291,15 @@ def test_a_worker_that_loses_its_lease_tells_the_handler_and_writes_nothing(run_
                    "the lease-lost log line")
         assert running.stop() == 0
     row = Job.objects.get(id=job_id)
-    assert row.status == "processing"  # untouched: no write from the old owner
-    assert row.lease_expires_at == lapsed
-    assert row.result is None
+    assert row.result is None and not row.cancel_requested
+    if row.status == "processing":  # untouched: no write from the old owner
+        assert row.lease_expires_at == lapsed
+    else:
+        # Or settled as any lapsed lease is: the worker's housekeeping (soniq_settle_lapsed,
+        # claim protocol v14) put it back in the queue, as a claim's reaper would have.
+        assert connection.vendor == "postgresql" and row.status == "queued", row.status
+        assert any("settled 1 lapsed leases" in r.getMessage() for r in caplog.records)
+    assert not any(f"{job_id} cancelled" in r.getMessage() for r in caplog.records)
 
 
 def test_the_worker_records_its_pid_on_the_running_job(run_log):
