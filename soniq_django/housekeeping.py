@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from .errors import translating
 from .models import DeadLetterJob, Job, JobStatus
-from .owned._store import guarded, take_sqlite_write_lock
+from .owned._store import bounds_sql, guarded, take_sqlite_write_lock
 
 FINISHED = (JobStatus.DONE, JobStatus.CANCELLED)
 
@@ -212,7 +212,7 @@ def forget_lapsed_waiters(using: str) -> int:
         return int(cursor.rowcount)
 
 
-def settle_lapsed(using: str, ttl: float) -> int:
+def settle_lapsed(using: str, ttl: float, lock_wait: float | None = None) -> int:
     """Settle up to 100 lapsed leases, read from the start of the lease index; how many
     (PostgreSQL: ``soniq_settle_lapsed``, claim protocol v14; the heartbeat's housekeeping
     calls it once a minute). 0 on SQLite, whose claims read every lapsed lease themselves.
@@ -221,12 +221,17 @@ def settle_lapsed(using: str, ttl: float) -> int:
     last probe, and from the start only every 300 s: this is the probe from the start that
     settles, within about a minute, a lease that ended before that bound but committed late
     (decision 0053). Each row waits at most 5 ms for its lock; one held elsewhere is left
-    for a later call or claim.
+    for a later call or claim. With ``lock_wait`` the call is bounded as every call on the
+    worker's shared connection is (``bounds_sql``: its statement at most twice that), so
+    that under a very long pin its read of the lease index cannot hold the heartbeat's
+    turn unbounded; past it, it raises and nothing was settled.
     """
     connection = connections[using]
     if connection.vendor != "postgresql":
         return 0
     with translating(using), transaction.atomic(using=using), connection.cursor() as cursor:
+        if lock_wait is not None:
+            cursor.execute(bounds_sql(lock_wait))
         cursor.execute("SELECT soniq_settle_lapsed(%s)", [ttl])
         settled: int = cursor.fetchone()[0]
         return settled

@@ -242,3 +242,32 @@ def test_purge_command_can_also_purge_old_dead_letters():
 def test_purge_command_failures_are_command_errors(argv):
     with pytest.raises(CommandError):
         call_command("soniq_purge", *argv, stdout=io.StringIO())
+
+
+@pytest.mark.postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_the_settle_of_lapsed_leases_waits_no_longer_than_its_bound():
+    """The worker's housekeeping settles lapsed leases on its shared connection, between
+    lease renewals: a table lock held elsewhere ends the call at its bound (lock_timeout,
+    55P03, raised as QUEUE_PERSISTENCE_FAILED: nothing settled), instead of holding the turn as long as the lock is held."""
+    import threading
+    import time
+
+    from soniq_django.errors import ErrorCode, SoniqError
+    from soniq_django.housekeeping import settle_lapsed
+    from tests.support.sql import raw
+
+    with raw(autocommit=False) as holder:
+        holder.execute("LOCK TABLE soniq_jobs IN ACCESS EXCLUSIVE MODE")
+        release = threading.Timer(5, holder.rollback)
+        release.start()
+        began = time.monotonic()
+        try:
+            with pytest.raises(SoniqError) as raised:
+                settle_lapsed("default", 300.0, lock_wait=0.2)
+            waited = time.monotonic() - began
+        finally:
+            release.cancel()
+            holder.rollback()
+    assert waited < 2, waited
+    assert raised.value.code == ErrorCode.QUEUE_PERSISTENCE_FAILED  # 55P03: try again later

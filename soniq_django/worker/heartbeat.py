@@ -262,7 +262,8 @@ class Heartbeat:
         with self.shared.try_turn(max(0.0, deadline - time.monotonic())) as turn:
             if turn:
                 try:
-                    settled = settle_lapsed(self.using, float(get_settings().RESULT_TTL))
+                    settled = settle_lapsed(self.using, float(get_settings().RESULT_TTL),
+                                           lock_wait())
                 except SoniqError:
                     settled = 0
                     logger.debug("housekeeping: could not settle lapsed leases")
