@@ -93,7 +93,6 @@ def _claim(queue: str):
 def _run_action(driver, action: str, job_id) -> str:
     """Tick ``job_id``, run ``action`` and return the message the next page shows."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     checkbox = f'input[name="_selected_action"][value="{job_id}"]'
@@ -101,8 +100,8 @@ def _run_action(driver, action: str, job_id) -> str:
     Select(driver.find_element(By.NAME, "action")).select_by_value(action)
     page = driver.find_element(By.TAG_NAME, "html")
     driver.find_element(By.CSS_SELECTOR, 'button[name="index"]').click()
+    _wait_replaced(driver, page)  # the action's page has replaced it
     wait = WebDriverWait(driver, 10)
-    wait.until(expected_conditions.staleness_of(page))  # the action's page has replaced it
     return wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "ul.messagelist li"))[0].text
 
 
@@ -113,14 +112,13 @@ def _press(driver, queue: str, action: str) -> str:
     replaced before the click lands: find it again then.
     """
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     page = driver.find_element(By.TAG_NAME, "html")
     _redrawn_retry(lambda: driver.find_element(
         By.CSS_SELECTOR, f'tr[data-queue="{queue}"] button[value="{action}"]').click())
+    _wait_replaced(driver, page)
     wait = WebDriverWait(driver, 10)
-    wait.until(expected_conditions.staleness_of(page))
     return wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "ul.messagelist li"))[0].text
 
 
@@ -134,6 +132,29 @@ def _redrawn(error: Exception) -> bool:
 
     return (isinstance(error, StaleElementReferenceException)
             or "does not belong to the document" in str(error))
+
+
+def _wait_replaced(driver, page) -> None:
+    """Wait until the page ``page`` (its ``html`` element) has been replaced by the next one.
+
+    Selenium's ``staleness_of`` asks the old element whether it is enabled and counts
+    only StaleElementReferenceException as gone. While Chromium swaps the document it
+    may answer with another error instead: an inspector error on a node that left the
+    document (gone, too) or a passing one about the frame (asked again).
+    """
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def replaced(_driver) -> bool:
+        try:
+            page.is_enabled()
+        except WebDriverException as error:
+            if _redrawn(error):
+                return True
+            raise
+        return False
+
+    WebDriverWait(driver, 10, ignored_exceptions=(WebDriverException,)).until(replaced)
 
 
 def _redrawn_retry(action, tries: int = 10):
@@ -250,7 +271,6 @@ def _dashboard_live(driver, shots, live_server) -> None:
 
 def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monkeypatch):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     assert "django.contrib.staticfiles" in settings.INSTALLED_APPS and settings.STATIC_URL, (
@@ -399,7 +419,7 @@ def test_admin_in_a_browser(browser, shots, live_server, django_user_model, monk
     shots(browser, "07-job-attempts", height=1300)
     page = browser.find_element(By.TAG_NAME, "html")
     buttons[1].click()
-    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page))
+    _wait_replaced(browser, page)
     assert WebDriverWait(browser, 10).until(
         lambda d: d.find_elements(By.CSS_SELECTOR, "ul.messagelist li"))[0].text == (
         "Made 1 waiting job due now.")
