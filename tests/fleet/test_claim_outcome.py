@@ -162,6 +162,17 @@ def test_a_registration_is_taken_whole_or_refused_with_22023(names, limits, queu
         conn.execute("DELETE FROM soniq_workers WHERE id = %s", [worker])
 
 
+def test_a_worker_id_that_is_not_a_uuid_is_refused_by_the_cast_before_anything_is_written():
+    # docs/claim-protocol.md: the parameter is a uuid, so PostgreSQL's own cast answers
+    # 22P02 (not the function's 22023); nothing is registered.
+    with raw() as conn:
+        error = raw_fails(conn, "SELECT soniq_register_worker(%s, NULL, ARRAY['fleet.x'], "
+                                "'h', 7)", ["not-a-uuid"])
+        assert error.sqlstate == "22P02"
+        assert conn.execute("SELECT count(*) FROM soniq_task_registry "
+                            "WHERE task_name = 'fleet.x'").fetchone() == (0,)
+
+
 def test_a_registered_attempt_limit_counts_for_jobs_without_their_own():
     fetch("SELECT soniq_register_worker(gen_random_uuid(), NULL, ARRAY['fleet.limited'], 'h', 9, "
           "NULL, ARRAY[1])")
