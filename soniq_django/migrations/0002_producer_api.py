@@ -2,6 +2,7 @@
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -9,7 +10,7 @@ class Migration(migrations.Migration):
     dependencies = [("soniq_django", "0001_format1")]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             # A database Soniq 0.2 created has its own three public functions
             # under these names and signatures: replace them (docs/interop.md).
             run_file("producer_api_v1.sql",

@@ -7,6 +7,7 @@ downgrade; the state side is what Django derives from the models.
 
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.schema.owned_metadata import migrate_forward, migrate_backward
 
 
@@ -19,7 +20,7 @@ class Migration(migrations.Migration):
     operations = [
         migrations.SeparateDatabaseAndState(
             database_operations=[
-                migrations.RunPython(migrate_forward, migrate_backward, elidable=False),
+                RunWithoutModels(migrate_forward, migrate_backward, elidable=False),
             ],
             state_operations=[
             migrations.AddField(

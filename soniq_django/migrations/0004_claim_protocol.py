@@ -2,6 +2,7 @@
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 _drop_functions = run_file("claim_protocol_v1.down.sql")
@@ -27,7 +28,7 @@ class Migration(migrations.Migration):
     dependencies = [("soniq_django", "0003_owned_queue")]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v1.sql"),
             _guarded_reverse,
             elidable=False,

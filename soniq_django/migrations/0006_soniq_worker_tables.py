@@ -11,6 +11,7 @@ from django.db import migrations, models
 
 import soniq_django.fields
 from soniq_django.schema import worker_tables
+from soniq_django.schema.operations import RunWithoutModels
 
 
 class Migration(migrations.Migration):
@@ -22,11 +23,11 @@ class Migration(migrations.Migration):
     operations = [
         worker_tables.ForVendors(
             postgresql=[
-                migrations.RunPython(worker_tables.postgresql_forward,
+                RunWithoutModels(worker_tables.postgresql_forward,
                                      worker_tables.postgresql_backward, elidable=False),
             ],
             operations=[
-                migrations.RunPython(worker_tables.sqlite_before,
+                RunWithoutModels(worker_tables.sqlite_before,
                                      worker_tables.sqlite_after_backward, elidable=False),
                 migrations.RenameField(
                     model_name="worker", old_name="last_heartbeat_at", new_name="last_heartbeat",
@@ -90,7 +91,7 @@ class Migration(migrations.Migration):
                         "db_table": "soniq_task_registry",
                     },
                 ),
-                migrations.RunPython(worker_tables.create_soniq_indexes,
+                RunWithoutModels(worker_tables.create_soniq_indexes,
                                      worker_tables.drop_soniq_indexes, elidable=False),
             ],
         ),

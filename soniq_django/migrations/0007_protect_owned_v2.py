@@ -7,6 +7,7 @@ fails instead of being skipped while its handler runs anyway.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -14,7 +15,7 @@ class Migration(migrations.Migration):
     dependencies = [("soniq_django", "0006_soniq_worker_tables")]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("protect_owned_v2.sql"),
             run_file("protect_owned_v2.down.sql"),
             elidable=False,

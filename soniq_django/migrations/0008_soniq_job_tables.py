@@ -17,6 +17,7 @@ changes nothing: these relaxations and indexes are harmless to both sides.
 """
 
 from django.db import migrations
+from soniq_django.schema.operations import RunWithoutModels
 
 STEPS = """
 ALTER TABLE soniq_dead_letter_jobs ALTER COLUMN max_attempts DROP NOT NULL;
@@ -40,5 +41,5 @@ class Migration(migrations.Migration):
     dependencies = [("soniq_django", "0007_protect_owned_v2")]
 
     operations = [
-        migrations.RunPython(forward, migrations.RunPython.noop, elidable=False),
+        RunWithoutModels(forward, migrations.RunPython.noop, elidable=False),
     ]

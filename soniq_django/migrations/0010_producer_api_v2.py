@@ -6,6 +6,7 @@ enqueues a JSON array of jobs set-based. Reversing puts version 1 back.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -13,7 +14,7 @@ class Migration(migrations.Migration):
     dependencies = [("soniq_django", "0009_claim_protocol_v2")]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("producer_api_v2.sql"),
             run_file("producer_api_v2.down.sql",
                      restore=(("producer_api_v1.sql", "soniq_enqueue"),)),

@@ -11,6 +11,7 @@ bodies of the earlier versions back.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -18,7 +19,7 @@ class Migration(migrations.Migration):
     dependencies = [("soniq_django", "0010_producer_api_v2")]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v3.sql"),
             run_file("claim_protocol_v3.down.sql", restore=(
                 ("claim_protocol_v1.sql", "soniq_reap_lapsed_v1"),
@@ -29,7 +30,7 @@ class Migration(migrations.Migration):
             )),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("producer_api_v3.sql"),
             run_file("producer_api_v3.down.sql", restore=(
                 ("producer_api_v2.sql", "soniq_enqueue"),

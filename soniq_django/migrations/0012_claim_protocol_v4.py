@@ -7,6 +7,7 @@ Reversing drops the function; no released body changed.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -14,7 +15,7 @@ class Migration(migrations.Migration):
     dependencies = [("soniq_django", "0011_protocol_edges")]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v4.sql"),
             run_file("claim_protocol_v4.down.sql"),
             elidable=False,

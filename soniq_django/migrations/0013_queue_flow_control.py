@@ -11,6 +11,7 @@ import django.db.models.functions.datetime
 import django.utils.timezone
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -55,7 +56,7 @@ class Migration(migrations.Migration):
                 'indexes': [models.Index(fields=['queue', 'started_at'], name='soniq_queue_starts_idx')],
             },
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v5.sql"),
             run_file("claim_protocol_v5.down.sql", restore=(
                 ("claim_protocol_v2.sql", "soniq_claim_many"),

@@ -16,6 +16,7 @@ soniq_jobs while it runs (about a second per 100,000 queued jobs here).
 
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -38,7 +39,7 @@ class Migration(migrations.Migration):
             model_name='job',
             index=models.Index(condition=models.Q(('scheduled_at__isnull', False), ('status', 'queued')), fields=['scheduled_at'], name='soniq_jobs_claim_due_idx'),
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v6.sql"),
             run_file("claim_protocol_v6.down.sql", restore=(
                 ("claim_protocol_v5.sql", "soniq_claim_many"),

@@ -10,6 +10,7 @@ nothing but is recorded. Why these values: docs/decisions/0020-storage-tuning.md
 """
 
 from django.db import migrations
+from soniq_django.schema.operations import RunWithoutModels
 
 TABLE = "soniq_jobs"
 
@@ -41,5 +42,5 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(tune, untune, elidable=False),
+        RunWithoutModels(tune, untune, elidable=False),
     ]

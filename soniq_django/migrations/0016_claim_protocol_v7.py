@@ -12,6 +12,7 @@ docs/decisions/0026-set-based-batch-writes.md.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -22,7 +23,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v7.sql"),
             run_file("claim_protocol_v7.down.sql", restore=(
                 ("claim_protocol_v6.sql", "soniq_claim_many"),

@@ -11,6 +11,7 @@ docs/decisions/0027-plain-enqueue-fast-path.md.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -21,7 +22,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("producer_api_v4.sql"),
             run_file("producer_api_v4.down.sql", restore=(
                 ("producer_api_v3.sql", "soniq_enqueue"),

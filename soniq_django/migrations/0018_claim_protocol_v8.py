@@ -19,6 +19,7 @@ import django.db.models.functions.datetime
 import django.utils.timezone
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -51,7 +52,7 @@ class Migration(migrations.Migration):
             model_name='job',
             index=models.Index(condition=models.Q(('scheduled_at__isnull', True), ('status', 'queued')), fields=['queue', 'priority', 'created_at'], name='soniq_jobs_claim_queue_now_idx'),
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v8.sql"),
             run_file("claim_protocol_v8.down.sql", restore=(
                 ("claim_protocol_v7.sql", "soniq_claim_many"),

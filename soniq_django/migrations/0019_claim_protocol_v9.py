@@ -8,6 +8,7 @@ or index changes. See docs/decisions/0035-claims-under-a-pinned-horizon.md.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -18,7 +19,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v9.sql"),
             run_file("claim_protocol_v9.down.sql", restore=(
                 ("claim_protocol_v8.sql", "soniq_claim_many"),

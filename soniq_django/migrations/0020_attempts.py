@@ -11,6 +11,7 @@ docs/decisions/0034-attempt-history.md.
 
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file, run_sqlite_file
 
 
@@ -47,19 +48,19 @@ class Migration(migrations.Migration):
                 'indexes': [models.Index(fields=['job_id', 'id'], name='soniq_job_attempts_job_idx')],
             },
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v10.sql"),
             run_file("claim_protocol_v10.down.sql", restore=(
                 ("claim_protocol_v9.sql", "soniq_claim_many"),
             )),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("attempts_v1.sql"),
             run_file("attempts_v1.down.sql"),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_sqlite_file("attempts_v1.sql"),
             run_sqlite_file("attempts_v1.down.sql"),
             elidable=False,

@@ -10,6 +10,7 @@ docs/decisions/0041-tracing-through-the-queue.md and docs/tracing.md.
 
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file, run_sqlite_file
 
 
@@ -32,12 +33,12 @@ class Migration(migrations.Migration):
                 'db_table': 'soniq_job_trace',
             },
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("job_trace_v1.sql"),
             run_file("job_trace_v1.down.sql"),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_sqlite_file("job_trace_v1.sql"),
             run_sqlite_file("job_trace_v1.down.sql"),
             elidable=False,

@@ -11,6 +11,7 @@ docs/decisions/0037-indexes-after-a-pinned-horizon.md.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -21,7 +22,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v11.sql"),
             run_file("claim_protocol_v11.down.sql", restore=(
                 ("claim_protocol_v8.sql", "soniq_complete_many"),

@@ -13,6 +13,7 @@ and docs/workflows.md.
 
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file, run_sqlite_file
 
 
@@ -38,12 +39,12 @@ class Migration(migrations.Migration):
                 'db_table': 'soniq_job_progress',
             },
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("job_progress_v1.sql"),
             run_file("job_progress_v1.down.sql"),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_sqlite_file("job_progress_v1.sql"),
             run_sqlite_file("job_progress_v1.down.sql"),
             elidable=False,

@@ -12,6 +12,7 @@ docs/decisions/0044-workflows.md.
 
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file, run_sqlite_file
 
 
@@ -86,17 +87,17 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('job_id', 'depends_on'), name='soniq_job_dependencies_pair')],
             },
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("workflows_v1.sql"),
             run_file("workflows_v1.down.sql"),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_sqlite_file("workflows_v1.sql"),
             run_sqlite_file("workflows_v1.down.sql"),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("producer_api_v5.sql"),
             run_file("producer_api_v5.down.sql"),
             elidable=False,

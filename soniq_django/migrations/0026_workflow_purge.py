@@ -12,6 +12,7 @@ docs/decisions/0044-workflows.md.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file, run_sqlite_file
 
 
@@ -22,12 +23,12 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("workflows_v2.sql"),
             run_file("workflows_v2.down.sql"),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_sqlite_file("workflows_v2.sql"),
             run_sqlite_file("workflows_v2.down.sql"),
             elidable=False,

@@ -7,6 +7,7 @@ See docs/decisions/0045-set-based-dependents.md.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -17,7 +18,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("producer_api_v6.sql"),
             run_file("producer_api_v6.down.sql"),
             elidable=False,

@@ -11,6 +11,7 @@ docs/decisions/0046-durable-steps.md and docs/steps.md.
 
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file, run_sqlite_file
 
 
@@ -40,12 +41,12 @@ class Migration(migrations.Migration):
                 'db_table': 'soniq_job_steps',
             },
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("steps_v1.sql"),
             run_file("steps_v1.down.sql"),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_sqlite_file("steps_v1.sql"),
             run_sqlite_file("steps_v1.down.sql"),
             elidable=False,

@@ -15,6 +15,7 @@ import django.db.models.functions.datetime
 import django.utils.timezone
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.schema.owned_metadata import refuse_held_back_keyed_jobs
 from soniq_django.sql import run_file, run_sqlite_file
 
@@ -122,12 +123,12 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('job_id', 'generation'), name='soniq_key_holds_claim')],
             },
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v12.sql"),
             run_file("claim_protocol_v12.down.sql"),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_sqlite_file("claim_protocol_v12.sql"),
             run_sqlite_file("claim_protocol_v12.down.sql"),
             elidable=False,
@@ -135,7 +136,7 @@ class Migration(migrations.Migration):
         # Reversed first: refused while keyed jobs are held back, which the reverse would
         # leave queued at 9999-01-01 with nothing to offer them (added after release;
         # forwards it does nothing).
-        migrations.RunPython(
+        RunWithoutModels(
             migrations.RunPython.noop,
             refuse_held_back_keyed_jobs,
             elidable=False,

@@ -10,6 +10,7 @@ docs/decisions/0048-workers-in-any-language.md and docs/claim-protocol.md.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -20,7 +21,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("worker_registry_v1.sql"),
             run_file("worker_registry_v1.down.sql"),
             elidable=False,

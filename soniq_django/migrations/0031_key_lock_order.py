@@ -15,6 +15,7 @@ docs/decisions/0049-key-rows-locked-in-one-order.md.
 
 from django.db import migrations
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file
 
 
@@ -26,12 +27,12 @@ class Migration(migrations.Migration):
 
     operations = [
         # Reversed last: the settings of the claim function restored below.
-        migrations.RunPython(
+        RunWithoutModels(
             migrations.RunPython.noop,
             run_file("claim_protocol_v13.settings.down.sql"),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("claim_protocol_v13.sql"),
             run_file("claim_protocol_v13.down.sql", restore=(
                 ("claim_protocol_v10.sql", "soniq_claim_many"),

@@ -11,6 +11,7 @@ column. See docs/keys.md.
 
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file, run_sqlite_file
 
 
@@ -26,12 +27,12 @@ class Migration(migrations.Migration):
             name='concurrency_key',
             field=models.TextField(blank=True, editable=False, null=True),
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("key_park_v1.sql"),
             run_file("key_park_v1.down.sql"),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_sqlite_file("key_park_v1.sql"),
             run_sqlite_file("key_park_v1.down.sql"),
             elidable=False,

@@ -14,6 +14,7 @@ released them, then drops the new index. See docs/keys.md.
 import django.db.models.functions.comparison
 from django.db import migrations, models
 
+from soniq_django.schema.operations import RunWithoutModels
 from soniq_django.sql import run_file, run_sqlite_file
 
 
@@ -31,14 +32,14 @@ class Migration(migrations.Migration):
                                    'run_at', 'created_at'),
                                name='soniq_key_parked_rank_idx'),
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_file("key_order_v1.sql"),
             run_file("key_order_v1.down.sql", restore=(
                 ("claim_protocol_v12.sql", "soniq_key_admit_v1"),
             )),
             elidable=False,
         ),
-        migrations.RunPython(
+        RunWithoutModels(
             run_sqlite_file("key_order_v1.sql"),
             run_sqlite_file("key_order_v1.down.sql", restore=(
                 ("claim_protocol_v12.sql", "soniq_key_admit"),

@@ -11,4 +11,5 @@ A new schema change gets a new function (or module) and a new migration;
 - ``catalog``: read-only facts about columns and indexes on both backends;
 - ``owned_metadata``: what migration 0003 adds, and the controlled downgrade;
 - ``worker_tables``: migration 0006, Soniq's own worker and registry tables.
+- ``operations``: ``RunWithoutModels``, the ``RunPython`` every migration's SQL step uses.
 """

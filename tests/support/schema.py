@@ -92,29 +92,52 @@ def index_names(table):
         return sorted(connection.introspection.get_constraints(cursor, table))
 
 
+def assert_refused(error, table, name, rule):
+    """``error`` (a SchemaAdmissionError) names ``rule`` for ``table``.``name``, in its text too."""
+    assert any((p.table, p.name, p.rule) == (table, name, rule) for p in error.problems), \
+        error.problems
+    message = str(error)
+    where = f"{table}.{name}" if name else table
+    assert f"{where}:" in message and f"[rule {rule}]" in message, message
+
+
 def restore_latest():
     """Empty the job tables and bring the schema back to the latest migration, cleanly."""
-    with transaction.atomic():
-        open_fence_gate()
-        for table in JOB_TABLES:
-            execute(f'DELETE FROM "{table}"')
     if owned_schema.owned_schema_applied(connection):
+        empty_job_tables()
         migrate("0002")
     else:
-        # A test left hand-made owned columns or indexes at 0002: remove them.
-        owned_schema.drop_owned_schema(connection)
-        for table, name in owned_schema.OWNED_HELPERS:
-            execute(f'DROP INDEX IF EXISTS "{name}"')
-        for _table, _column, name in owned_schema.UNIQUE_IDENTITIES:
-            execute(f'DROP INDEX IF EXISTS "{name}"')
-        execute('DROP INDEX IF EXISTS "hostile_idx"')
-        if connection.vendor == "postgresql":
-            execute("ALTER TABLE soniq_jobs DROP CONSTRAINT IF EXISTS "
-                    "soniq_jobs_generation_not_negative")
+        clean_format1()
     if connection.vendor == "postgresql":
         execute("DROP COLLATION IF EXISTS ci")
     migrate()
 
+
+def empty_job_tables():
+    with transaction.atomic():
+        open_fence_gate()
+        for table in JOB_TABLES:
+            execute(f'DELETE FROM "{table}"')
+
+
+def clean_format1():
+    """At 0002: empty the job tables and remove what a test made by hand.
+
+    Its hand-made owned columns, helper and identity indexes, the hostile
+    index and check constraint of the admission tests, and the ``ci``
+    collation: the schema is 0002's again.
+    """
+    empty_job_tables()
+    owned_schema.drop_owned_schema(connection)
+    for table, name in owned_schema.OWNED_HELPERS:
+        execute(f'DROP INDEX IF EXISTS "{name}"')
+    for _table, _column, name in owned_schema.UNIQUE_IDENTITIES:
+        execute(f'DROP INDEX IF EXISTS "{name}"')
+    execute('DROP INDEX IF EXISTS "hostile_idx"')
+    if connection.vendor == "postgresql":
+        execute("ALTER TABLE soniq_jobs DROP CONSTRAINT IF EXISTS "
+                "soniq_jobs_generation_not_negative")
+        execute("DROP COLLATION IF EXISTS ci")
 
 TSTZ = "timestamp with time zone"
 NOW = "now"  # a timestamp default: now(), statement_timestamp() or CURRENT_TIMESTAMP
