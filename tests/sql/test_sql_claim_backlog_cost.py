@@ -20,7 +20,8 @@ import pytest
 
 from tests.support.sql import raw, wait_for_older_transactions
 
-pytestmark = [pytest.mark.postgresql_only, pytest.mark.django_db]
+pytestmark = [pytest.mark.version_independent,  # SQL only: run in the Django 5.2 passes
+              pytest.mark.postgresql_only, pytest.mark.django_db]
 
 HELD = 100_000
 

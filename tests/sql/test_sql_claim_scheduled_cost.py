@@ -17,7 +17,8 @@ import pytest
 
 from tests.support.sql import raw
 
-pytestmark = [pytest.mark.postgresql_only, pytest.mark.django_db,
+pytestmark = [pytest.mark.version_independent,  # SQL only: run in the Django 5.2 passes
+              pytest.mark.postgresql_only, pytest.mark.django_db,
               pytest.mark.usefixtures("committed_db")]
 
 LATER = 3000

@@ -17,6 +17,9 @@ from psycopg import IsolationLevel
 from tests.support.sql import raw
 
 pytestmark = [
+    # SQL functions on raw connections, no Django code in the path: the Django 5.2 passes
+    # run them (version_independent).
+    pytest.mark.version_independent,
     pytest.mark.postgresql_only,
     pytest.mark.django_db,  # sets the test database up; the raw connections below commit
     pytest.mark.usefixtures("committed_db"),

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tests.sql.test_sql_batch_write_cost import install_reference
 from tests.support.sql import FLOAT64_OVERFLOW, nested, quote_ident, raw
 
-pytestmark = [pytest.mark.postgresql_only, pytest.mark.django_db,
+pytestmark = [pytest.mark.version_independent,  # SQL only: run in the Django 5.2 passes
+              pytest.mark.postgresql_only, pytest.mark.django_db,
               pytest.mark.usefixtures("committed_db")]
 
 LIVE_ID = uuid.UUID("00000000-0000-4000-8000-000000000001")
