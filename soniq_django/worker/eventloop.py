@@ -34,14 +34,23 @@ class EventLoop:
     has ended; they must not block. ``on_start`` returns the run's time
     limit (None: none): its task is cancelled at ``flight.started`` plus
     that limit, on the loop's own timer, and the loop's other tasks run on.
+
+    A run that begins late (``late(flight)``: its claim may have lapsed
+    meanwhile) is first given to ``admit(flight)`` on a thread of the
+    loop's executor, where it may call the database: False, and the run
+    does not start (``admit`` has settled it).
     """
 
     def __init__(self, on_start: Callable[[InFlight], TimeLimit | None],
                  on_done: Callable[[InFlight, Outcome], None],
-                 *, threaded: bool = True, name: str = "soniq-asyncio"):
+                 *, late: Callable[[InFlight], bool] = lambda flight: False,
+                 admit: Callable[[InFlight], bool] = lambda flight: True,
+                 threaded: bool = True, name: str = "soniq-asyncio"):
         self._threaded = threaded
         self._on_start = on_start
         self._on_done = on_done
+        self._late = late
+        self._admit = admit
         self._name = name
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -101,6 +110,8 @@ class EventLoop:
             task.add_done_callback(self._tasks.discard)
 
     async def _run_one(self, flight: InFlight) -> None:
+        if self._late(flight) and not await asyncio.to_thread(self._admit, flight):
+            return
         limit = self._on_start(flight)
         outcome = await aexecute(flight.claimed, flight.context, limit, started=flight.started)
         self._on_done(flight, outcome)

@@ -195,6 +195,7 @@ class Worker:
         # options once, when the thread starts (connection.py, wire.py).
         self.threads = JobThreads(concurrency, on_start=partial(own_connection, using))
         self.event_loop = EventLoop(self._async_start, self._async_done,
+                                    late=self.writes.late, admit=self._admit_late,
                                     threaded=concurrency > 1)
         # What the loop remembers from one round to the next (see planner.Snapshot).
         self._found_nothing = False
@@ -519,6 +520,9 @@ class Worker:
     def _run_jobs(self, flight: InFlight | None) -> None:
         """Run the job and settle it; then each next job its (inline) completion claimed."""
         while flight is not None:
+            if self.writes.late(flight) and not self.writes.may_start(flight):
+                flight = self.completer.settle(flight, None)  # no write: its claim is gone
+                continue
             try:
                 signals.started(flight, self.worker_id, self.using)
                 limit = limit_for(flight.claimed.job_name)
@@ -549,6 +553,13 @@ class Worker:
         limit = limit_for(flight.claimed.job_name)
         self.deadlines.watch(flight, limit)
         return limit
+
+    def _admit_late(self, flight: InFlight) -> bool:
+        """Off the event loop: whether a late async run may start (else settled, unwritten)."""
+        if self.writes.may_start(flight):
+            return True
+        self.completer.settle(flight, None)
+        return False
 
     def _async_done(self, flight: InFlight, outcome: Outcome) -> None:
         """On the event loop's thread: an async job ended; settle it without blocking the loop.

@@ -155,6 +155,46 @@ class Writes:
         self._tally_lock = threading.Lock()
         self._held_back = False  # the last claim met a lock past its bound (logged once)
 
+    @staticmethod
+    def late(flight: InFlight) -> bool:
+        """Whether ``flight``'s handler must not start before ``may_start`` says so: the
+        heartbeat found its claim lost, or half a lease has gone by since the claim
+        (no call: the clock only)."""
+        return flight.lost or (time.monotonic() - flight.started
+                               >= float(get_settings().LEASE_SECONDS) / 2)
+
+    def may_start(self, flight: InFlight) -> bool:
+        """Whether ``flight``'s handler may start now: its claim is surely still this worker's.
+
+        A run starts milliseconds after its claim, a whole lease ahead of it.
+        One that waited half a lease or more (the process was stopped, a VM
+        paused, its threads starved) may find its lease lapsed and the job
+        claimed again: its handler would then run beside the next run, past a
+        key's or a queue's limit. So such a run's lease is renewed first, in
+        one bounded call (``lock_wait()``): renewed, it starts with a whole
+        lease ahead; gone, or no answer (nothing then proves it still holds),
+        it does not start, and the job runs again once its claim lapses.
+        A run the heartbeat found lost does not start either.
+        """
+        if flight.lost:
+            return False
+        if not self.late(flight):
+            return True  # the claim's lease, granted before ``started``, has half of it left
+        claimed = flight.claimed
+        try:
+            state = self.source.heartbeat_many_owned([claimed.claim_fence],
+                                                     lock_wait=lock_wait())[0]
+        except SoniqError:
+            state = None
+        if state is None:
+            flight.lost = True
+            logger.warning("%s %s: not started; its claim was %.1f s old and could not be "
+                           "renewed (lapsed, or the database did not answer): it runs again "
+                           "once the claim lapses", claimed.job_name, claimed.job_id,
+                           time.monotonic() - flight.started)
+            return False
+        return True
+
     def round(self, batch: list[InFlight], wanted: int) -> Answer:
         """Complete ``batch`` and claim up to ``wanted`` jobs, in one call.
 
