@@ -219,13 +219,16 @@ def test_deferrals_of_unknown_jobs_leave_a_rate_limited_queues_starts_to_the_kno
     # Issue 26, defect 5: 40 jobs of a handler only the next release has, ahead of 10
     # this worker knows, in a rate-limited queue. Every deferral used to count as a
     # start: the unknown jobs took the whole rate and no known job ran for the grace
-    # period. Heartbeats 10 s apart (the default): a deferral takes back its start only
-    # while its claim was never renewed (docs/decisions/0033), and this test is over
-    # before the first renewal.
+    # period. A deferral takes back its start only while its claim was never renewed
+    # (docs/decisions/0033), and this test is over before the first renewal: heartbeats
+    # 40 s apart (a 120 s lease). At the default 10 s one run on a loaded machine took
+    # 9 s, as if no deferral had taken its start back (50 claims at 5/s): a beat that
+    # comes before a deferral makes its claim count as a start, by design.
     unknown = enqueue("tests.rolling.added_by_the_next_release", "sms", 40)
     known = enqueue("tests.worker.ok", "sms", 10)
     worker = children.start("soniq_worker", "--concurrency", "4",
-                            QUEUES={"sms": {"rate": rate}}, **{**QUIET, "HEARTBEAT_SECONDS": 10})
+                            QUEUES={"sms": {"rate": rate}},
+                            **{**QUIET, "HEARTBEAT_SECONDS": 40, "LEASE_SECONDS": 120})
     wait_until(lambda: done("sms") == 10, 30, "every known job done")
     first_claim = claim_log("sms")[0]
     last_start = max(event.at for event in run_log.events("start"))
